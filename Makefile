@@ -1,0 +1,119 @@
+# kvengine — one plain Makefile.
+#
+#   make                 library and tools under build/
+#   make test            the Check suites (and the multi-process tests)
+#   make bench           the embedded benchmark on the default scenario set
+#   make SANITIZE=address,undefined test    (or SANITIZE=thread)
+#   make install PREFIX=/usr/local
+#
+# Sources are picked up by folder: engine/, persist/ and net/ make the
+# library; tools/NAME*.c make the program NAME; tests/check_*.c make the one
+# test runner; tests/softverbs/ makes the libibverbs stand-in.
+
+CC       ?= cc
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+SANITIZE ?=
+OPT      ?= -O2
+
+SONAME_MAJOR := 0
+VERSION      := 0.1.0
+
+ifeq ($(SANITIZE),)
+BUILD    ?= build
+else
+BUILD    ?= build/san-$(subst $(comma),-,$(SANITIZE))
+OPT      := -O1
+endif
+comma := ,
+
+WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
+            -Wno-unused-parameter
+CPPFLAGS += -Iinclude -Iengine -Ipersist -Inet -D_GNU_SOURCE
+CFLAGS   += -std=gnu11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
+LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lrdmacm -libverbs -lpthread -lm
+ifneq ($(SANITIZE),)
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS  += -fsanitize=$(SANITIZE)
+endif
+
+LIB_SRC   := $(sort $(wildcard engine/*.c persist/*.c net/*.c))
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+TOOLS     := kvctl kvmaster kvnode
+TOOL_BINS := $(foreach t,$(TOOLS),$(if $(wildcard tools/$(t)*.c),$(BUILD)/$(t)))
+TEST_SRC  := $(sort $(wildcard tests/check_*.c tests/testutil.c))
+TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+SV_SRC    := $(sort $(wildcard tests/softverbs/*.c))
+SV_LIB    := $(if $(SV_SRC),$(BUILD)/softverbs/libibverbs.so.1)
+
+STATIC := $(BUILD)/libkvengine.a
+SHARED := $(BUILD)/libkvengine.so.$(VERSION)
+
+.PHONY: all lib tools test check bench install clean deps crashtest
+all: lib tools
+
+# Installs missing Debian packages when run as root (see scripts/deps.sh).
+deps: $(BUILD)/.deps
+$(BUILD)/.deps: scripts/deps.sh
+	@sh scripts/deps.sh
+	@mkdir -p $(@D) && touch $@
+
+lib: $(STATIC) $(SHARED)
+
+$(BUILD)/obj/%.o: %.c | $(BUILD)/.deps
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,libkvengine.so.$(SONAME_MAJOR) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	ln -sf libkvengine.so.$(VERSION) $(BUILD)/libkvengine.so.$(SONAME_MAJOR)
+	ln -sf libkvengine.so.$(SONAME_MAJOR) $(BUILD)/libkvengine.so
+
+tools: $(TOOL_BINS)
+
+.SECONDEXPANSION:
+$(BUILD)/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/$$*.c tools/$$*_*.c)) $(STATIC)
+	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/check_kvengine: $(TEST_OBJ) $(STATIC)
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS) -lcheck -lsubunit -lrt
+
+$(BUILD)/softverbs/libibverbs.so.1: $(SV_SRC) tests/softverbs/softverbs.map
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O1 -g -fPIC -shared -Wall -Wextra -Werror -D_GNU_SOURCE \
+	    -Wl,--version-script=tests/softverbs/softverbs.map -Wl,-soname,libibverbs.so.1 \
+	    -o $@ $(SV_SRC) -lpthread
+
+# The test runner finds the tools and the stand-in through KV_BUILD.
+test check: all $(BUILD)/tests/check_kvengine $(SV_LIB)
+	KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine
+
+ROUNDS ?= 20
+crashtest: all $(BUILD)/tests/check_kvengine
+	KV_BUILD=$(abspath $(BUILD)) KV_CRASH_ROUNDS=$(ROUNDS) CK_RUN_SUITE=crash \
+	    $(BUILD)/tests/check_kvengine
+
+bench: all
+	$(BUILD)/kvctl bench
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
+	    $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libkvengine.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/libkvengine.so.$(SONAME_MAJOR)
+	ln -sf libkvengine.so.$(SONAME_MAJOR) $(DESTDIR)$(PREFIX)/lib/libkvengine.so
+	install -m 644 include/kvengine.h $(DESTDIR)$(PREFIX)/include/
+	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' kvengine.pc.in \
+	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvengine.pc
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,91 @@
+/*
+ * config.h — the effective configuration of an engine, as plain fields.
+ *
+ * kv_config (opaque in the public header) is this struct. The YAML schema is
+ * DESIGN.md's; every field here has exactly one dotted key, listed in the
+ * table in config.c, which drives parsing, kv_config_set, kv_config_get and
+ * kv_config_dump alike.
+ */
+#ifndef KV_ENGINE_CONFIG_H
+#define KV_ENGINE_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "kvengine.h"
+
+enum kv__pipeline {
+    KV_PIPE_DRAM = 1,       /* "dram": eviction drops blocks */
+    KV_PIPE_DRAM_SSD = 3,   /* "dram|ssd": eviction spills to SSD (default) */
+    KV_PIPE_SSD = 2,        /* "ssd": SSD only */
+};
+#define KV_PIPE_HAS_DRAM(p) ((p) & 1)
+#define KV_PIPE_HAS_SSD(p)  ((p) & 2)
+
+enum kv__hugepages { KV_HUGE_AUTO, KV_HUGE_ON, KV_HUGE_OFF };
+enum kv__compression { KV_COMP_NONE, KV_COMP_LZ4 };
+enum kv__sync { KV_SYNC_NONE, KV_SYNC_WAL, KV_SYNC_FSYNC };
+enum kv__protocol { KV_PROTO_AUTO, KV_PROTO_TCP, KV_PROTO_RDMA };
+enum kv__loglevel { KV_LOG_ERROR, KV_LOG_WARN, KV_LOG_INFO, KV_LOG_DEBUG };
+
+#define KV_CFG_STR 256   /* longest string value (paths, addresses, token) */
+
+struct kv_config {
+    int pipeline;                       /* enum kv__pipeline */
+    struct {
+        uint64_t capacity;              /* bytes; 0 = pure client (cluster) */
+        uint32_t shards;                /* index shards, 1..4096 */
+        int hugepages;                  /* enum kv__hugepages */
+    } dram;
+    struct {
+        double high_watermark_ratio;    /* (0,1] */
+        double ratio;                   /* (0,1) */
+        uint64_t lease_ttl_ms;
+    } eviction;
+    struct {
+        char path[KV_CFG_STR];
+        uint64_t capacity;              /* bytes */
+        int compression;                /* enum kv__compression */
+        bool write_through;
+        double gc_trigger_ratio;        /* (0,1] */
+        double gc_ratio;                /* (0,1) */
+        int sync;                       /* enum kv__sync */
+        bool promote;                   /* copy SSD hits back into DRAM */
+        uint64_t spill_queue;           /* bytes waiting to spill, at most */
+    } ssd;
+    struct {
+        uint32_t threads;               /* 1..256 */
+        uint64_t timeout_ms;            /* 0 = none */
+    } io;
+    struct {
+        bool enabled;
+        char master[KV_CFG_STR];        /* host:port */
+        char listen[KV_CFG_STR];        /* host:port */
+        int protocol;                   /* enum kv__protocol */
+        char device_name[KV_CFG_STR];
+        uint32_t replica_num;           /* >= 1 */
+        uint64_t node_ttl_ms;
+        char token[KV_CFG_STR];
+    } cluster;
+    struct {
+        char listen[KV_CFG_STR];        /* "" = off */
+    } metrics;
+    struct {
+        int level;                      /* enum kv__loglevel */
+    } log;
+};
+
+/* Fills cfg with the defaults (DESIGN.md, "Configuration"). */
+void kv__config_defaults(struct kv_config *cfg);
+
+/* Cross-field checks kv_open makes (e.g. a pipeline with no tier). */
+int kv__config_validate(const struct kv_config *cfg, char *err, size_t errlen);
+
+/* Parses "512MiB", "4GB", "1024" into bytes; 0 or KV_ECONFIG. */
+int kv__parse_size(const char *s, uint64_t *out);
+/* Parses "250ms", "2s", "1000" (ms) into milliseconds; 0 or KV_ECONFIG. */
+int kv__parse_duration_ms(const char *s, uint64_t *out);
+
+const char *kv__pipeline_name(int pipeline);
+
+#endif

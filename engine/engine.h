@@ -1,0 +1,56 @@
+/*
+ * engine.h — the engine's local store as the other layers see it.
+ *
+ * The network layer (net/) serves remote requests against the local tiers
+ * through these calls; they bypass tasks and placement: they act on this
+ * node's DRAM (and SSD) tier only, synchronously, on the calling thread.
+ * All are safe from many threads at once.
+ */
+#ifndef KV_ENGINE_ENGINE_H
+#define KV_ENGINE_ENGINE_H
+
+#include "internal.h"
+
+/* The DRAM segment, for registration with a transport (RDMA memory regions).
+ * base NULL and len 0 for an engine without a DRAM tier. */
+void kv__engine_segment(kv_engine *e, void **base, size_t *len);
+
+/* The engine's effective config (read-only, lives as long as the engine). */
+const struct kv_config *kv__engine_config(kv_engine *e);
+
+/* Presence of shard 0 of each block in the local tiers; grants leases. */
+int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
+
+/* Copies one shard in / out of the local tiers (DRAM, falling back to SSD
+ * for load). Same results as a one-shard task: KV_OK, KV_ENOTFOUND,
+ * KV_ENOSPC, KV_EINVAL (iov total differs from the stored length). */
+int kv__local_dump(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
+                   const kv_iov *iov, uint32_t iovcnt);
+int kv__local_load(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
+                   const kv_iov *iov, uint32_t iovcnt);
+
+/* The stored length of a shard in the local tiers; KV_ENOTFOUND. */
+int kv__local_size(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, uint64_t *len);
+
+/*
+ * Zero-copy serving. kv__local_pin finds a DRAM-resident shard and pins its
+ * block (eviction skips it, a replacing put defers the free) so the caller
+ * may send straight from the segment; kv__local_unpin ends that. Only DRAM
+ * is consulted (KV_ENOTFOUND otherwise).
+ *
+ * kv__local_reserve carves len bytes from the segment (evicting as a dump
+ * would) for an incoming value; the caller fills them (recv, RDMA WRITE) and
+ * then either commits them under a key (a shard already present keeps its
+ * old copy and the reservation is freed: still KV_OK) or aborts.
+ */
+typedef struct kv__pin { void *blk; uint32_t tshard; int ns; } kv__pin;
+int  kv__local_pin(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
+                   const void **data, uint64_t *len, kv__pin *pin);
+void kv__local_unpin(kv_engine *e, kv__pin *pin);
+
+typedef struct kv__resv { void *data; uint64_t len; } kv__resv;
+int  kv__local_reserve(kv_engine *e, uint64_t len, kv__resv *r);
+int  kv__local_commit(kv_engine *e, kv__resv *r, int ns, const kv_block_id *id, uint32_t index);
+void kv__local_abort(kv_engine *e, kv__resv *r);
+
+#endif

@@ -1,0 +1,126 @@
+/*
+ * internal.h — what the parts of libkvengine share and users never see.
+ *
+ * Internal non-static names carry the kv__ prefix. Only include/kvengine.h
+ * is public.
+ *
+ * LOCK ORDER (the one place it is written down)
+ *
+ *   task table lock  >  table-shard lock  >  allocator
+ *
+ * - A table-shard lock (struct kv__tshard.lock) is held only for index
+ *   work: find, insert, unlink, pin, touch. Never across a copy of value
+ *   bytes, never across an SSD call, and never two at once, except by the
+ *   evictor, which takes them one at a time.
+ * - Eviction runs on the thread that needs room, under evict_lock; it takes
+ *   table-shard locks one at a time and hands victims to the sink with no
+ *   lock held. A thread holding a table-shard lock never evicts.
+ * - The task table lock is never held while taking any other lock except a
+ *   task's own mutex.
+ */
+#ifndef KV_ENGINE_INTERNAL_H
+#define KV_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "config.h"
+#include "kvengine.h"
+
+#define KV__EXPORT KV_EXPORT
+#define KV__UNUSED __attribute__((unused))
+#define KV__ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- time ---------------------------------------------------------------- */
+
+static inline uint64_t kv__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t kv__now_ms(void) { return kv__now_ns() / 1000000u; }
+
+/* ---- logging (log.c) -------------------------------------------------------
+ * One level per process: KV_LOG_LEVEL (environment, read once) when set,
+ * else the log.level of the engine opened last. Lines go to stderr as
+ * "[kvengine][I] message".
+ */
+extern _Atomic int kv__log_level;
+void kv__log_set_level(int level);
+void kv__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int  kv__log_parse_level(const char *s);   /* -1 when unknown */
+#define KV__LOG(lvl, ...)                                                     \
+    do {                                                                      \
+        if ((lvl) <= atomic_load_explicit(&kv__log_level, memory_order_relaxed)) \
+            kv__log((lvl), __VA_ARGS__);                                      \
+    } while (0)
+#define KV_ERROR(...) KV__LOG(KV_LOG_ERROR, __VA_ARGS__)
+#define KV_WARN(...)  KV__LOG(KV_LOG_WARN, __VA_ARGS__)
+#define KV_INFO(...)  KV__LOG(KV_LOG_INFO, __VA_ARGS__)
+#define KV_DEBUG(...) KV__LOG(KV_LOG_DEBUG, __VA_ARGS__)
+
+/* Translates an errno value into a KV_E* code (the edge with the OS). */
+int kv__err_from_errno(int errnum);
+
+/* Writes "fmt..." into err (errlen bytes, NUL-terminated) when err != NULL. */
+void kv__errf(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- iovec helpers ------------------------------------------------------- */
+
+/* Total bytes of an iovec list; KV_EINVAL (as -1 in *ok) for NULL bases. */
+static inline uint64_t kv__iov_len(const kv_iov *iov, uint32_t cnt)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < cnt; i++)
+        n += iov[i].len;
+    return n;
+}
+/* Copies an iovec list into one flat buffer. */
+void kv__iov_gather(void *dst, const kv_iov *iov, uint32_t cnt);
+/* Copies one flat buffer out into an iovec list of the same total length. */
+void kv__iov_scatter(const kv_iov *iov, uint32_t cnt, const void *src);
+
+/* Namespaces: block shards and plain keys never meet. */
+enum kv__ns { KV_NS_BLOCK = 0, KV_NS_KEY = 1, KV_NS_COUNT = 2 };
+
+/* ---- victims: how evicted blocks leave the DRAM tier ---------------------
+ * The evictor unlinks a block from the index and hands it, whole, to the
+ * engine's sink as a kv__victim. The victim's shard bytes stay in the
+ * segment, untouched and not reused, until the sink calls release(): that
+ * is what lets the SSD tier write evicted blocks back before their DRAM is
+ * reused. A sink that drops blocks calls release() at once.
+ */
+struct kv__victim_shard {
+    uint32_t index;
+    uint32_t len;
+    const void *data;      /* in the DRAM segment */
+};
+struct kv__victim {
+    int ns;                /* enum kv__ns */
+    kv_block_id id;
+    uint32_t last_use_ms;  /* coldness stamp (ms since the engine opened) */
+    uint32_t nshards;
+    struct kv__victim_shard *shards;
+    void (*release)(struct kv__victim *v);
+    void *priv;            /* the engine's, for release */
+};
+
+/* The receiver of victims (the SSD tier in dram|ssd; NULL drops them). */
+struct kv__sink {
+    void *ctx;
+    /* Takes ownership of v; must call v->release(v) exactly once. */
+    void (*accept)(void *ctx, struct kv__victim *v);
+    /* Waits up to ms for accepted victims to be released; returns the
+     * number of bytes still held. Lets a dump that finds no room wait for
+     * write-back progress instead of failing while memory is in flight. */
+    uint64_t (*drain)(void *ctx, unsigned ms);
+};
+
+#endif

@@ -1,0 +1,288 @@
+/*
+ * kvengine.h — the public API of libkvengine, and its manual.
+ *
+ * INTRODUCTION
+ *
+ * kvengine is an embedded store for the KV cache of LLM serving. An inference
+ * server links libkvengine, dumps the KV blocks of every prefill into it
+ * keyed by a 16-byte block id (an md5 of the token prefix, as in UCM v1), and
+ * loads them back when a later request shares the prefix.
+ *
+ * A block is N shards; shard i is stored as its own value keyed by
+ * (block id, i). A shard's bytes are the caller's tensors back to back,
+ * given as an iovec list. Hot shards live in the DRAM tier: one segment of
+ * `dram.capacity` bytes, mapped and faulted in once at kv_open, carved by a
+ * size-class allocator, indexed by a hash table split into `dram.shards`
+ * locked shards. When the segment fills past the high watermark, the least
+ * recently used blocks are evicted whole (all their shards together); in the
+ * `dram|ssd` pipeline they spill to the SSD tier instead of being dropped.
+ *
+ * Plain keys (1..KV_KEY_MAX bytes) with byte-string values live in a
+ * namespace of their own beside the block shards (kv_put / kv_get ...).
+ *
+ * A typical session:
+ *
+ *     kv_config *cfg; kv_engine *e; kv_task t;
+ *     kv_config_new(&cfg);
+ *     kv_config_load(cfg, "kvengine.yaml", err, sizeof err);
+ *     kv_open(cfg, &e);  kv_config_free(cfg);
+ *     kv_dump(e, shards, n, &t);   kv_wait(e, t, 0);
+ *     kv_lookup(e, ids, n, hit);
+ *     kv_load(e, shards, n, &t);   kv_wait(e, t, 0);
+ *     kv_close(e);
+ *
+ * ERRORS
+ *
+ * Every function that can fail returns KV_OK (0) or one of the negative
+ * KV_E* codes listed in KV_ERR_MAP; kv_strerror() describes each and
+ * kv_err_name() names it. A call that returns an error has no other effect:
+ * no task is created, nothing stored changes, out parameters are NULL or 0.
+ * Pointers are non-NULL unless stated; a NULL where one is required is
+ * KV_EINVAL, never a crash.
+ *
+ * THREADING AND OWNERSHIP
+ *
+ * All functions are safe to call from many threads at once on one engine,
+ * except kv_close, which must be the last call on an engine (it waits for
+ * every in-flight task first). A kv_config is not locked: build it on one
+ * thread, then it may be read (by kv_open) from any.
+ *
+ * The caller owns every buffer it passes in. kv_dump and kv_load only record
+ * the caller's iovec arrays and buffers: the kv_shard array itself may be
+ * freed as soon as the call returns (it is copied), but the iovec arrays and
+ * the bytes they point to must stay valid and, for load, untouched, until the
+ * task is done: kv_check reported done, or kv_wait returned (whatever it
+ * returned). A wait that times out has cancelled and drained the task, so
+ * the buffers are free again when it returns.
+ *
+ * Tasks run on `io.threads` worker threads. A task handle is a 64-bit
+ * number, never 0 and never reused within an engine's life; kv_wait consumes
+ * it. Every task must eventually be waited for, or the engine keeps its
+ * result (a few dozen bytes) until kv_close.
+ */
+#ifndef KVENGINE_H
+#define KVENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KV_EXPORT __attribute__((visibility("default")))
+#else
+#define KV_EXPORT
+#endif
+
+#define KV_VERSION_MAJOR 0
+#define KV_VERSION_MINOR 1
+#define KV_VERSION_PATCH 0
+
+#define KV_BLOCK_ID_LEN 16
+#define KV_KEY_MAX      250
+
+/* The largest value one shard or plain key may hold (4 GiB - 64). */
+#define KV_VALUE_MAX    ((size_t)0xffffffc0u)
+
+typedef struct kv_engine kv_engine;   /* opaque */
+typedef struct kv_config kv_config;   /* opaque */
+typedef uint64_t kv_task;             /* 0 is never a valid task */
+
+typedef struct kv_block_id { uint8_t bytes[KV_BLOCK_ID_LEN]; } kv_block_id;
+typedef struct kv_iov { void *base; size_t len; } kv_iov;
+typedef struct kv_shard {
+    kv_block_id   block;   /* the block this shard belongs to */
+    uint32_t      index;   /* shard index within the block (0 = whole block) */
+    const kv_iov *iov;     /* the shard's tensors, stored back to back */
+    uint32_t      iovcnt;
+} kv_shard;
+
+/*
+ * Error codes. XX(name, value, description): one list generates the
+ * constants, kv_strerror and kv_err_name.
+ */
+#define KV_ERR_MAP(XX)                                                        \
+    XX(EINVAL,    -1,  "invalid argument")                                    \
+    XX(ENOMEM,    -2,  "out of memory")                                       \
+    XX(ENOSPC,    -3,  "no space left in the store")                          \
+    XX(ENOTFOUND, -4,  "not found")                                           \
+    XX(ETIMEDOUT, -5,  "timed out")                                           \
+    XX(EIO,       -6,  "input/output error")                                  \
+    XX(ECORRUPT,  -7,  "stored data is corrupt")                              \
+    XX(ECONFIG,   -8,  "invalid configuration")                               \
+    XX(ENET,      -9,  "network error")                                       \
+    XX(EPROTO,    -10, "protocol error")                                      \
+    XX(EPERM,     -11, "permission denied")                                   \
+    XX(EBUSY,     -12, "resource busy")                                       \
+    XX(ENOBUFS,   -13, "buffer too small")                                    \
+    XX(ECLOSED,   -14, "engine is closing")                                   \
+    XX(ENOTSUP,   -15, "operation not supported")
+
+#define KV_OK 0
+enum {
+#define KV__ERR_ENUM(name, value, desc) KV_##name = (value),
+    KV_ERR_MAP(KV__ERR_ENUM)
+#undef KV__ERR_ENUM
+};
+
+/* A static description of err ("unknown error" for codes not in the map). */
+KV_EXPORT const char *kv_strerror(int err);
+/* The constant's name without the KV_ prefix, e.g. "ENOSPC"; "OK" for 0. */
+KV_EXPORT const char *kv_err_name(int err);
+/* "MAJOR.MINOR.PATCH" of the library actually linked. */
+KV_EXPORT const char *kv_version(void);
+
+/*
+ * CONFIGURATION
+ *
+ * A kv_config starts with the defaults documented in README.md and
+ * kvengine.example.yaml, then takes a YAML file or string, then single dotted
+ * keys. Later values override earlier ones; keys a document does not name
+ * keep their value.
+ *
+ * kv_config_new: *out is a fresh config, or NULL with KV_ENOMEM.
+ * kv_config_load / kv_config_parse: KV_ECONFIG for a document that is not
+ *   valid YAML, names an unknown key, gives a value of the wrong type or out
+ *   of range. When err is non-NULL, a NUL-terminated message of at most
+ *   errlen bytes names the file (or "<string>"), the line and the key, e.g.
+ *   "cfg.yaml:3: eviction.ratio: must be in (0,1), got 1.5". On error the
+ *   config may hold values set before the bad key; keys after it are not
+ *   applied. KV_EIO when the file cannot be read (the message names it).
+ * kv_config_set: one key in the YAML's dotted form ("eviction.ratio") and its
+ *   value as text ("0.2", "512MiB", "250ms", "true"); KV_ECONFIG for an
+ *   unknown key or bad value, KV_EINVAL for NULL arguments.
+ * kv_config_get: writes the current value of a dotted key as text into buf
+ *   (NUL-terminated); KV_ENOBUFS when cap is too small, KV_ECONFIG when the
+ *   key is unknown.
+ * kv_config_dump: writes the whole effective config as YAML into buf;
+ *   returns the length it needs (excluding the NUL) like snprintf, or a
+ *   negative code.
+ * kv_config_free: NULL is allowed.
+ */
+KV_EXPORT int  kv_config_new(kv_config **out);
+KV_EXPORT int  kv_config_load(kv_config *cfg, const char *path, char *err, size_t errlen);
+KV_EXPORT int  kv_config_parse(kv_config *cfg, const char *yaml, size_t len, char *err, size_t errlen);
+KV_EXPORT int  kv_config_set(kv_config *cfg, const char *key, const char *value); /* "eviction.ratio", "0.2" */
+KV_EXPORT int  kv_config_get(const kv_config *cfg, const char *key, char *buf, size_t cap);
+KV_EXPORT int  kv_config_dump(const kv_config *cfg, char *buf, size_t cap);
+KV_EXPORT void kv_config_free(kv_config *cfg);
+
+/*
+ * ENGINE
+ *
+ * kv_open: maps and faults in the DRAM segment, starts the workers, and opens
+ *   the SSD tier if the pipeline has one. The config is copied: it may be
+ *   freed right after. *out is the engine, or NULL on failure with KV_ENOMEM
+ *   (the segment cannot be mapped), KV_ECONFIG (an inconsistent config), KV_EIO
+ *   or KV_EBUSY (the SSD tier is held by another engine). The reason is also
+ *   logged at error level.
+ * kv_close: finishes every in-flight task (their waits return their results),
+ *   stops the workers, and frees everything. NULL is allowed. No call on the
+ *   engine may start after kv_close has begun.
+ */
+KV_EXPORT int  kv_open(const kv_config *cfg, kv_engine **out);   /* *out NULL on failure */
+KV_EXPORT void kv_close(kv_engine *e);                           /* finishes in-flight tasks first */
+
+/*
+ * BLOCK STORE (UCM v1 semantics)
+ *
+ * kv_lookup: hit[i] = 1 when block ids[i] has its shard 0 in any tier, else
+ *   0. Never does I/O and never blocks on a task. A hit grants the block a
+ *   lease of `eviction.lease_ttl_ms` so that a load that follows is not
+ *   undercut by eviction. n may be 0. KV_EINVAL for NULL ids or hit with n > 0.
+ * kv_lookup_prefix: the index of the last hit in the leading run of hits, -1
+ *   when ids[0] misses (or n is 0); a negative KV_E* below -1 on bad
+ *   arguments. Grants leases like kv_lookup to the blocks in the run.
+ * kv_prefetch: a hint to stage SSD-resident blocks into DRAM; returns at once.
+ * kv_dump: starts a task that copies shards[0..n) in. A shard already
+ *   present is skipped and counts as success. KV_EINVAL when n is 0, an iov
+ *   is NULL with iovcnt > 0, or a shard is larger than KV_VALUE_MAX. The task
+ *   fails with KV_ENOSPC when no room can be made (everything is leased or
+ *   pinned): it never blocks waiting for room.
+ * kv_load: starts a task that copies shards[0..n) out into the caller's
+ *   iovecs. The iovec lengths must add up to exactly the stored size of the
+ *   shard (else that shard fails with KV_EINVAL); a missing shard fails the
+ *   task with KV_ENOTFOUND and leaves that shard's destination untouched.
+ *   Any failed shard fails the whole task; the other shards are still copied.
+ * kv_check: sets *done to 1 when the task has finished (successfully or
+ *   not), else 0, and returns KV_OK. Never blocks and does not consume the
+ *   handle: kv_wait then returns the task's result at once. KV_ENOTFOUND for
+ *   a handle never issued or already consumed by kv_wait.
+ * kv_wait: blocks until the task finishes (timeout_ms 0 = forever) and
+ *   returns its result, consuming the handle. On timeout the task is
+ *   cancelled and drained, and KV_ETIMEDOUT is returned. KV_ENOTFOUND for a
+ *   handle never issued or already consumed.
+ */
+KV_EXPORT int     kv_lookup(kv_engine *e, const kv_block_id *ids, size_t n, uint8_t *hit);
+KV_EXPORT ssize_t kv_lookup_prefix(kv_engine *e, const kv_block_id *ids, size_t n);
+KV_EXPORT int     kv_prefetch(kv_engine *e, const kv_block_id *ids, size_t n);
+KV_EXPORT int     kv_dump(kv_engine *e, const kv_shard *shards, size_t n, kv_task *task);
+KV_EXPORT int     kv_load(kv_engine *e, const kv_shard *shards, size_t n, kv_task *task);
+KV_EXPORT int     kv_check(kv_engine *e, kv_task task, int *done);
+KV_EXPORT int     kv_wait(kv_engine *e, kv_task task, unsigned timeout_ms); /* 0 = forever */
+
+/*
+ * PLAIN KEY-VALUE
+ *
+ * Keys are 1..KV_KEY_MAX bytes (others are KV_EINVAL); values 0..KV_VALUE_MAX
+ * bytes. Plain keys share the DRAM segment and its eviction with blocks, but
+ * never collide with block ids. All calls are synchronous and copy: the
+ * buffers are needed only during the call.
+ *
+ * kv_put: stores (or replaces) key's value. KV_ENOSPC when no room can be
+ *   made.
+ * kv_get: copies the value into buf and sets *vlen; KV_ENOBUFS with *vlen set
+ *   to the size needed when cap is too small (buf is then untouched);
+ *   KV_ENOTFOUND when absent. buf may be NULL when cap is 0.
+ * kv_exists: 1 when present, 0 when absent, or a negative KV_E*.
+ * kv_remove: KV_ENOTFOUND when absent.
+ */
+KV_EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen);
+KV_EXPORT int kv_get(kv_engine *e, const void *key, size_t klen, void *buf, size_t cap, size_t *vlen);
+KV_EXPORT int kv_exists(kv_engine *e, const void *key, size_t klen);   /* 1, 0, or < 0 */
+KV_EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen);   /* KV_ENOTFOUND if absent */
+
+/*
+ * ZERO-COPY
+ *
+ * kv_register_buffer: registers [addr, addr+len) of caller memory for RDMA so
+ *   that loads into it and dumps from it need no bounce copy. A no-op that
+ *   succeeds when the transport is tcp or the engine is not clustered.
+ *   KV_EBUSY when the range overlaps one already registered. The memory must
+ *   stay mapped until kv_unregister_buffer(addr) (KV_ENOTFOUND when addr is
+ *   not the start of a registered range).
+ */
+KV_EXPORT int kv_register_buffer(kv_engine *e, void *addr, size_t len);
+KV_EXPORT int kv_unregister_buffer(kv_engine *e, void *addr);
+
+/*
+ * COUNTERS
+ *
+ * A consistent-enough snapshot (each field is read atomically; fields are not
+ * read under one lock). Counters count since kv_open.
+ */
+typedef struct kv_stats {
+    uint64_t dram_capacity, dram_used, dram_blocks;
+    uint64_t ssd_capacity, ssd_used, ssd_blocks;
+    uint64_t hits_dram, hits_ssd, misses;
+    uint64_t evictions, spills, spill_drops, checksum_failures;
+    uint64_t tasks_inflight;
+    /* more may follow */
+    uint64_t dram_shards;        /* shard values stored in DRAM */
+    uint64_t dram_index_bytes;   /* memory held by the DRAM index */
+    uint64_t promotions;         /* SSD shards copied back into DRAM */
+    uint64_t keys;               /* plain keys stored */
+    uint64_t dumps_ok, dumps_failed, loads_ok, loads_failed;
+    uint64_t enospc;             /* shards refused for lack of room */
+    uint64_t open_ns;            /* time kv_open took */
+    uint64_t reserved[16];
+} kv_stats;
+KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVENGINE_H */
