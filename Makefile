@@ -29,7 +29,7 @@ comma := ,
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
             -Wno-unused-parameter
-CPPFLAGS += -Iinclude -Iengine -Ipersist -Inet -D_GNU_SOURCE
+CPPFLAGS += -Iinclude -Iengine -Ipersist -Inet -Itests -D_GNU_SOURCE
 CFLAGS   += -std=gnu11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
 LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lrdmacm -libverbs -lpthread -lm
 ifneq ($(SANITIZE),)
@@ -81,7 +81,7 @@ $(BUILD)/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/$$*.c tools/$$*_*
 
 $(BUILD)/tests/check_kvengine: $(TEST_OBJ) $(STATIC)
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS) -lcheck -lsubunit -lrt
+	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS) -lcheck -lsubunit -lrt -lm
 
 $(BUILD)/softverbs/libibverbs.so.1: $(SV_SRC) tests/softverbs/softverbs.map
 	@mkdir -p $(@D)

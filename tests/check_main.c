@@ -2,7 +2,8 @@
  * check_main.c — the one test runner.
  *
  * Each module's suite lives in tests/check_<module>.c and exports
- * Suite *<module>_suite(void). They are declared weak here so that a suite
+ * Suite *<module>_suite(void), listed in TU_SUITES (testutil.h). They are
+ * declared weak so that a suite
  * is run exactly when its file is built in. CK_RUN_SUITE / CK_RUN_CASE
  * (Check's own variables) select a part; CK_FORK=no runs in one process.
  */
@@ -10,13 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define SUITES(X) X(errors) X(config) X(segment) X(alloc) X(index) X(engine) \
-    X(task) X(evict) X(kv) X(concurrency) X(persist) X(spill) X(crash)    \
-    X(proto) X(tcp) X(rdma) X(cluster) X(tools)
-
-#define DECLARE(name) Suite *name##_suite(void) __attribute__((weak));
-SUITES(DECLARE)
-#undef DECLARE
+#include "testutil.h"
 
 int main(void)
 {
@@ -27,7 +22,7 @@ int main(void)
         srunner_add_suite(sr, name##_suite());                                \
         added++;                                                              \
     }
-    SUITES(ADD)
+    TU_SUITES(ADD)
 #undef ADD
     if (added == 0) {
         fprintf(stderr, "check_kvengine: no suites built in\n");

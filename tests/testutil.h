@@ -13,6 +13,14 @@
 
 #include "kvengine.h"
 
+/* Every suite, one per module: tests/check_<name>.c exports <name>_suite().
+ * Declared weak so the runner runs exactly the suites that are built in. */
+#define TU_SUITES(X) X(errors) X(config) X(segment) X(alloc) X(index) X(engine) \
+    X(task) X(evict) X(kv) X(concurrency) X(persist) X(spill) X(crash)       \
+    X(proto) X(tcp) X(rdma) X(cluster) X(master) X(tools)
+#define TU_DECLARE_SUITE(name) Suite *name##_suite(void) __attribute__((weak));
+TU_SUITES(TU_DECLARE_SUITE)
+
 /* A fresh directory under $TMPDIR (or /tmp); removed by tu_rmdir. */
 char *tu_mkdtemp(void);
 /* rm -rf path, then free(path). */
