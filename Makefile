@@ -76,7 +76,7 @@ $(SHARED): $(LIB_OBJ)
 tools: $(TOOL_BINS)
 
 .SECONDEXPANSION:
-$(BUILD)/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/$$*.c tools/$$*_*.c)) $(STATIC)
+$(TOOL_BINS): $(BUILD)/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/$$*.c tools/$$*_*.c)) $(STATIC)
 	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/check_kvengine: $(TEST_OBJ) $(STATIC)

@@ -1,0 +1,113 @@
+/*
+ * segment.c — maps the DRAM tier's segment and faults it in, once.
+ *
+ * The whole capacity is one anonymous mapping so that it can be registered
+ * for RDMA once and handed to the allocator as one range. Faulting fresh
+ * memory is very slow here (about 14 µs per 4 KiB page), so it is paid at
+ * kv_open and never on the copy path: with huge pages a fault covers 2 MiB.
+ * We try, in order, reserved huge pages (MAP_HUGETLB), transparent huge
+ * pages (MADV_HUGEPAGE on a 2 MiB aligned range), then plain pages, and
+ * prefault with MADV_POPULATE_WRITE (one system call, no per-page trap),
+ * falling back to touching a byte per page on kernels without it.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "segment.h"
+
+#define HUGE_SZ (2u << 20)
+
+/* 0, or an errno when the memory cannot be had (ENOMEM): better to fail
+ * kv_open than to be killed by the OOM killer later on the copy path. */
+static int prefault(uint8_t *p, size_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(p, len, MADV_POPULATE_WRITE) == 0)
+        return 0;
+    if (errno != EINVAL)
+        return errno;
+#endif
+    long page = sysconf(_SC_PAGESIZE);
+    for (size_t off = 0; off < len; off += (size_t)page)
+        ((volatile uint8_t *)p)[off] = 0;
+    return 0;
+}
+
+static int map_hugetlb(struct kv__segment *s, size_t len)
+{
+#ifdef MAP_HUGETLB
+    size_t rounded = (len + HUGE_SZ - 1) & ~(size_t)(HUGE_SZ - 1);
+    void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    s->map_base = p;
+    s->map_len = rounded;
+    s->base = p;
+    s->pages = "hugetlb";
+    return 0;
+#else
+    (void)s; (void)len;
+    return -1;
+#endif
+}
+
+static int map_plain(struct kv__segment *s, size_t len, bool thp)
+{
+    /* Over-map by 2 MiB so that the range we use can be 2 MiB aligned:
+     * THP only backs aligned 2 MiB extents. */
+    size_t map_len = len + HUGE_SZ;
+    uint8_t *p = mmap(NULL, map_len, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return -1;
+    uint8_t *base = (uint8_t *)(((uintptr_t)p + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1));
+    s->map_base = p;
+    s->map_len = map_len;
+    s->base = base;
+    s->pages = "4k";
+    if (thp && madvise(base, len, MADV_HUGEPAGE) == 0)
+        s->pages = "thp";
+    else if (!thp)
+        madvise(base, len, MADV_NOHUGEPAGE);
+    return 0;
+}
+
+int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    if (len == 0) {
+        s->pages = "none";
+        return KV_OK;
+    }
+    uint64_t t0 = kv__now_ns();
+    bool done = false;
+    if (hugepages != KV_HUGE_OFF)
+        done = map_hugetlb(s, len) == 0;
+    if (!done && map_plain(s, len, hugepages != KV_HUGE_OFF) != 0) {
+        int e = errno;
+        kv__errf(err, errlen, "dram.capacity: cannot map %zu bytes: %s", len, strerror(e));
+        return KV_ENOMEM;
+    }
+    s->len = len;
+    if (hugepages == KV_HUGE_ON && strcmp(s->pages, "4k") == 0)
+        KV_WARN("dram.hugepages is on but neither hugetlb nor THP is available; using 4 KiB pages");
+    int e = strcmp(s->pages, "hugetlb") != 0 ? prefault(s->base, len) : 0;
+    if (e != 0) {
+        kv__errf(err, errlen, "dram.capacity: cannot fault in %zu bytes: %s", len, strerror(e));
+        kv__segment_unmap(s);
+        return KV_ENOMEM;
+    }
+    s->fault_ns = kv__now_ns() - t0;
+    return KV_OK;
+}
+
+void kv__segment_unmap(struct kv__segment *s)
+{
+    if (s->map_base)
+        munmap(s->map_base, s->map_len);
+    memset(s, 0, sizeof *s);
+}
