@@ -1,0 +1,66 @@
+/*
+ * cluster.h — the distributed DRAM tier as the engine sees it.
+ *
+ * The engine calls only these. A cluster joins the membership view kept by
+ * kvmaster, serves this node's local store to peers over the transport of
+ * cluster.protocol (unless dram.capacity is 0: a pure client serves
+ * nothing and owns no blocks), and routes every shard to its owners:
+ * rendezvous (HRW) hashing of the block id over the live owners of the view
+ * picks cluster.replica_num of them (placement.h).
+ *
+ * Rules (each is tested in tests/check_cluster.c):
+ * - dump writes every owner. A shard succeeds when at least one owner stored
+ *   it and every reachable owner was attempted; when none stored it, its
+ *   result is the most telling owner error (KV_ENOSPC over KV_ENET).
+ * - load reads the first live owner in HRW order (this node first when it
+ *   is an owner) and fails over to the next on any error but KV_EINVAL
+ *   (a size mismatch is the caller's, not the owner's).
+ * - lookup asks each owner once per batch; a block hits when any owner has
+ *   it.
+ * - This node serves its own blocks through kv__local_* without the network.
+ * - Every remote call has a deadline: io.timeout_ms, or
+ *   KV_NET_DEFAULT_TIMEOUT_MS (5 s) when that is 0.
+ *
+ * Threading: every call but start/stop is safe from many threads at once.
+ */
+#ifndef KV_NET_CLUSTER_H
+#define KV_NET_CLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+struct kv__cluster;
+struct kv__backend;
+
+/* Joins the view via kvmaster (cluster.master) and starts serving
+ * cluster.listen (unless dram.capacity is 0). KV_ENET when the master
+ * cannot be reached, KV_EPERM when it refuses the token, KV_ENOTSUP when
+ * protocol rdma is asked for and not available. *out NULL on failure. */
+int  kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__cluster **out,
+                       char *err, size_t errlen);
+/* The same over any backend (be NULL = pure client); what tests use. */
+int  kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cfg,
+                               struct kv__cluster **out, char *err, size_t errlen);
+/* Leaves the view, stops serving and closes every connection. NULL ok. */
+void kv__cluster_stop(struct kv__cluster *c);
+
+/* results[i] / hit[i] per item; the return value is KV_OK when the batch ran
+ * (items may have failed) or KV_EINVAL for bad arguments. */
+int  kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n, int *results);
+int  kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n, int *results);
+int  kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
+int  kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index, uint64_t *len);
+int  kv__cluster_register_buffer(struct kv__cluster *c, void *addr, size_t len);
+int  kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr);
+/* Adds the cluster's counters to out (fields the cluster does not know are
+ * left alone). */
+void kv__cluster_stats(struct kv__cluster *c, kv_stats *out);
+
+/* For tests and tools: the address this node serves on ("" for a pure
+ * client), and the view version and live member count it last saw. */
+const char *kv__cluster_addr(struct kv__cluster *c);
+void kv__cluster_view(struct kv__cluster *c, uint64_t *version, size_t *members, size_t *owners);
+
+#endif

@@ -1,0 +1,150 @@
+/*
+ * proto.h — the wire format of kvengine's cluster: fixed 32-byte frame
+ * headers, then a bounded descriptor body, then bulk value bytes.
+ *
+ * Key design choice: descriptors and values travel apart. The body (what a
+ * decoder parses) is small and capped at KV_PROTO_BODY_MAX; value bytes
+ * follow it as "data" whose size the header states and the body itemises,
+ * so a receiver can check every length before it allocates or copies, and
+ * can then read values straight into their final place (segment memory on
+ * a server, the caller's iovecs on a client) instead of through the parser.
+ *
+ * Frame:
+ *   header  magic u32 "KVNE" | version u8 | type u8 | flags u16 |
+ *           body_len u32 | status i32 | req_id u64 | data_len u64
+ *   body    body_len bytes, type-specific (below)
+ *   data    data_len bytes of values, in item order
+ * All integers little-endian.
+ *
+ * Bodies:
+ *   HELLO      token_len u16, token, id_len u16, id          (client->server)
+ *   HELLO_OK   empty; status says whether the token was accepted
+ *   BATCH      count u32, then count items of 32 bytes:
+ *              kind u8 | ns u8 | pad u16 | index u32 | id[16] | len u64
+ *              (dump: value length, all in data; load: expected length)
+ *   BATCH_R    count u32, then count results of 40 bytes:
+ *              status i32 | hit u8 pad[3] | len u64 | addr u64 | rkey u32 |
+ *              pad u32 | handle u64
+ *              (data: the values of the items that are OK loads, in order;
+ *              addr/rkey/handle are for RDMA RPCs, 0 on tcp)
+ *   JOIN       a member (below), the sender's own record      (node->master)
+ *   VIEW       version u64, count u32, count members          (master->node)
+ *   member     id_len u16, id, addr_len u16, addr, flags u32, nseg u32,
+ *              nseg x (base u64, len u64, rkey u32)
+ * The RDMA transport adds its own types from KV_MSG_RDMA_FIRST up, with
+ * BATCH / BATCH_R bodies.
+ */
+#ifndef KV_NET_PROTO_H
+#define KV_NET_PROTO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "transport.h"
+
+#define KV_PROTO_MAGIC    0x454e564bu   /* "KVNE" little-endian */
+#define KV_PROTO_VERSION  1
+#define KV_PROTO_HDR_LEN  32
+#define KV_PROTO_BODY_MAX (4u << 20)    /* descriptors, never values */
+#define KV_PROTO_BATCH_MAX 65536u       /* items per batch frame */
+#define KV_PROTO_REQ_ITEM 32
+#define KV_PROTO_RESP_ITEM 40
+#define KV_PROTO_ID_MAX   128           /* node id / address / token bytes */
+#define KV_PROTO_SEG_MAX  64            /* segment descriptors per member */
+#define KV_PROTO_VIEW_MAX 4096          /* members per view */
+
+enum kv__msg {
+    KV_MSG_HELLO = 1,
+    KV_MSG_HELLO_OK = 2,
+    KV_MSG_BATCH = 3,
+    KV_MSG_BATCH_R = 4,
+    KV_MSG_JOIN = 5,
+    KV_MSG_VIEW = 6,
+    KV_MSG_LEAVE = 7,           /* body: a member; answered by VIEW */
+    KV_MSG_RDMA_FIRST = 32,     /* 32..63: net/rdma*.c */
+    KV_MSG_RDMA_LAST = 63,
+};
+
+/* Member flags. */
+#define KV_MEMBER_OWNER 1u      /* stores blocks (dram.capacity > 0) */
+
+struct kv__hdr {
+    uint8_t version, type;
+    uint16_t flags;
+    uint32_t body_len;
+    int32_t status;
+    uint64_t req_id;
+    uint64_t data_len;
+};
+
+/* Encodes h into out[KV_PROTO_HDR_LEN] (magic and version are filled in). */
+void kv__hdr_encode(const struct kv__hdr *h, uint8_t *out);
+/* Decodes and checks: magic, version, a known type, body_len within
+ * KV_PROTO_BODY_MAX, data_len only on types that carry data and at most
+ * max_data. KV_EPROTO otherwise. */
+int  kv__hdr_decode(const uint8_t *in, uint64_t max_data, struct kv__hdr *h);
+
+/* A request item as on the wire, decoded. */
+struct kv__wire_req {
+    uint8_t kind, ns;
+    uint32_t index;
+    kv_block_id id;
+    uint64_t len;
+};
+struct kv__wire_resp {
+    int32_t status;
+    uint8_t hit;
+    uint64_t len, addr, handle;
+    uint32_t rkey;
+};
+
+/* Batch bodies. The encoders return bytes written or KV_ENOBUFS; the
+ * decoders check count against the body length and KV_PROTO_BATCH_MAX,
+ * and each field's range (kind, ns, status), before writing anything:
+ * KV_EPROTO. *n is in: capacity of out, out: the count. */
+size_t kv__batch_body_len(size_t n);
+size_t kv__batch_r_body_len(size_t n);
+int kv__batch_encode(const struct kv__wire_req *items, size_t n, uint8_t *out, size_t cap);
+int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, size_t *n);
+int kv__batch_r_encode(const struct kv__wire_resp *items, size_t n, uint8_t *out, size_t cap);
+int kv__batch_r_decode(const uint8_t *body, size_t len, struct kv__wire_resp *out, size_t *n);
+/* The count of a batch body, checked against its length; KV_EPROTO. */
+int kv__batch_count(const uint8_t *body, size_t len, size_t item_len, size_t *n);
+
+/* HELLO body. */
+int kv__hello_encode(const char *token, const char *id, uint8_t *out, size_t cap);
+int kv__hello_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
+                     char *id, size_t idcap);
+
+/* A member of the view. */
+struct kv__member {
+    char id[KV_PROTO_ID_MAX + 1];
+    char addr[KV_PROTO_ID_MAX + 1];
+    uint32_t flags;
+    uint32_t nseg;
+    struct kv__segdesc seg[KV_PROTO_SEG_MAX];
+};
+/* JOIN / LEAVE bodies: one member (plus the token, checked by the master). */
+int kv__join_encode(const char *token, const struct kv__member *m, uint8_t *out, size_t cap);
+int kv__join_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
+                    struct kv__member *m);
+/* VIEW body. kv__view_decode allocates *members (count entries; free()). */
+int kv__view_encode(uint64_t version, const struct kv__member *m, size_t n,
+                    uint8_t *out, size_t cap);
+int kv__view_decode(const uint8_t *body, size_t len, uint64_t *version,
+                    struct kv__member **members, size_t *n);
+size_t kv__member_wire_len(const struct kv__member *m);
+
+/* Little-endian helpers. */
+static inline void kv__put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void kv__put32(uint8_t *p, uint32_t v)
+{ for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void kv__put64(uint8_t *p, uint64_t v)
+{ for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline uint16_t kv__get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t kv__get32(const uint8_t *p)
+{ uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+static inline uint64_t kv__get64(const uint8_t *p)
+{ uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
+
+#endif

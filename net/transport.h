@@ -1,0 +1,175 @@
+/*
+ * transport.h — the one seam every cluster transport implements (tcp.c,
+ * rdma.c), after Redis's ConnectionType: an ops table chosen by name.
+ *
+ * Key design choice: a transport moves *batches of shard operations*, not
+ * bytes. The cluster layer (cluster.c) hands a transport a batch of
+ * lookup / size / load / dump items for one peer, each carrying the caller's
+ * iovecs; the transport decides how the bytes travel. tcp sends them in the
+ * request frame (writev straight from the caller's iovecs) and reads loads
+ * straight into them (readv). rdma may instead do, per batch:
+ *     load = one RPC returning (addr, rkey, len, handle) per item, pinned on
+ *            the server (backend->pin), + one-sided RDMA READs into the
+ *            caller's iovecs + a release RPC (backend->unpin);
+ *     dump = one RPC reserving space (backend->reserve) returning
+ *            (addr, rkey, handle) per item, + RDMA WRITEs from the caller's
+ *            iovecs + a commit RPC (backend->commit / abort).
+ * Both speak the frames of proto.h for their RPCs.
+ *
+ * The server side never calls the engine directly: it serves a
+ * struct kv__backend (cluster.c wires one to kv__local_*, tests use
+ * kv__memstore), which is what lets transports be tested without an engine.
+ *
+ * Threading: a transport object is shared by all threads. A kv__conn is used
+ * by one thread at a time (cluster.c keeps a pool per peer); batch() is
+ * synchronous and never blocks past its deadline.
+ */
+#ifndef KV_NET_TRANSPORT_H
+#define KV_NET_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+/* Remote calls without io.timeout_ms (0) get this deadline: a dead peer must
+ * never hang a task, and 5 s is far above any healthy batch on a LAN. */
+#define KV_NET_DEFAULT_TIMEOUT_MS 5000u
+
+/* ---- what a server serves ------------------------------------------------
+ * Same contracts as the kv__local_* calls of engine.h (see there); every
+ * call may come from any transport thread at once. pin/unpin and
+ * reserve/commit/abort are the zero-copy paths; load is the fallback for
+ * shards that are not DRAM-resident (SSD), copied through a bounce buffer.
+ */
+struct kv__backend {
+    void *ctx;
+    int  (*lookup)(void *ctx, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
+    int  (*size)(void *ctx, int ns, const kv_block_id *id, uint32_t index, uint64_t *len);
+    int  (*load)(void *ctx, int ns, const kv_block_id *id, uint32_t index,
+                 const kv_iov *iov, uint32_t iovcnt);
+    int  (*pin)(void *ctx, int ns, const kv_block_id *id, uint32_t index,
+                const void **data, uint64_t *len, kv__pin *pin);
+    void (*unpin)(void *ctx, kv__pin *pin);
+    int  (*reserve)(void *ctx, uint64_t len, kv__resv *r);
+    int  (*commit)(void *ctx, kv__resv *r, int ns, const kv_block_id *id, uint32_t index);
+    void (*abort)(void *ctx, kv__resv *r);
+    /* The memory pin/reserve hand out lies in [seg_base, seg_base+seg_len)
+     * (for RDMA registration; NULL/0 when there is none). */
+    void *seg_base;
+    size_t seg_len;
+};
+
+/* A backend over an engine's local store (kv__local_*). */
+void kv__backend_engine(kv_engine *e, struct kv__backend *out);
+
+/* A heap-backed backend (a hash table of malloc'd values, with a byte
+ * capacity): the store of the transport and cluster tests, and a reference
+ * for the backend contract. cap_bytes 0 = unbounded. */
+struct kv__backend *kv__memstore_new(uint64_t cap_bytes);
+void kv__memstore_free(struct kv__backend *b);
+
+/* ---- one item of a batch ------------------------------------------------ */
+enum kv__op_kind {
+    KV_OP_LOOKUP = 1,   /* out: hit */
+    KV_OP_SIZE   = 2,   /* out: len */
+    KV_OP_LOAD   = 3,   /* in: iov (destination; its total is the expected
+                         * length: a stored length that differs is
+                         * KV_EINVAL and the iov is untouched) */
+    KV_OP_DUMP   = 4,   /* in: iov (source) */
+};
+
+struct kv__op {
+    uint8_t kind;               /* enum kv__op_kind */
+    uint8_t ns;                 /* enum kv__ns */
+    uint32_t index;             /* shard index (lookup: ignored) */
+    kv_block_id id;
+    const kv_iov *iov;          /* load / dump only; owned by the caller */
+    uint32_t iovcnt;
+    /* results, written by batch() */
+    int result;                 /* KV_OK or KV_E* for this item */
+    uint8_t hit;                /* lookup */
+    uint64_t len;               /* size */
+};
+
+/* ---- options every transport gets --------------------------------------- */
+struct kv__net_opts {
+    char token[KV_CFG_STR];     /* cluster.token; "" = none required */
+    char device_name[KV_CFG_STR];   /* cluster.device_name (rdma) */
+    unsigned timeout_ms;        /* per remote call; never 0 (see above) */
+    unsigned threads;           /* server event loops */
+};
+
+/* A registered memory region as the master records it (RDMA: rkey). */
+struct kv__segdesc {
+    uint64_t base, len;
+    uint32_t rkey;
+};
+
+struct kv__transport;   /* one per engine: the server and the client side */
+struct kv__conn;        /* one client connection to one peer */
+
+struct kv__transport_ops {
+    const char *name;   /* "tcp", "rdma" */
+
+    /* > 0 when the transport can run here (rdma: a device is found, named
+     * device_name when not ""), 0 when not; never fails hard. NULL = 1. */
+    int (*probe)(const struct kv__net_opts *o);
+
+    /* be may be NULL: a pure client that serves nothing. */
+    int  (*create)(const struct kv__net_opts *o, struct kv__backend *be,
+                   struct kv__transport **out, char *err, size_t errlen);
+    /* Stops serving, closes every connection; all kv__conns of this
+     * transport must have been closed. */
+    void (*destroy)(struct kv__transport *t);
+
+    /* Starts serving be on addr ("host:port"; port 0 picks one). The bound
+     * address is written to bound (e.g. "0.0.0.0:41234"). Once. */
+    int  (*listen)(struct kv__transport *t, const char *addr, char *bound, size_t boundlen,
+                   char *err, size_t errlen);
+
+    /* Connects to a peer's listen address and authenticates with the token
+     * (KV_EPERM when refused, KV_ENET / KV_ETIMEDOUT when unreachable). */
+    int  (*connect)(struct kv__transport *t, const char *addr, struct kv__conn **out);
+    void (*close)(struct kv__conn *c);
+
+    /* Runs ops[0..n) on the peer; fills each op's result. Returns KV_OK
+     * when the exchange happened (items may still have failed), or an error
+     * for the connection (KV_ENET, KV_ETIMEDOUT, KV_EPROTO): then no
+     * op's result is meaningful and the conn must be closed. A load's
+     * destination may have been partly written when the exchange fails. */
+    int  (*batch)(struct kv__conn *c, struct kv__op *ops, size_t n);
+
+    /* Caller memory that loads land in and dumps come from (RDMA: register
+     * it once). NULL = no-op success. KV_EBUSY on overlap; KV_ENOTFOUND when
+     * addr does not start a registered range. */
+    int  (*register_buffer)(struct kv__transport *t, void *addr, size_t len);
+    int  (*unregister_buffer)(struct kv__transport *t, void *addr);
+
+    /* The server's registered segments, for the master's view; returns the
+     * count written (at most cap). NULL = none. */
+    int  (*segments)(struct kv__transport *t, struct kv__segdesc *out, int cap);
+};
+
+/* The transports built in. kv__rdma_transport is defined by net/rdma.c and
+ * weak here, so a build without it falls back to tcp. */
+extern const struct kv__transport_ops kv__tcp_transport;
+extern const struct kv__transport_ops kv__rdma_transport __attribute__((weak));
+
+/* Picks the ops for cluster.protocol (enum kv__protocol). auto: rdma when
+ * its probe finds a device, else tcp, said once at info level. KV_ENOTSUP
+ * when rdma is asked for and not available. */
+int kv__transport_pick(int protocol, const struct kv__net_opts *o,
+                       const struct kv__transport_ops **out);
+
+/* Every transport object starts with this, so generic code can reach the
+ * ops from a kv__transport pointer. */
+struct kv__transport_base {
+    const struct kv__transport_ops *ops;
+};
+
+/* "host:port" -> sockaddr_in (IPv4, numeric or resolvable). KV_EINVAL. */
+struct sockaddr_in;
+int kv__net_parse_addr(const char *addr, struct sockaddr_in *out);
+
+#endif
