@@ -1,0 +1,102 @@
+/*
+ * index.h — the DRAM tier's hash table, split into locked shards.
+ *
+ * A table maps a block id to a block entry (struct kv__blk) holding the
+ * block's stored shards. Each table shard has its own lock, bucket array and
+ * LRU list; a block id hashes to one table shard, so all shards of a block
+ * live together and can be evicted together. The engine keeps two tables:
+ * block shards and plain keys (namespaces never meet).
+ *
+ * Every function here expects the caller to hold the table shard's lock
+ * (memcached's do_ convention, without the prefix: nothing here locks).
+ */
+#ifndef KV_ENGINE_INDEX_H
+#define KV_ENGINE_INDEX_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+/* One stored shard: where its bytes are in the segment. Offsets are in
+ * 64-byte units (values are 64-byte aligned), so 32 bits reach 256 GiB. */
+struct kv__sref {
+    uint32_t off64;
+    uint32_t len;
+    uint32_t index;
+};
+
+struct kv__srefs {
+    struct kv__sref *v;           /* sorted by index */
+    uint32_t cap;
+} __attribute__((packed, aligned(4)));
+
+#define KV_BLK_DEAD 0x8000u       /* in pins: unlinked, freed at last unpin */
+
+/*
+ * A block entry is exactly 64 bytes (one cache line, jemalloc's 64-byte
+ * class). A block with one shard keeps it inline; more go to an array.
+ */
+struct kv__blk {
+    struct kv__blk *hnext;        /* bucket chain */
+    struct kv__blk *prev, *next;  /* LRU list: head is most recent */
+    kv_block_id id;
+    union {
+        struct kv__sref one;      /* nshards == 1 */
+        struct kv__srefs many;    /* nshards > 1 */
+    } s;
+    uint32_t last_use;            /* ms since the engine opened */
+    uint32_t lease_until;         /* ms since the engine opened */
+    uint16_t pins;                /* readers copying out; | KV_BLK_DEAD */
+    uint16_t nshards;
+};
+
+struct kv__tshard {
+    pthread_mutex_t lock;
+    struct kv__blk **buckets;
+    uint32_t mask;                /* bucket count - 1 */
+    uint64_t nblocks;
+    uint64_t nshards;             /* stored shard values */
+    uint64_t index_bytes;         /* entries + arrays + buckets */
+    struct kv__blk *lru_head, *lru_tail;
+} __attribute__((aligned(64)));
+
+struct kv__table {
+    uint32_t n;
+    struct kv__tshard *sh;
+};
+
+int  kv__table_init(struct kv__table *t, uint32_t nshards);
+/* Frees every entry; free_value(ctx, off64, len) is called for each shard. */
+void kv__table_destroy(struct kv__table *t, void (*free_value)(void *ctx, uint32_t off64, uint32_t len),
+                       void *ctx);
+
+/* The hash of a block id; picks the table shard and the bucket. */
+uint64_t kv__id_hash(const kv_block_id *id);
+static inline struct kv__tshard *kv__table_shard(struct kv__table *t, uint64_t h)
+{
+    return &t->sh[(uint32_t)(h >> 32) % t->n];
+}
+
+struct kv__blk *kv__blk_find(struct kv__tshard *ts, uint64_t h, const kv_block_id *id);
+struct kv__sref *kv__blk_sref(struct kv__blk *b, uint32_t index);
+static inline struct kv__sref *kv__blk_srefs(struct kv__blk *b)
+{
+    return b->nshards == 1 ? &b->s.one : b->s.many.v;
+}
+
+/* Adds a shard to the block (creating the block entry when needed).
+ * KV_ENOMEM when metadata cannot be allocated. The shard must be absent. */
+int kv__blk_add(struct kv__tshard *ts, uint64_t h, const kv_block_id *id, uint32_t index,
+                uint32_t off64, uint32_t len, uint32_t now,
+                struct kv__blk **out);
+
+/* Unlinks a block from its bucket and the LRU list; the entry stays
+ * allocated (victims and dead entries still point at their shards). */
+void kv__blk_unlink(struct kv__tshard *ts, uint64_t h, struct kv__blk *b);
+/* Frees an unlinked block's metadata (not its values). */
+void kv__blk_free(struct kv__blk *b);
+
+/* Moves a block to the LRU head. */
+void kv__blk_touch(struct kv__tshard *ts, struct kv__blk *b, uint32_t now);
+
+#endif
