@@ -75,9 +75,12 @@ $(SHARED): $(LIB_OBJ)
 
 tools: $(TOOL_BINS)
 
-.SECONDEXPANSION:
-$(TOOL_BINS): $(BUILD)/%: $$(patsubst %.c,$(BUILD)/obj/%.o,$$(wildcard tools/$$*.c tools/$$*_*.c)) $(STATIC)
-	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
+# tools/NAME.c and tools/NAME_*.c make build/NAME.
+define tool_rule
+$(BUILD)/$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1).c tools/$(1)_*.c)) $(STATIC)
+	$$(CC) $$(LDFLAGS) -pthread -o $$@ $$^ $$(LDLIBS)
+endef
+$(foreach t,$(TOOLS),$(eval $(call tool_rule,$(t))))
 
 $(BUILD)/tests/check_kvengine: $(TEST_OBJ) $(STATIC)
 	@mkdir -p $(@D)
