@@ -102,24 +102,26 @@ typedef struct kv_shard {
 
 /*
  * Error codes. XX(name, value, description): one list generates the
- * constants, kv_strerror and kv_err_name.
+ * constants, kv_strerror and kv_err_name. Values start at -101 so that no
+ * code is mistaken for kv_lookup_prefix's -1 ("the first block misses") or
+ * for a negated errno.
  */
 #define KV_ERR_MAP(XX)                                                        \
-    XX(EINVAL,    -1,  "invalid argument")                                    \
-    XX(ENOMEM,    -2,  "out of memory")                                       \
-    XX(ENOSPC,    -3,  "no space left in the store")                          \
-    XX(ENOTFOUND, -4,  "not found")                                           \
-    XX(ETIMEDOUT, -5,  "timed out")                                           \
-    XX(EIO,       -6,  "input/output error")                                  \
-    XX(ECORRUPT,  -7,  "stored data is corrupt")                              \
-    XX(ECONFIG,   -8,  "invalid configuration")                               \
-    XX(ENET,      -9,  "network error")                                       \
-    XX(EPROTO,    -10, "protocol error")                                      \
-    XX(EPERM,     -11, "permission denied")                                   \
-    XX(EBUSY,     -12, "resource busy")                                       \
-    XX(ENOBUFS,   -13, "buffer too small")                                    \
-    XX(ECLOSED,   -14, "engine is closing")                                   \
-    XX(ENOTSUP,   -15, "operation not supported")
+    XX(EINVAL,    -101, "invalid argument")                                   \
+    XX(ENOMEM,    -102, "out of memory")                                      \
+    XX(ENOSPC,    -103, "no space left in the store")                         \
+    XX(ENOTFOUND, -104, "not found")                                          \
+    XX(ETIMEDOUT, -105, "timed out")                                          \
+    XX(EIO,       -106, "input/output error")                                 \
+    XX(ECORRUPT,  -107, "stored data is corrupt")                             \
+    XX(ECONFIG,   -108, "invalid configuration")                              \
+    XX(ENET,      -109, "network error")                                      \
+    XX(EPROTO,    -110, "protocol error")                                     \
+    XX(EPERM,     -111, "permission denied")                                  \
+    XX(EBUSY,     -112, "resource busy")                                      \
+    XX(ENOBUFS,   -113, "buffer too small")                                   \
+    XX(ECLOSED,   -114, "engine is closing")                                  \
+    XX(ENOTSUP,   -115, "operation not supported")
 
 #define KV_OK 0
 enum {
@@ -281,6 +283,26 @@ typedef struct kv_stats {
     uint64_t reserved[16];
 } kv_stats;
 KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
+
+/*
+ * CLUSTER DAEMONS
+ *
+ * What tools/kvmaster (and any program that wants to embed one) runs.
+ *
+ * kv_master_run: serves cluster membership on `cluster.master` until *stop
+ *   becomes nonzero (checked at least every 20 ms; set it from a signal
+ *   handler), then returns KV_OK. Members JOIN with their id, address and
+ *   registered segments and must present `cluster.token` (a wrong or missing
+ *   token is refused, KV_EPERM on their side); a member silent for
+ *   `cluster.node_ttl_ms` leaves the view. The master is never on the data
+ *   path. KV_ECONFIG for a bad address, KV_ENET when it cannot listen; when
+ *   err is non-NULL a NUL-terminated message of at most errlen bytes says
+ *   why. cfg is only read, and must stay valid until the call returns.
+ *
+ * A storage node (tools/kvnode) needs nothing more: it is kv_open with
+ * `cluster.enabled: true`, kept open until it is told to stop.
+ */
+KV_EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

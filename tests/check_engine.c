@@ -1,0 +1,397 @@
+/*
+ * check_engine.c — the store semantics of DESIGN.md, one test each.
+ */
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define DRAM_ONLY "pipeline: dram\ndram: { capacity: 64MiB, shards: 4 }\nio: { threads: 2 }\n"
+
+static kv_engine *open_dram(void) { return tu_open_yaml(DRAM_ONLY); }
+
+START_TEST(dump_then_load_gives_the_same_bytes)
+{
+    kv_engine *e = open_dram();
+    /* Two shards of one block, each from three tensors of odd sizes. */
+    uint8_t src[2][3][1000], dst[2][3][1000];
+    kv_iov in[2][3], out[2][3];
+    kv_shard s[2], l[2];
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 3; k++) {
+            tu_fill(src[i][k], 1000 - 100 * k, (uint64_t)(i * 3 + k));
+            in[i][k] = (kv_iov){ src[i][k], 1000 - 100 * (size_t)k };
+            out[i][k] = (kv_iov){ dst[i][k], 1000 - 100 * (size_t)k };
+        }
+        s[i] = (kv_shard){ tu_id(1, 0), (uint32_t)i, in[i], 3 };
+        l[i] = (kv_shard){ tu_id(1, 0), (uint32_t)i, out[i], 3 };
+    }
+    kv_task t;
+    ck_assert_int_eq(kv_dump(e, s, 2, &t), KV_OK);
+    ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    memset(dst, 0, sizeof dst);
+    ck_assert_int_eq(kv_load(e, l, 2, &t), KV_OK);
+    ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 3; k++)
+            ck_assert(tu_check_fill(dst[i][k], 1000 - 100 * (size_t)k, (uint64_t)(i * 3 + k)));
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(handles_are_never_zero_and_never_reused)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[64] = { 1 };
+    kv_iov iov = { buf, sizeof buf };
+    kv_task prev = 0;
+    for (int i = 0; i < 200; i++) {
+        kv_shard s = { tu_id((uint64_t)i, 1), 0, &iov, 1 };
+        kv_task t = 0;
+        ck_assert_int_eq(kv_dump(e, &s, 1, &t), KV_OK);
+        ck_assert_uint_ne(t, 0);
+        ck_assert_uint_gt(t, prev);          /* increasing, hence unique */
+        prev = t;
+        ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    }
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(wait_consumes_the_handle)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[128];
+    tu_fill(buf, sizeof buf, 7);
+    kv_iov iov = { buf, sizeof buf };
+    kv_shard s = { tu_id(2, 0), 0, &iov, 1 };
+    kv_task t;
+    ck_assert_int_eq(kv_dump(e, &s, 1, &t), KV_OK);
+    ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    int done = 0;
+    ck_assert_int_eq(kv_wait(e, t, 0), KV_ENOTFOUND);
+    ck_assert_int_eq(kv_check(e, t, &done), KV_ENOTFOUND);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(check_reports_done_without_consuming)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[4096];
+    tu_fill(buf, sizeof buf, 3);
+    kv_iov iov = { buf, sizeof buf };
+    kv_shard s = { tu_id(3, 0), 0, &iov, 1 };
+    kv_task t;
+    ck_assert_int_eq(kv_dump(e, &s, 1, &t), KV_OK);
+    int done = 0, polls = 0;
+    uint64_t t0 = tu_now_ms();
+    while (!done && tu_now_ms() - t0 < 5000) {
+        ck_assert_int_eq(kv_check(e, t, &done), KV_OK);
+        polls++;
+    }
+    ck_assert_int_eq(done, 1);
+    ck_assert_int_eq(kv_check(e, t, &done), KV_OK);   /* still there */
+    ck_assert_int_eq(done, 1);
+    ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    ck_assert_int_eq(kv_check(e, t, &done), KV_ENOTFOUND);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(unknown_handles_are_not_found)
+{
+    kv_engine *e = open_dram();
+    int done = 0;
+    ck_assert_int_eq(kv_check(e, 0, &done), KV_ENOTFOUND);
+    ck_assert_int_eq(kv_check(e, 12345, &done), KV_ENOTFOUND);
+    ck_assert_int_eq(kv_wait(e, 0, 0), KV_ENOTFOUND);
+    ck_assert_int_eq(kv_wait(e, 999999, 10), KV_ENOTFOUND);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(dumping_a_present_shard_is_a_noop_success)
+{
+    kv_engine *e = open_dram();
+    uint8_t a[256], b[256], out[256];
+    tu_fill(a, sizeof a, 1);
+    tu_fill(b, sizeof b, 2);
+    ck_assert_int_eq(tu_dump1(e, tu_id(4, 0), 0, a, sizeof a), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, tu_id(4, 0), 0, b, sizeof b), KV_OK);
+    ck_assert_int_eq(tu_load1(e, tu_id(4, 0), 0, out, sizeof out), KV_OK);
+    ck_assert(tu_check_fill(out, sizeof out, 1));            /* no rewrite */
+    kv_stats st;
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    ck_assert_uint_eq(st.dram_shards, 1);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(loading_a_missing_shard_fails_and_leaves_it_untouched)
+{
+    kv_engine *e = open_dram();
+    uint8_t src[512], present[512], missing[512];
+    tu_fill(src, sizeof src, 9);
+    ck_assert_int_eq(tu_dump1(e, tu_id(5, 0), 0, src, sizeof src), KV_OK);
+    memset(present, 0xEE, sizeof present);
+    memset(missing, 0xEE, sizeof missing);
+    kv_iov i0 = { present, sizeof present }, i1 = { missing, sizeof missing };
+    kv_shard l[2] = { { tu_id(5, 0), 0, &i0, 1 }, { tu_id(5, 0), 1, &i1, 1 } };
+    kv_task t;
+    ck_assert_int_eq(kv_load(e, l, 2, &t), KV_OK);
+    ck_assert_int_eq(kv_wait(e, t, 0), KV_ENOTFOUND);
+    ck_assert(tu_check_fill(present, sizeof present, 9));    /* the hit is copied */
+    for (size_t i = 0; i < sizeof missing; i++)
+        ck_assert_uint_eq(missing[i], 0xEE);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(any_failed_shard_fails_the_task)
+{
+    kv_engine *e = open_dram();
+    uint8_t src[512], out[256];
+    tu_fill(src, sizeof src, 1);
+    ck_assert_int_eq(tu_dump1(e, tu_id(6, 0), 0, src, sizeof src), KV_OK);
+    /* A destination of the wrong size is the caller's error. */
+    ck_assert_int_eq(tu_load1(e, tu_id(6, 0), 0, out, sizeof out), KV_EINVAL);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(lookup_is_a_per_block_mask_on_shard_zero)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[100] = { 0 };
+    ck_assert_int_eq(tu_dump1(e, tu_id(10, 0), 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, tu_id(12, 0), 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, tu_id(13, 0), 1, buf, sizeof buf), KV_OK);  /* no shard 0 */
+    kv_block_id ids[4] = { tu_id(10, 0), tu_id(11, 0), tu_id(12, 0), tu_id(13, 0) };
+    uint8_t hit[4] = { 9, 9, 9, 9 };
+    ck_assert_int_eq(kv_lookup(e, ids, 4, hit), KV_OK);
+    ck_assert_uint_eq(hit[0], 1);
+    ck_assert_uint_eq(hit[1], 0);
+    ck_assert_uint_eq(hit[2], 1);                 /* not a prefix mask */
+    ck_assert_uint_eq(hit[3], 0);
+    ck_assert_int_eq(kv_lookup(e, ids, 0, hit), KV_OK);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(lookup_prefix_is_the_last_hit_of_the_leading_run)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[100] = { 0 };
+    for (uint64_t i = 0; i < 5; i++)
+        if (i != 3)
+            ck_assert_int_eq(tu_dump1(e, tu_id(20 + i, 0), 0, buf, sizeof buf), KV_OK);
+    kv_block_id ids[5];
+    for (uint64_t i = 0; i < 5; i++)
+        ids[i] = tu_id(20 + i, 0);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids, 5), 2);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids, 3), 2);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids, 1), 0);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids, 0), -1);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids + 3, 2), -1);  /* first misses */
+    kv_close(e);
+}
+END_TEST
+
+struct same_args { kv_engine *e; uint64_t seed; int rc; };
+
+static void *dump_same(void *arg)
+{
+    struct same_args *a = arg;
+    static uint8_t buf[2][1 << 20];
+    uint8_t *b = buf[a->seed];
+    tu_fill(b, sizeof buf[0], 77);              /* both copies are equal */
+    a->rc = tu_dump1(a->e, tu_id(30, 0), 0, b, sizeof buf[0]);
+    return NULL;
+}
+
+START_TEST(two_dumps_of_one_shard_both_succeed_and_one_copy_is_kept)
+{
+    kv_engine *e = open_dram();
+    for (int round = 0; round < 20; round++) {
+        pthread_t th[2];
+        struct same_args a[2] = { { e, 0, -100 }, { e, 1, -100 } };
+        for (int i = 0; i < 2; i++)
+            pthread_create(&th[i], NULL, dump_same, &a[i]);
+        for (int i = 0; i < 2; i++)
+            pthread_join(th[i], NULL);
+        ck_assert_int_eq(a[0].rc, KV_OK);
+        ck_assert_int_eq(a[1].rc, KV_OK);
+    }
+    kv_stats st;
+    kv_stats_get(e, &st);
+    ck_assert_uint_eq(st.dram_shards, 1);
+    ck_assert_uint_le(st.dram_used, (2u << 20));
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(wait_timeout_cancels_and_drains)
+{
+    /* One worker, busy with a large task: the second task cannot start
+     * before the 1 ms deadline, so it is cancelled and stores nothing. */
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 256MiB }\nio: { threads: 1 }\n");
+    enum { N = 96, SZ = 1 << 20 };
+    uint8_t *big = malloc(SZ);
+    tu_fill(big, SZ, 5);
+    kv_iov iov = { big, SZ };
+    kv_shard s[N];
+    for (int i = 0; i < N; i++)
+        s[i] = (kv_shard){ tu_id((uint64_t)i, 40), 0, &iov, 1 };
+    kv_task t1, t2;
+    ck_assert_int_eq(kv_dump(e, s, N, &t1), KV_OK);
+    kv_shard late = { tu_id(999, 40), 0, &iov, 1 };
+    ck_assert_int_eq(kv_dump(e, &late, 1, &t2), KV_OK);
+    ck_assert_int_eq(kv_wait(e, t2, 1), KV_ETIMEDOUT);
+    ck_assert_int_eq(kv_wait(e, t2, 0), KV_ENOTFOUND);     /* consumed */
+    ck_assert_int_eq(kv_wait(e, t1, 0), KV_OK);
+    uint8_t hit = 1;
+    kv_block_id id = tu_id(999, 40);
+    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_uint_eq(hit, 0);                             /* cancelled */
+    kv_close(e);
+    free(big);
+}
+END_TEST
+
+START_TEST(bad_arguments_are_einval)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[16];
+    kv_iov iov = { buf, sizeof buf };
+    kv_shard s = { tu_id(1, 0), 0, &iov, 1 };
+    kv_task t = 77;
+    ck_assert_int_eq(kv_dump(e, NULL, 1, &t), KV_EINVAL);
+    ck_assert_uint_eq(t, 0);
+    ck_assert_int_eq(kv_dump(e, &s, 0, &t), KV_EINVAL);
+    ck_assert_int_eq(kv_dump(e, &s, 1, NULL), KV_EINVAL);
+    ck_assert_int_eq(kv_dump(NULL, &s, 1, &t), KV_EINVAL);
+    kv_shard noiov = { tu_id(1, 0), 0, NULL, 2 };
+    ck_assert_int_eq(kv_dump(e, &noiov, 1, &t), KV_EINVAL);
+    kv_iov nullbase = { NULL, 10 };
+    kv_shard nb = { tu_id(1, 0), 0, &nullbase, 1 };
+    ck_assert_int_eq(kv_load(e, &nb, 1, &t), KV_EINVAL);
+    kv_iov huge[2] = { { buf, KV_VALUE_MAX }, { buf, 64 } };
+    kv_shard big = { tu_id(1, 0), 0, huge, 2 };
+    ck_assert_int_eq(kv_dump(e, &big, 1, &t), KV_EINVAL);
+    uint8_t hit;
+    ck_assert_int_eq(kv_lookup(e, NULL, 1, &hit), KV_EINVAL);
+    ck_assert_int_eq(kv_lookup(e, &s.block, 1, NULL), KV_EINVAL);
+    ck_assert_int_lt(kv_lookup_prefix(e, NULL, 1), -1);
+    ck_assert_int_eq(kv_check(e, 1, NULL), KV_EINVAL);
+    ck_assert_int_eq(kv_stats_get(e, NULL), KV_EINVAL);
+    kv_engine *none = (kv_engine *)1;
+    ck_assert_int_eq(kv_open(NULL, &none), KV_EINVAL);
+    ck_assert_ptr_null(none);
+    kv_close(NULL);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(close_finishes_tasks_in_flight)
+{
+    kv_engine *e = open_dram();
+    enum { N = 64, SZ = 64 << 10 };
+    static uint8_t src[SZ], dst[N][SZ];
+    tu_fill(src, SZ, 11);
+    kv_iov in = { src, SZ };
+    kv_task t;
+    for (int i = 0; i < N; i++) {
+        kv_shard s = { tu_id((uint64_t)i, 50), 0, &in, 1 };
+        ck_assert_int_eq(kv_dump(e, &s, 1, &t), KV_OK);
+        ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    }
+    /* Loads in flight, never waited for: close must finish them. */
+    kv_iov out[N];
+    for (int i = 0; i < N; i++) {
+        out[i] = (kv_iov){ dst[i], SZ };
+        kv_shard l = { tu_id((uint64_t)i, 50), 0, &out[i], 1 };
+        ck_assert_int_eq(kv_load(e, &l, 1, &t), KV_OK);
+    }
+    kv_close(e);
+    for (int i = 0; i < N; i++)
+        ck_assert(tu_check_fill(dst[i], SZ, 11));
+}
+END_TEST
+
+START_TEST(stats_count_what_is_stored)
+{
+    kv_engine *e = open_dram();
+    uint8_t buf[10000];
+    tu_fill(buf, sizeof buf, 1);
+    for (uint64_t i = 0; i < 1000; i++)
+        ck_assert_int_eq(tu_dump1(e, tu_id(i, 60), 0, buf, 1000 + (i % 7)), KV_OK);
+    kv_stats st;
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    ck_assert_uint_eq(st.dram_capacity, 64u << 20);
+    ck_assert_uint_eq(st.dram_blocks, 1000);
+    ck_assert_uint_eq(st.dram_shards, 1000);
+    ck_assert_uint_ge(st.dram_used, 1000 * 1000);
+    ck_assert_uint_eq(st.dumps_ok, 1000);
+    /* The index goal: at most 64 bytes per stored shard, plus the bucket
+     * array (8-16 bytes per block). */
+    ck_assert_uint_le(st.dram_index_bytes / st.dram_shards, 64 + 16 + 8);
+    ck_assert_uint_gt(st.open_ns, 0);
+    ck_assert_uint_eq(st.tasks_inflight, 0);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(debug_lines_follow_the_seed_shape)
+{
+    char path[] = "/tmp/kvlogXXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    int saved = dup(2);
+    dup2(fd, 2);
+    kv_engine *e = tu_open_yaml(DRAM_ONLY "log: { level: debug }\n");
+    uint8_t buf[100] = { 0 }, out[100];
+    tu_dump1(e, tu_id(1, 70), 0, buf, sizeof buf);
+    tu_load1(e, tu_id(2, 70), 0, out, sizeof out);
+    kv_close(e);
+    fflush(stderr);
+    dup2(saved, 2);
+    char text[8192] = "";
+    ssize_t n = pread(fd, text, sizeof text - 1, 0);
+    close(fd);
+    unlink(path);
+    ck_assert_int_gt(n, 0);
+    ck_assert_msg(strstr(text, "task(1) dump done, shards=1,") != NULL, "log: %s", text);
+    ck_assert_msg(strstr(text, "task(2) load shards(1, miss=1), wait=") != NULL, "log: %s", text);
+    ck_assert_msg(strstr(text, "ms, cost=") != NULL, "log: %s", text);
+}
+END_TEST
+
+Suite *engine_suite(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("semantics");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, dump_then_load_gives_the_same_bytes);
+    tcase_add_test(tc, handles_are_never_zero_and_never_reused);
+    tcase_add_test(tc, wait_consumes_the_handle);
+    tcase_add_test(tc, check_reports_done_without_consuming);
+    tcase_add_test(tc, unknown_handles_are_not_found);
+    tcase_add_test(tc, dumping_a_present_shard_is_a_noop_success);
+    tcase_add_test(tc, loading_a_missing_shard_fails_and_leaves_it_untouched);
+    tcase_add_test(tc, any_failed_shard_fails_the_task);
+    tcase_add_test(tc, lookup_is_a_per_block_mask_on_shard_zero);
+    tcase_add_test(tc, lookup_prefix_is_the_last_hit_of_the_leading_run);
+    tcase_add_test(tc, two_dumps_of_one_shard_both_succeed_and_one_copy_is_kept);
+    tcase_add_test(tc, wait_timeout_cancels_and_drains);
+    tcase_add_test(tc, bad_arguments_are_einval);
+    tcase_add_test(tc, close_finishes_tasks_in_flight);
+    tcase_add_test(tc, stats_count_what_is_stored);
+    tcase_add_test(tc, debug_lines_follow_the_seed_shape);
+    suite_add_tcase(s, tc);
+    return s;
+}
