@@ -10,6 +10,7 @@
 #define KV_ENGINE_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kvengine.h"
@@ -78,14 +79,36 @@ struct kv_config {
 /* Fills cfg with the defaults (DESIGN.md, "Configuration"). */
 void kv__config_defaults(struct kv_config *cfg);
 
-/* Cross-field checks kv_open makes (e.g. a pipeline with no tier). */
+/* Cross-field checks kv_open makes (e.g. a pipeline with no tier), after
+ * re-checking every field's own range. KV_ECONFIG with a message naming
+ * the keys. */
 int kv__config_validate(const struct kv_config *cfg, char *err, size_t errlen);
 
-/* Parses "512MiB", "4GB", "1024" into bytes; 0 or KV_ECONFIG. */
-int kv__parse_size(const char *s, uint64_t *out);
-/* Parses "250ms", "2s", "1000" (ms) into milliseconds; 0 or KV_ECONFIG. */
-int kv__parse_duration_ms(const char *s, uint64_t *out);
+/* kv_config_set with a message ("eviction.ratio: must be in (0,1), got 2")
+ * for tools that report a bad --set KEY=VALUE. */
+int kv__config_set(struct kv_config *cfg, const char *key, const char *value,
+                   char *err, size_t errlen);
 
+/* The i-th settable dotted key in schema order and, through doc, its
+ * one-line description; NULL past the last. For listing keys (kvctl) and
+ * for tests that walk the schema. */
+const char *kv__config_key_name(size_t i, const char **doc);
+
+/* True when every keyed field of a equals b's (padding and bytes after a
+ * string's NUL are ignored). */
+bool kv__config_equal(const struct kv_config *a, const struct kv_config *b);
+
+/* Parses "512MiB", "4GB", "1024" into bytes; 0 or KV_ECONFIG. KB/MB/GB/TB
+ * (and K/M/G/T) are binary, like KiB/MiB/GiB/TiB, as in Mooncake. */
+int kv__parse_size(const char *s, uint64_t *out);
+/* Parses "250ms", "2s", "1.5s", "1000" (ms) into milliseconds; 0 or
+ * KV_ECONFIG. */
+int kv__parse_duration_ms(const char *s, uint64_t *out);
+/* Writes bytes with the largest binary unit that divides it exactly
+ * ("4GiB", "1536", "0"); returns the length like snprintf. */
+int kv__format_size(uint64_t bytes, char *buf, size_t cap);
+
+/* "dram", "dram|ssd", "ssd", or "invalid". */
 const char *kv__pipeline_name(int pipeline);
 
 #endif
