@@ -1,0 +1,573 @@
+/*
+ * check_rdma.c — the "rdma" suite: verbs between two processes, and the
+ * RDMA transport of net/rdma.c.
+ *
+ * It runs twice in CI. Plain, the real libibverbs finds no device
+ * (ibv_get_device_list: NULL, ENOSYS) and every test asserts exactly that
+ * "no device" path and stops. With LD_LIBRARY_PATH=<build>/softverbs the
+ * stand-in of tests/softverbs is loaded instead and the tests do what
+ * rc_pingpong-like programs do with the real API: two processes (fork), an
+ * RC queue pair each, QPN/LID/GID/PSN/rkey/address swapped over a
+ * socketpair, INIT -> RTR -> RTS, then RDMA WRITE and READ, and the access
+ * checks that must fail with an error completion and no crash. On a machine
+ * with a real device they run against it.
+ *
+ * Each test names its own registry (SOFTVERBS_REGISTRY) and checks that the
+ * last close removed it. Children die with the test process
+ * (PR_SET_PDEATHSIG), give up after an alarm, and are reaped by the test.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+/* ---- fixtures ------------------------------------------------------------ */
+
+static char registry[128];
+static pid_t child = -1;
+
+static void setup(void)
+{
+    snprintf(registry, sizeof registry, "/dev/shm/kvtest-softverbs-%d", (int)getpid());
+    setenv("SOFTVERBS_REGISTRY", registry, 1);
+    unsetenv("SOFTVERBS_NO_DEVICE");
+    child = -1;
+}
+
+static void teardown(void)
+{
+    if (child > 0) {
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        child = -1;
+    }
+    unlink(registry);
+}
+
+/* The no-device path of the real library, or a device to test with.
+ * Returns 1 when there is a device. */
+static int have_device(void)
+{
+    int n = -1;
+    errno = 0;
+    struct ibv_device **l = ibv_get_device_list(&n);
+    if (!l) {
+        ck_assert_int_eq(errno, ENOSYS);
+        ck_assert_int_eq(n, 0);
+        return 0;
+    }
+    ck_assert_int_ge(n, 1);
+    ibv_free_device_list(l);
+    return 1;
+}
+
+static int standin_loaded(void)
+{
+    struct ibv_device **l = ibv_get_device_list(NULL);
+    int yes = l && l[0] && strcmp(ibv_get_device_name(l[0]), "softverbs0") == 0;
+    if (l)
+        ibv_free_device_list(l);
+    return yes;
+}
+
+static void assert_registry_gone(void)
+{
+    if (standin_loaded())
+        ck_assert_msg(access(registry, F_OK) != 0 && errno == ENOENT,
+                      "registry %s left behind", registry);
+}
+
+/* ---- one end of an RC connection, as rc_pingpong builds it ------------- */
+
+struct wire {                 /* what the two ends swap */
+    uint32_t qpn, psn, rkey;
+    uint16_t lid;
+    uint8_t gid[16];
+    uint64_t addr, len;
+};
+
+struct end {
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_mr *mr;
+    struct ibv_cq *cq;
+    struct ibv_qp *qp;
+    uint8_t *buf;
+    size_t len;
+    struct ibv_port_attr port;
+};
+
+static void end_close(struct end *e)
+{
+    if (e->qp) ibv_destroy_qp(e->qp);
+    if (e->cq) ibv_destroy_cq(e->cq);
+    if (e->mr) ibv_dereg_mr(e->mr);
+    if (e->pd) ibv_dealloc_pd(e->pd);
+    if (e->ctx) ibv_close_device(e->ctx);
+    free(e->buf);
+    memset(e, 0, sizeof *e);
+}
+
+/* Opens the device and makes a PD, an MR over len bytes with access, a CQ
+ * and an RC QP in RESET. 0, or -1 with everything undone. */
+static int end_open(struct end *e, size_t len, int access)
+{
+    memset(e, 0, sizeof *e);
+    struct ibv_device **l = ibv_get_device_list(NULL);
+    if (!l || !l[0])
+        goto fail;
+    e->ctx = ibv_open_device(l[0]);
+    ibv_free_device_list(l);
+    if (!e->ctx || ibv_query_port(e->ctx, 1, &e->port) != 0)
+        goto fail;
+    e->len = len;
+    e->buf = calloc(1, len);
+    e->pd = ibv_alloc_pd(e->ctx);
+    if (!e->buf || !e->pd)
+        goto fail;
+    e->mr = ibv_reg_mr(e->pd, e->buf, len, access);
+    e->cq = ibv_create_cq(e->ctx, 16, NULL, NULL, 0);
+    if (!e->mr || !e->cq)
+        goto fail;
+    struct ibv_qp_init_attr ia = {
+        .send_cq = e->cq, .recv_cq = e->cq, .qp_type = IBV_QPT_RC,
+        .cap = { .max_send_wr = 8, .max_recv_wr = 1, .max_send_sge = 2, .max_recv_sge = 1 },
+    };
+    e->qp = ibv_create_qp(e->pd, &ia);
+    if (!e->qp)
+        goto fail;
+    return 0;
+fail:
+    end_close(e);
+    return -1;
+}
+
+static void end_wire(struct end *e, uint32_t psn, struct wire *w)
+{
+    memset(w, 0, sizeof *w);
+    w->qpn = e->qp->qp_num;
+    w->psn = psn;
+    w->lid = e->port.lid;
+    w->rkey = e->mr->rkey;
+    w->addr = (uintptr_t)e->buf;
+    w->len = e->len;
+    union ibv_gid gid;
+    if (ibv_query_gid(e->ctx, 1, 0, &gid) == 0)
+        memcpy(w->gid, gid.raw, 16);
+}
+
+/* RESET -> INIT -> RTR -> RTS against the peer's wire. 0 or an errno. */
+static int end_connect(struct end *e, int qp_access, uint32_t my_psn, const struct wire *peer)
+{
+    struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+                             .qp_access_flags = (unsigned)qp_access };
+    int rc = ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS);
+    if (rc)
+        return rc;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = peer->qpn;
+    a.rq_psn = peer->psn;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.dlid = peer->lid;
+    a.ah_attr.port_num = 1;
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, peer->gid, 16);
+    a.ah_attr.grh.hop_limit = 1;
+    rc = ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+    if (rc)
+        return rc;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = my_psn;
+    a.max_rd_atomic = 1;
+    return ibv_modify_qp(e->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                    IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+/* Posts one signaled RDMA op and waits (bounded) for its completion. */
+static int rdma_op(struct end *e, enum ibv_wr_opcode op, void *local, uint32_t len,
+                   uint64_t raddr, uint32_t rkey, struct ibv_wc *wc)
+{
+    struct ibv_sge sge = { .addr = (uintptr_t)local, .length = len, .lkey = e->mr->lkey };
+    struct ibv_send_wr wr = { .wr_id = 42, .sg_list = &sge, .num_sge = 1, .opcode = op,
+                              .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+    wr.wr.rdma.remote_addr = raddr;
+    wr.wr.rdma.rkey = rkey;
+    int rc = ibv_post_send(e->qp, &wr, &bad);
+    if (rc)
+        return rc;
+    uint64_t until = tu_now_ms() + 5000;
+    while (tu_now_ms() < until) {
+        int n = ibv_poll_cq(e->cq, 1, wc);
+        if (n < 0)
+            return EIO;
+        if (n == 1)
+            return 0;
+        usleep(100);
+    }
+    return ETIMEDOUT;
+}
+
+static int xwrite(int fd, const void *p, size_t n) { return write(fd, p, n) == (ssize_t)n ? 0 : -1; }
+static int xread(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* ---- the passive side, in a child process ------------------------------- */
+
+#define SRV_LEN 8192
+#define SRV_PSN 0x1234
+#define CLI_PSN 0x5678
+
+/* The child serves SRV_LEN bytes (first half zero, second half 0xA5) with
+ * mr_access on its MR and qp_access on its QP. After the parent says it is
+ * done it reports its buffer's checksum-ish summary: the count of bytes
+ * that differ from their initial value, and exits 0 when nothing crashed. */
+static int serve(int sock, int mr_access, int qp_access)
+{
+    struct end e;
+    if (end_open(&e, SRV_LEN, mr_access) != 0)
+        return 10;
+    memset(e.buf + SRV_LEN / 2, 0xA5, SRV_LEN / 2);
+    struct wire mine, peer;
+    end_wire(&e, SRV_PSN, &mine);
+    if (xwrite(sock, &mine, sizeof mine) || xread(sock, &peer, sizeof peer))
+        return 11;
+    if (end_connect(&e, qp_access, SRV_PSN, &peer) != 0)
+        return 12;
+    char ready = 'r';
+    if (xwrite(sock, &ready, 1))
+        return 13;
+    char done;
+    if (xread(sock, &done, 1))
+        return 14;
+    uint32_t changed = 0;
+    for (size_t i = 0; i < SRV_LEN; i++)
+        changed += e.buf[i] != (i < SRV_LEN / 2 ? 0 : 0xA5);
+    /* The first half as it is now, so the parent can compare bytes. */
+    if (xwrite(sock, &changed, sizeof changed) || xwrite(sock, e.buf, SRV_LEN / 2))
+        return 15;
+    end_close(&e);
+    return 0;
+}
+
+struct pair {
+    int sock;
+    struct end e;
+    struct wire peer;
+};
+
+/* Forks the server, connects the parent's end to it. */
+static void pair_open(struct pair *p, int mr_access, int qp_access)
+{
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    pid_t parent = getpid();
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        alarm(20);
+        close(sv[0]);
+        _exit(serve(sv[1], mr_access, qp_access));
+    }
+    close(sv[1]);
+    p->sock = sv[0];
+    ck_assert_int_eq(end_open(&p->e, SRV_LEN, IBV_ACCESS_LOCAL_WRITE), 0);
+    struct wire mine;
+    end_wire(&p->e, CLI_PSN, &mine);
+    ck_assert_int_eq(xread(p->sock, &p->peer, sizeof p->peer), 0);
+    ck_assert_int_eq(xwrite(p->sock, &mine, sizeof mine), 0);
+    ck_assert_int_eq(end_connect(&p->e, 0, CLI_PSN, &p->peer), 0);
+    char ready;
+    ck_assert_int_eq(xread(p->sock, &ready, 1), 0);
+    ck_assert_int_eq(ready, 'r');
+}
+
+/* Tells the server to finish; returns how many of its bytes changed and
+ * its first half in first_half; asserts it exited cleanly. */
+static uint32_t pair_close(struct pair *p, uint8_t *first_half)
+{
+    char done = 'd';
+    uint32_t changed = 0;
+    ck_assert_int_eq(xwrite(p->sock, &done, 1), 0);
+    ck_assert_int_eq(xread(p->sock, &changed, sizeof changed), 0);
+    ck_assert_int_eq(xread(p->sock, first_half, SRV_LEN / 2), 0);
+    int st = 0;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    child = -1;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server status %#x", st);
+    close(p->sock);
+    end_close(&p->e);
+    return changed;
+}
+
+#define RW_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE)
+
+/* ---- tests ---------------------------------------------------------------- */
+
+START_TEST(device_or_no_device)
+{
+    if (!have_device())
+        return;
+    struct ibv_device **l = ibv_get_device_list(NULL);
+    ck_assert_ptr_nonnull(l);
+    struct ibv_context *ctx = ibv_open_device(l[0]);
+    ck_assert_ptr_nonnull(ctx);
+    struct ibv_device_attr da;
+    ck_assert_int_eq(ibv_query_device(ctx, &da), 0);
+    ck_assert_uint_gt(da.max_mr_size, 0);
+    ck_assert_int_ge(da.phys_port_cnt, 1);
+    struct ibv_port_attr pa;
+    ck_assert_int_eq(ibv_query_port(ctx, 1, &pa), 0);
+    if (strcmp(ibv_get_device_name(l[0]), "softverbs0") == 0) {
+        ck_assert_int_eq(pa.state, IBV_PORT_ACTIVE);
+        ck_assert_int_eq(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
+        union ibv_gid gid;
+        ck_assert_int_eq(ibv_query_gid(ctx, 1, 0, &gid), 0);
+        ck_assert_int_eq(gid.raw[10], 0xff);
+        ck_assert_int_eq(gid.raw[12], 127);
+        ck_assert_int_ne(ibv_query_port(ctx, 2, &pa), 0);
+        ck_assert(access(registry, F_OK) == 0);
+    }
+    ck_assert_int_eq(ibv_close_device(ctx), 0);
+    ibv_free_device_list(l);
+    assert_registry_gone();
+
+    /* The stand-in can play the real library's no-device answer. */
+    if (standin_loaded()) {
+        setenv("SOFTVERBS_NO_DEVICE", "1", 1);
+        int n = -1;
+        errno = 0;
+        ck_assert_ptr_null(ibv_get_device_list(&n));
+        ck_assert_int_eq(errno, ENOSYS);
+        ck_assert_int_eq(n, 0);
+        unsetenv("SOFTVERBS_NO_DEVICE");
+    }
+}
+END_TEST
+
+START_TEST(write_then_read_between_processes)
+{
+    if (!have_device())
+        return;
+    struct pair p;
+    pair_open(&p, RW_ACCESS, RW_ACCESS);
+    struct ibv_wc wc;
+    /* WRITE 1000 bytes at offset 100 of the server's first half. */
+    tu_fill(p.e.buf, 1000, 7);
+    ck_assert_int_eq(rdma_op(&p.e, IBV_WR_RDMA_WRITE, p.e.buf, 1000, p.peer.addr + 100,
+                             p.peer.rkey, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(wc.opcode, IBV_WC_RDMA_WRITE);
+    ck_assert_uint_eq(wc.wr_id, 42);
+    /* READ the server's second half (0xA5) and the bytes just written. */
+    uint8_t *dst = p.e.buf + 4096;
+    ck_assert_int_eq(rdma_op(&p.e, IBV_WR_RDMA_READ, dst, SRV_LEN / 2,
+                             p.peer.addr + SRV_LEN / 2, p.peer.rkey, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(wc.opcode, IBV_WC_RDMA_READ);
+    ck_assert_uint_eq(wc.byte_len, SRV_LEN / 2);
+    for (size_t i = 0; i < SRV_LEN / 2; i++)
+        ck_assert_int_eq(dst[i], 0xA5);
+    ck_assert_int_eq(rdma_op(&p.e, IBV_WR_RDMA_READ, dst, 1000, p.peer.addr + 100,
+                             p.peer.rkey, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_SUCCESS);
+    ck_assert_int_eq(tu_check_fill(dst, 1000, 7), 1);
+    /* Unsignaled WRITE: no completion, bytes still land. */
+    struct ibv_sge sge = { .addr = (uintptr_t)p.e.buf, .length = 8, .lkey = p.e.mr->lkey };
+    struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE }, *bad;
+    wr.wr.rdma.remote_addr = p.peer.addr;
+    wr.wr.rdma.rkey = p.peer.rkey;
+    ck_assert_int_eq(ibv_post_send(p.e.qp, &wr, &bad), 0);
+    ck_assert_int_eq(ibv_poll_cq(p.e.cq, 1, &wc), 0);
+    uint8_t head[8];
+    memcpy(head, p.e.buf, 8);
+
+    uint8_t half[SRV_LEN / 2];
+    uint32_t changed = pair_close(&p, half);
+    ck_assert_int_eq(tu_check_fill(half + 100, 1000, 7), 1);
+    ck_assert_int_eq(memcmp(half, head, 8), 0);
+    ck_assert_uint_gt(changed, 900);
+    assert_registry_gone();
+}
+END_TEST
+
+/* One bad request: error completion, the QP goes to error (later WRs are
+ * flushed), the server's bytes are untouched and both processes live. */
+static void expect_rejected(int mr_access, int qp_access, uint64_t off, uint32_t len,
+                            uint32_t rkey_xor, enum ibv_wr_opcode op)
+{
+    struct pair p;
+    pair_open(&p, mr_access, qp_access);
+    struct ibv_wc wc;
+    memset(p.e.buf, 0x3C, 64);
+    ck_assert_int_eq(rdma_op(&p.e, op, p.e.buf, len, p.peer.addr + off,
+                             p.peer.rkey ^ rkey_xor, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_REM_ACCESS_ERR);
+    ck_assert_str_eq(ibv_wc_status_str(wc.status), "remote access error");
+    struct ibv_qp_attr a;
+    struct ibv_qp_init_attr ia;
+    ck_assert_int_eq(ibv_query_qp(p.e.qp, &a, IBV_QP_STATE, &ia), 0);
+    ck_assert_int_eq(a.qp_state, IBV_QPS_ERR);
+    /* A good request after the failure is flushed, not carried out. */
+    ck_assert_int_eq(rdma_op(&p.e, IBV_WR_RDMA_WRITE, p.e.buf, 64, p.peer.addr,
+                             p.peer.rkey, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_WR_FLUSH_ERR);
+    uint8_t half[SRV_LEN / 2];
+    ck_assert_uint_eq(pair_close(&p, half), 0);
+    assert_registry_gone();
+}
+
+START_TEST(bad_rkey_is_a_remote_access_error)
+{
+    if (!have_device())
+        return;
+    expect_rejected(RW_ACCESS, RW_ACCESS, 0, 64, 0x5a, IBV_WR_RDMA_WRITE);
+}
+END_TEST
+
+START_TEST(out_of_bounds_is_a_remote_access_error)
+{
+    if (!have_device())
+        return;
+    /* Starts inside, ends 1 byte past the region. */
+    expect_rejected(RW_ACCESS, RW_ACCESS, SRV_LEN - 63, 64, 0, IBV_WR_RDMA_WRITE);
+}
+END_TEST
+
+START_TEST(missing_access_flag_is_a_remote_access_error)
+{
+    if (!have_device())
+        return;
+    /* The MR allows READ only: a WRITE is refused. */
+    expect_rejected(IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ, RW_ACCESS, 0, 64, 0,
+                    IBV_WR_RDMA_WRITE);
+}
+END_TEST
+
+START_TEST(missing_qp_access_flag_is_a_remote_access_error)
+{
+    if (!have_device())
+        return;
+    /* The MR allows both but the responder QP was not enabled for READ. */
+    expect_rejected(RW_ACCESS, IBV_ACCESS_REMOTE_WRITE, 0, 64, 0, IBV_WR_RDMA_READ);
+}
+END_TEST
+
+START_TEST(qp_transitions_need_their_attributes)
+{
+    if (!have_device())
+        return;
+    struct end e;
+    ck_assert_int_eq(end_open(&e, 4096, IBV_ACCESS_LOCAL_WRITE), 0);
+    struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTR };
+    ck_assert_int_ne(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), 0);        /* RESET -> RTR */
+    a.qp_state = IBV_QPS_INIT;
+    ck_assert_int_ne(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), 0);        /* no port etc. */
+    /* Posting on a QP that is not ready to send fails at once. */
+    struct ibv_sge sge = { .addr = (uintptr_t)e.buf, .length = 8, .lkey = e.mr->lkey };
+    struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+                              .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+    ck_assert_int_ne(ibv_post_send(e.qp, &wr, &bad), 0);
+    ck_assert_ptr_eq(bad, &wr);
+    /* A CQ still used by a QP cannot go. */
+    ck_assert_int_ne(ibv_destroy_cq(e.cq), 0);
+    end_close(&e);
+    assert_registry_gone();
+}
+END_TEST
+
+START_TEST(wrong_psn_or_gone_peer_exhausts_retries)
+{
+    if (!have_device())
+        return;
+    if (!standin_loaded())
+        return;   /* real hardware takes seconds of retries to say so */
+    /* Connect with an sq_psn the server does not expect. */
+    int sv[2];
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(20);
+        close(sv[0]);
+        _exit(serve(sv[1], RW_ACCESS, RW_ACCESS));
+    }
+    close(sv[1]);
+    struct end e;
+    struct wire mine, peer;
+    ck_assert_int_eq(end_open(&e, SRV_LEN, IBV_ACCESS_LOCAL_WRITE), 0);
+    end_wire(&e, CLI_PSN, &mine);
+    ck_assert_int_eq(xread(sv[0], &peer, sizeof peer), 0);
+    ck_assert_int_eq(xwrite(sv[0], &mine, sizeof mine), 0);
+    ck_assert_int_eq(end_connect(&e, 0, CLI_PSN + 1, &peer), 0);
+    char c;
+    ck_assert_int_eq(xread(sv[0], &c, 1), 0);
+    struct ibv_wc wc;
+    ck_assert_int_eq(rdma_op(&e, IBV_WR_RDMA_READ, e.buf, 64, peer.addr, peer.rkey, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_RETRY_EXC_ERR);
+    /* The server exits: a fresh QP to it now finds nobody. */
+    c = 'd';
+    ck_assert_int_eq(xwrite(sv[0], &c, 1), 0);
+    uint8_t rest[4 + SRV_LEN / 2];
+    ck_assert_int_eq(xread(sv[0], rest, sizeof rest), 0);
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    child = -1;
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    struct ibv_qp_attr a = { .qp_state = IBV_QPS_RESET };
+    ck_assert_int_eq(ibv_modify_qp(e.qp, &a, IBV_QP_STATE), 0);
+    ck_assert_int_eq(end_connect(&e, 0, CLI_PSN, &peer), 0);
+    ck_assert_int_eq(rdma_op(&e, IBV_WR_RDMA_READ, e.buf, 64, peer.addr, peer.rkey, &wc), 0);
+    ck_assert_int_eq(wc.status, IBV_WC_RETRY_EXC_ERR);
+    close(sv[0]);
+    end_close(&e);
+    assert_registry_gone();
+}
+END_TEST
+
+Suite *rdma_suite(void)
+{
+    Suite *s = suite_create("rdma");
+    TCase *tc = tcase_create("verbs");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, device_or_no_device);
+    tcase_add_test(tc, write_then_read_between_processes);
+    tcase_add_test(tc, bad_rkey_is_a_remote_access_error);
+    tcase_add_test(tc, out_of_bounds_is_a_remote_access_error);
+    tcase_add_test(tc, missing_access_flag_is_a_remote_access_error);
+    tcase_add_test(tc, missing_qp_access_flag_is_a_remote_access_error);
+    tcase_add_test(tc, qp_transitions_need_their_attributes);
+    tcase_add_test(tc, wrong_psn_or_gone_peer_exhausts_retries);
+    suite_add_tcase(s, tc);
+    return s;
+}
