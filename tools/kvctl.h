@@ -1,0 +1,220 @@
+/*
+ * kvctl.h — what the parts of kvctl share: exit codes, the common
+ * --config/--set options, small utilities, and the benchmark's backend ops
+ * table.
+ *
+ * Key design choice: the benchmark drives every store through one small ops
+ * table (struct kvctl_backend, after Redis's ConnectionType), so the same
+ * scenario runs the same blocks against kvengine and against UCM's Posix
+ * file-per-block layout, and adding a backend touches no scenario code.
+ * kvctl uses only the public header, like any other user of the library.
+ */
+#ifndef KVCTL_H
+#define KVCTL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "kvengine.h"
+
+/* Exit status of every command (documented in kvctl --help). */
+enum {
+    KVCTL_EXIT_OK = 0,      /* success */
+    KVCTL_EXIT_FAIL = 1,    /* runtime failure, including verify failures */
+    KVCTL_EXIT_USAGE = 2,   /* bad usage or configuration */
+};
+
+/* ---- common options (kvctl.c, kvctl_util.c) ------------------------------ */
+
+/* --config FILE and every --set KEY=VALUE, in the order given. */
+struct kvctl_common {
+    const char *config;     /* NULL: built-in defaults only */
+    char **sets;            /* "KEY=VALUE", as given */
+    size_t nsets;
+};
+
+/* Long options every command accepts, and their handling. */
+#define KVCTL_COMMON_LONGOPTS                                                  \
+    { "config", required_argument, NULL, 'c' },                               \
+    { "set", required_argument, NULL, 's' }
+/* Handles -c/-s; returns 1 when handled, 0 when opt is not common, or
+ * -KVCTL_EXIT_USAGE after printing why. */
+int  kvctl_common_opt(struct kvctl_common *c, int opt, const char *arg);
+void kvctl_common_free(struct kvctl_common *c);
+
+/* The effective config: defaults, then the file, then every --set. On
+ * failure prints the reason (file, line, key) to stderr, leaves *out NULL
+ * and returns KVCTL_EXIT_USAGE. */
+int  kvctl_build_config(const struct kvctl_common *c, kv_config **out);
+/* Whether the user chose key, in the file or with --set (not the default). */
+bool kvctl_user_set(const struct kvctl_common *c, const char *key);
+
+/* Text lines shared by every usage message. */
+extern const char kvctl_common_help[];
+extern const char kvctl_exit_help[];
+
+/* ---- utilities (kvctl_util.c) -------------------------------------------- */
+
+uint64_t kvctl_now_ns(void);
+/* "64KiB", "1MiB", "4096", "2G" (binary units, optional "iB"/"B"). */
+int  kvctl_parse_size(const char *s, uint64_t *out);
+/* A whole number in [lo, hi]. */
+int  kvctl_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+/* A non-negative number of seconds, "10", "2.5", "500ms", "3s". */
+int  kvctl_parse_seconds(const char *s, double *out);
+/* "1.0 MiB", "64 KiB", "4096 B". */
+const char *kvctl_fmt_size(uint64_t v, char *buf, size_t cap);
+/* VmRSS and VmHWM of this process in bytes (0 when unknown). */
+void kvctl_rss(uint64_t *rss, uint64_t *peak);
+/* A fresh directory "<parent or $TMPDIR or /tmp>/<prefix>.XXXXXX"; NULL on
+ * failure (errno set). Free with kvctl_rmtree. */
+char *kvctl_mktemp_dir(const char *parent, const char *prefix);
+/* rm -rf path (never follows symlinks), then free(path). NULL is allowed. */
+void kvctl_rmtree(char *path);
+
+/* ---- benchmark backends (kvctl_engine.c, kvctl_posix.c) ------------------ */
+
+/* What a backend is opened with. */
+struct kvctl_open_args {
+    const kv_config *cfg;   /* the engine's effective config (kvengine) */
+    const char *dir;        /* the root directory (posix) */
+    uint64_t value_size;    /* every block's size */
+};
+
+/* What a backend reports about itself after a run (0 = not applicable). */
+struct kvctl_backend_info {
+    uint64_t open_ns;       /* time its open took */
+    uint64_t index_bytes;   /* memory its index holds */
+    uint64_t shards;        /* shard values it holds in memory */
+};
+
+/*
+ * The ops table. Every call is synchronous and may be made from many job
+ * threads at once. A batch is n shards of distinct blocks; res[i] receives
+ * each shard's result: KV_OK, KV_ENOTFOUND (a miss, for get) or another
+ * KV_E* code. Calls return KV_OK, or an error that applies to the whole
+ * batch (res is then filled with it too).
+ */
+struct kvctl_backend {
+    const char *name;
+    int  (*open)(const struct kvctl_open_args *a, void **st);
+    void (*close)(void *st);
+    int  (*put)(void *st, const kv_shard *s, size_t n, int *res);
+    int  (*get)(void *st, const kv_shard *s, size_t n, int *res);
+    int  (*lookup)(void *st, const kv_block_id *ids, size_t n, uint8_t *hit);
+    void (*info)(void *st, struct kvctl_backend_info *out);
+};
+
+extern const struct kvctl_backend kvctl_backend_kvengine;
+extern const struct kvctl_backend kvctl_backend_posix;
+
+/* ---- benchmark results (kvctl_report.c) ---------------------------------- */
+
+/* One phase of one backend's run. ops counts the items attempted (objects,
+ * or ids for a lookup phase); bytes only those moved successfully. */
+struct kvctl_phase {
+    char name[16];
+    bool lookup;                /* ids, no bytes: kvs_s is ids/s */
+    uint64_t ops, bytes, misses, verify_failures, errors;
+    int first_error;            /* the first KV_E* seen, for the message */
+    double seconds;
+    double p50_us, p95_us, p99_us;
+};
+double kvctl_phase_mib_s(const struct kvctl_phase *p);
+/* Successful items per second (for lookup: ids looked up per second). */
+double kvctl_phase_kvs_s(const struct kvctl_phase *p);
+/* Sorts lat (ns, one per task) and sets the phase's percentiles. */
+void kvctl_phase_latency(struct kvctl_phase *p, uint64_t *lat, size_t n);
+
+#define KVCTL_MAX_PHASES 4
+
+/* One backend's run of the scenario. */
+struct kvctl_run {
+    const char *backend;
+    int open_error;             /* KV_OK, or why the backend did not open */
+    struct kvctl_phase phases[KVCTL_MAX_PHASES];
+    int nphases;
+    struct kvctl_backend_info info;
+    uint64_t rss, peak_rss;     /* at the end of the run, before close */
+};
+
+/* Everything a bench invocation reports. */
+struct kvctl_report {
+    const char *scenario;
+    uint64_t value_size, nr_objects;
+    unsigned numjobs, batch_size;
+    double runtime;             /* seconds, 0 = none */
+    unsigned rwmixread;         /* percent, mixed_rw only */
+    int pattern;                /* fill byte, or -1 for pseudo-random */
+    bool verify;
+    char pipeline[64];          /* the engine's, as kv_config_get says */
+    char dram_capacity[64];
+    double memcpy_mib_s;
+    struct kvctl_run runs[2];   /* kvengine, then the --compare backend */
+    int nruns;
+};
+
+/* Whether a run passed: no errors, no verify failures (and, for
+ * verify_write, no misses). */
+bool kvctl_run_ok(const struct kvctl_report *r, const struct kvctl_run *run);
+void kvctl_report_print(FILE *f, const struct kvctl_report *r);
+/* Writes the summary JSON; KV_OK or KV_EIO (after printing why). */
+int  kvctl_report_json(const char *path, const struct kvctl_report *r);
+
+/* A one-line progress display on stderr, only when stderr is a terminal. */
+struct kvctl_progress {
+    bool on;
+    const char *phase;
+    uint64_t t0, last, total;   /* total items, 0 when time-based */
+    double runtime;             /* seconds, for time-based phases */
+    uint64_t value_size;        /* 0 for lookups: show ids/s */
+};
+void kvctl_progress_start(struct kvctl_progress *p, const char *phase, uint64_t total,
+                          double runtime, uint64_t value_size);
+void kvctl_progress_tick(struct kvctl_progress *p, uint64_t done);
+void kvctl_progress_end(struct kvctl_progress *p);
+
+/* ---- benchmark jobs (kvctl_jobs.c) --------------------------------------- */
+
+/* The workload, as the jobs see it. */
+struct kvctl_workload {
+    uint64_t value_size, nr_objects;
+    unsigned numjobs, batch_size;
+    unsigned rwmixread;         /* percent of mixed_rw batches that read */
+    int pattern;                /* fill byte, or -1 for pseudo-random bytes */
+    bool verify;
+    uint64_t salt;              /* block ids are a hash of (salt, object number) */
+};
+
+enum kvctl_phase_kind {
+    KVCTL_PH_WRITE,     /* every object once, in batches */
+    KVCTL_PH_LOOKUP,    /* every written id once, in batches of batch_size */
+    KVCTL_PH_READ,      /* every written object once, in batches */
+    KVCTL_PH_MIXED,     /* for runtime seconds: random reads, fresh writes */
+};
+
+struct kvctl_jobs;
+/* Allocates and touches every job's buffers (first touch is slow: it must
+ * not land in a timed phase). KV_ENOMEM when they do not fit. */
+int  kvctl_jobs_new(const struct kvctl_workload *w, struct kvctl_jobs **out);
+void kvctl_jobs_free(struct kvctl_jobs *j);
+/* The memcpy baseline: every job copies its value buffer into its
+ * pre-touched destinations as many times as it writes objects (or for at
+ * most `seconds`, when > 0). MiB/s. */
+double kvctl_jobs_memcpy(struct kvctl_jobs *j, double seconds);
+/* Forgets what was written, before a run against a fresh backend. */
+void kvctl_jobs_reset(struct kvctl_jobs *j);
+/* Runs one phase against an open backend for at most `seconds` (0 = to
+ * the end; KVCTL_PH_MIXED needs > 0) and fills out[0] (and, for
+ * KVCTL_PH_MIXED, out[0] = the reads, out[1] = the writes). */
+void kvctl_jobs_run(struct kvctl_jobs *j, const struct kvctl_backend *be, void *st,
+                    enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out);
+
+/* ---- commands ------------------------------------------------------------ */
+
+/* kvctl bench (kvctl_bench.c): argv[0] is "bench". Returns an exit code. */
+int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv);
+
+#endif

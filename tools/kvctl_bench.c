@@ -1,0 +1,379 @@
+/*
+ * kvctl_bench.c — `kvctl bench`: options, the engine's config for the
+ * benchmark, and the scenarios (after Mooncake's store_kv_bench).
+ *
+ * Key design choices:
+ * - The bench measures what the user asked for and sizes only what the user
+ *   left alone: unless the file or --set chose them, the pipeline is "dram",
+ *   dram.capacity fits the data set (x1.3, at least 256 MiB), and an SSD
+ *   tier gets a fresh temporary directory that is removed afterwards.
+ * - A scenario is a list of phases run by kvctl_jobs.c against a backend
+ *   ops table; --compare runs the same list, with the same blocks and the
+ *   same buffers, against a second backend after the first is closed.
+ */
+#include "kvctl.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_VALUE_SIZE (1ull << 20)
+#define DEFAULT_DATA_SET   (512ull << 20)  /* --nr-objects defaults to this much */
+#define DEFAULT_MIXED_S    5.0
+#define MIN_VALUE_SIZE     64              /* the header that names an object */
+
+static const char *const scenarios[] = {
+    "verify_write", "fill", "write_perf", "read_perf", "mixed_rw",
+};
+enum { SC_VERIFY_WRITE, SC_FILL, SC_WRITE_PERF, SC_READ_PERF, SC_MIXED_RW };
+
+struct bench_opts {
+    int scenario;
+    uint64_t value_size, nr_objects;    /* nr_objects 0: DEFAULT_DATA_SET worth */
+    uint64_t numjobs, batch_size, rwmixread;
+    double runtime;                     /* < 0: not given */
+    int pattern;
+    bool verify;
+    const char *summary_json, *compare, *posix_dir;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvctl [--config FILE] [--set KEY=VALUE]... bench [OPTIONS]\n"
+            "\n"
+            "The embedded benchmark, after Mooncake's store_kv_bench. Each object is one\n"
+            "block stored as shard 0; a batch is one dump or load task.\n"
+            "\n"
+            "Scenarios (phases):\n"
+            "  verify_write  write every object, read it back and verify (write, read)\n"
+            "  fill          write every object, then look every id up (write, lookup)\n"
+            "  write_perf    write every object (write)\n"
+            "  read_perf     prepare, look up every id once, read all (write, lookup, read)\n"
+            "  mixed_rw      prepare, then for --runtime seconds random reads of prepared\n"
+            "                objects and writes of new ones (write, mixed_read, mixed_write)\n"
+            "\n"
+            "Options:\n"
+            "      --scenario NAME      the workload (default: read_perf)\n"
+            "      --value-size SIZE    bytes per object, units KiB/MiB/GiB (default: 1MiB,\n"
+            "                           at least 64 B)\n"
+            "      --nr-objects N       objects to write (default: 512MiB / value size,\n"
+            "                           i.e. 512 at 1MiB)\n"
+            "      --numjobs N          job threads (default: 1)\n"
+            "      --batch-size N       shards per dump/load task and ids per lookup batch\n"
+            "                           (default: 8; a data batch never exceeds the objects\n"
+            "                           of one job)\n"
+            "      --runtime SECONDS    mixed_rw's length (default: %.0f); for the others a\n"
+            "                           cap on each phase (default: 0 = none)\n"
+            "      --rwmixread PCT      percent of mixed_rw batches that read (default: 70)\n"
+            "      --verify             check every byte read (always on for verify_write)\n"
+            "      --pattern BYTE       fill values with BYTE, e.g. 0xA5 (default: fixed\n"
+            "                           pseudo-random, incompressible bytes)\n"
+            "      --summary-json FILE  write the results as JSON ('-' for stdout)\n"
+            "      --compare BACKEND    also run the same blocks against BACKEND: posix\n"
+            "                           (UCM's file-per-block layout) and print the ratios\n"
+            "      --posix-dir DIR      parent of the posix backend's temporary directory\n"
+            "                           (default: $TMPDIR or /tmp)\n"
+            "%s"
+            "\n"
+            "Engine config: the defaults, then --config, then --set. Unless you set them,\n"
+            "the bench uses pipeline: dram, sizes dram.capacity to the data set (x1.3, at\n"
+            "least 256MiB), and gives an SSD tier a temporary ssd.path, removed afterwards.\n"
+            "\n"
+            "Figures per phase: ops (objects, or ids for lookup, attempted), MiB moved,\n"
+            "seconds, MiB/s, kvs/s (successful objects or ids per second), task latency\n"
+            "percentiles in us, misses, verify failures, errors, and MiB/s as a ratio of\n"
+            "memcpy of the same bytes by the same number of threads.\n"
+            "\n%s",
+            DEFAULT_MIXED_S, kvctl_common_help, kvctl_exit_help);
+}
+
+static int bad(const char *opt, const char *arg, const char *why)
+{
+    fprintf(stderr, "kvctl bench: %s '%s': %s (see kvctl bench --help)\n", opt, arg, why);
+    return KVCTL_EXIT_USAGE;
+}
+
+enum {
+    O_SCENARIO = 256, O_VALUE_SIZE, O_NR_OBJECTS, O_NUMJOBS, O_BATCH, O_RUNTIME, O_RWMIX,
+    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR,
+};
+
+/* Returns -1 to go on, or an exit code. */
+static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opts *o)
+{
+    static const struct option longopts[] = {
+        KVCTL_COMMON_LONGOPTS,
+        { "help", no_argument, NULL, 'h' },
+        { "scenario", required_argument, NULL, O_SCENARIO },
+        { "value-size", required_argument, NULL, O_VALUE_SIZE },
+        { "nr-objects", required_argument, NULL, O_NR_OBJECTS },
+        { "numjobs", required_argument, NULL, O_NUMJOBS },
+        { "batch-size", required_argument, NULL, O_BATCH },
+        { "runtime", required_argument, NULL, O_RUNTIME },
+        { "rwmixread", required_argument, NULL, O_RWMIX },
+        { "verify", no_argument, NULL, O_VERIFY },
+        { "pattern", required_argument, NULL, O_PATTERN },
+        { "summary-json", required_argument, NULL, O_JSON },
+        { "compare", required_argument, NULL, O_COMPARE },
+        { "posix-dir", required_argument, NULL, O_POSIX_DIR },
+        { NULL, 0, NULL, 0 },
+    };
+    *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
+                              .numjobs = 1, .batch_size = 8, .rwmixread = 70, .runtime = -1,
+                              .pattern = -1 };
+    int opt, idx;
+    uint64_t v;
+    optind = 0;
+    while ((opt = getopt_long(argc, argv, "c:s:h", longopts, &idx)) != -1) {
+        int r = kvctl_common_opt(c, opt, optarg);
+        if (r < 0)
+            return -r;
+        if (r > 0)
+            continue;
+        const char *name = opt >= 256 ? longopts[idx].name : "";
+        switch (opt) {
+        case 'h':
+            usage(stdout);
+            return KVCTL_EXIT_OK;
+        case O_SCENARIO:
+            o->scenario = -1;
+            for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++)
+                if (strcmp(optarg, scenarios[i]) == 0)
+                    o->scenario = (int)i;
+            if (o->scenario < 0)
+                return bad("--scenario", optarg, "unknown scenario");
+            break;
+        case O_VALUE_SIZE:
+            if (kvctl_parse_size(optarg, &o->value_size) != KV_OK ||
+                o->value_size < MIN_VALUE_SIZE || o->value_size > KV_VALUE_MAX)
+                return bad("--value-size", optarg, "want a size from 64 B to 4 GiB, e.g. 64KiB");
+            break;
+        case O_NR_OBJECTS:
+            if (kvctl_parse_u64(optarg, 1, 1ull << 40, &o->nr_objects) != KV_OK)
+                return bad("--nr-objects", optarg, "want a positive number");
+            break;
+        case O_NUMJOBS:
+            if (kvctl_parse_u64(optarg, 1, 256, &o->numjobs) != KV_OK)
+                return bad("--numjobs", optarg, "want 1..256");
+            break;
+        case O_BATCH:
+            if (kvctl_parse_u64(optarg, 1, 65536, &o->batch_size) != KV_OK)
+                return bad("--batch-size", optarg, "want 1..65536");
+            break;
+        case O_RUNTIME:
+            if (kvctl_parse_seconds(optarg, &o->runtime) != KV_OK)
+                return bad("--runtime", optarg, "want seconds, e.g. 10 or 2.5");
+            break;
+        case O_RWMIX:
+            if (kvctl_parse_u64(optarg, 0, 100, &o->rwmixread) != KV_OK)
+                return bad("--rwmixread", optarg, "want a percentage, 0..100");
+            break;
+        case O_VERIFY:
+            o->verify = true;
+            break;
+        case O_PATTERN:
+            if (kvctl_parse_u64(optarg, 0, 255, &v) != KV_OK)
+                return bad("--pattern", optarg, "want a byte, e.g. 0xA5");
+            o->pattern = (int)v;
+            break;
+        case O_JSON:
+            o->summary_json = optarg;
+            break;
+        case O_COMPARE:
+            if (strcmp(optarg, "posix") != 0)
+                return bad("--compare", optarg, "the only other backend is posix");
+            o->compare = optarg;
+            break;
+        case O_POSIX_DIR:
+            o->posix_dir = optarg;
+            break;
+        default:
+            (void)name;
+            usage(stderr);
+            return KVCTL_EXIT_USAGE;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvctl bench: unexpected argument '%s'\n\n", argv[optind]);
+        usage(stderr);
+        return KVCTL_EXIT_USAGE;
+    }
+    if (o->nr_objects == 0)
+        o->nr_objects = DEFAULT_DATA_SET / o->value_size ? DEFAULT_DATA_SET / o->value_size : 1;
+    if (o->runtime < 0)
+        o->runtime = o->scenario == SC_MIXED_RW ? DEFAULT_MIXED_S : 0;
+    if (o->scenario == SC_MIXED_RW && o->runtime <= 0)
+        return bad("--runtime", "0", "mixed_rw needs a positive runtime");
+    if (o->scenario == SC_VERIFY_WRITE)
+        o->verify = true;
+    if (o->nr_objects > UINT64_MAX / o->value_size)
+        return bad("--nr-objects", "", "data set too large");
+    return -1;
+}
+
+/* ---- the engine's config ------------------------------------------------- */
+
+static int set_key(kv_config *cfg, const char *key, const char *value)
+{
+    int rc = kv_config_set(cfg, key, value);
+    if (rc != KV_OK)
+        fprintf(stderr, "kvctl bench: cannot set %s=%s: %s\n", key, value, kv_strerror(rc));
+    return rc;
+}
+
+/* Builds the engine's config; *ssd_tmp is a directory to remove afterwards. */
+static int engine_config(struct kvctl_common *c, const struct bench_opts *o, kv_config **out,
+                         char **ssd_tmp, struct kvctl_report *r)
+{
+    kv_config *cfg = NULL;
+    int rc = kvctl_build_config(c, &cfg);
+    if (rc != KVCTL_EXIT_OK)
+        return rc;
+    rc = KVCTL_EXIT_FAIL;
+    if (!kvctl_user_set(c, "pipeline") && set_key(cfg, "pipeline", "dram") != KV_OK)
+        goto fail;
+    if (kv_config_get(cfg, "pipeline", r->pipeline, sizeof r->pipeline) != KV_OK)
+        snprintf(r->pipeline, sizeof r->pipeline, "?");
+    bool has_dram = strstr(r->pipeline, "dram") != NULL;
+    bool has_ssd = strstr(r->pipeline, "ssd") != NULL;
+    if (has_dram && !kvctl_user_set(c, "dram.capacity")) {
+        double want = (double)o->nr_objects * (double)o->value_size * 1.3;
+        uint64_t mib = (uint64_t)(want / (1 << 20)) + 1;
+        char v[32];
+        snprintf(v, sizeof v, "%" PRIu64 "MiB", mib < 256 ? 256 : mib);
+        if (set_key(cfg, "dram.capacity", v) != KV_OK)
+            goto fail;
+    }
+    if (kv_config_get(cfg, "dram.capacity", r->dram_capacity, sizeof r->dram_capacity) != KV_OK)
+        snprintf(r->dram_capacity, sizeof r->dram_capacity, "?");
+    if (has_ssd && !kvctl_user_set(c, "ssd.path")) {
+        *ssd_tmp = kvctl_mktemp_dir(NULL, "kvbench-ssd");
+        if (!*ssd_tmp) {
+            perror("kvctl bench: temporary ssd.path");
+            goto fail;
+        }
+        if (set_key(cfg, "ssd.path", *ssd_tmp) != KV_OK)
+            goto fail;
+    }
+    *out = cfg;
+    return KVCTL_EXIT_OK;
+fail:
+    kv_config_free(cfg);
+    return rc;
+}
+
+/* ---- scenarios ----------------------------------------------------------- */
+
+static void add(struct kvctl_run *run, struct kvctl_jobs *js, const struct kvctl_backend *be,
+                void *st, enum kvctl_phase_kind kind, double seconds)
+{
+    kvctl_jobs_run(js, be, st, kind, seconds, &run->phases[run->nphases]);
+    run->nphases += kind == KVCTL_PH_MIXED ? 2 : 1;
+}
+
+static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
+                        const struct kvctl_backend *be, const struct kvctl_open_args *args,
+                        struct kvctl_run *run)
+{
+    void *st = NULL;
+    run->backend = be->name;
+    kvctl_jobs_reset(js);
+    run->open_error = be->open(args, &st);
+    if (run->open_error != KV_OK) {
+        fprintf(stderr, "kvctl bench: %s: open failed: %s\n", be->name,
+                kv_strerror(run->open_error));
+        return;
+    }
+    /* mixed_rw's runtime is its mixed phase's length, not a cap on the
+     * preparation. */
+    double cap = o->scenario == SC_MIXED_RW ? 0 : o->runtime;
+    add(run, js, be, st, KVCTL_PH_WRITE, cap);
+    switch (o->scenario) {
+    case SC_VERIFY_WRITE:
+        add(run, js, be, st, KVCTL_PH_READ, cap);
+        break;
+    case SC_FILL:
+        add(run, js, be, st, KVCTL_PH_LOOKUP, cap);
+        break;
+    case SC_READ_PERF:
+        add(run, js, be, st, KVCTL_PH_LOOKUP, cap);
+        add(run, js, be, st, KVCTL_PH_READ, cap);
+        break;
+    case SC_MIXED_RW:
+        add(run, js, be, st, KVCTL_PH_MIXED, o->runtime);
+        break;
+    default:
+        break;
+    }
+    be->info(st, &run->info);
+    kvctl_rss(&run->rss, &run->peak_rss);
+    be->close(st);
+}
+
+static uint64_t fresh_salt(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+}
+
+int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct bench_opts o;
+    int rc = parse(c, argc, argv, &o);
+    if (rc >= 0)
+        return rc;
+    struct kvctl_report r = {
+        .scenario = scenarios[o.scenario], .value_size = o.value_size,
+        .nr_objects = o.nr_objects, .numjobs = (unsigned)o.numjobs,
+        .batch_size = (unsigned)o.batch_size, .runtime = o.runtime,
+        .rwmixread = (unsigned)o.rwmixread, .pattern = o.pattern, .verify = o.verify,
+    };
+    kv_config *cfg = NULL;
+    char *ssd_tmp = NULL, *posix_tmp = NULL;
+    struct kvctl_jobs *js = NULL;
+    rc = engine_config(c, &o, &cfg, &ssd_tmp, &r);
+    if (rc != KVCTL_EXIT_OK)
+        goto out;
+    struct kvctl_workload w = {
+        .value_size = o.value_size, .nr_objects = o.nr_objects, .numjobs = r.numjobs,
+        .batch_size = r.batch_size, .rwmixread = r.rwmixread, .pattern = o.pattern,
+        .verify = o.verify, .salt = fresh_salt(),
+    };
+    rc = KVCTL_EXIT_FAIL;
+    if (kvctl_jobs_new(&w, &js) != KV_OK) {
+        fprintf(stderr, "kvctl bench: cannot allocate the jobs' buffers\n");
+        goto out;
+    }
+    r.memcpy_mib_s = kvctl_jobs_memcpy(js, o.scenario == SC_MIXED_RW ? 0 : o.runtime);
+
+    struct kvctl_open_args args = { .cfg = cfg, .value_size = o.value_size };
+    run_backend(&o, js, &kvctl_backend_kvengine, &args, &r.runs[r.nruns++]);
+    if (o.compare) {
+        posix_tmp = kvctl_mktemp_dir(o.posix_dir, "kvbench-posix");
+        if (!posix_tmp) {
+            perror("kvctl bench: posix directory");
+            goto out;
+        }
+        args.dir = posix_tmp;
+        run_backend(&o, js, &kvctl_backend_posix, &args, &r.runs[r.nruns++]);
+    }
+    kvctl_report_print(stdout, &r);
+    if (o.summary_json && kvctl_report_json(o.summary_json, &r) != KV_OK)
+        goto out;
+    rc = KVCTL_EXIT_OK;
+    for (int i = 0; i < r.nruns; i++)
+        if (!kvctl_run_ok(&r, &r.runs[i]))
+            rc = KVCTL_EXIT_FAIL;
+out:
+    kvctl_jobs_free(js);
+    kv_config_free(cfg);
+    kvctl_rmtree(ssd_tmp);
+    kvctl_rmtree(posix_tmp);
+    return rc;
+}

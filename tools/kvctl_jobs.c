@@ -1,0 +1,535 @@
+/*
+ * kvctl_jobs.c — the benchmark's job threads: their buffers, the objects
+ * they own, and one timed phase at a time.
+ *
+ * Key design choices:
+ * - Every job allocates and touches its buffers once, before anything is
+ *   timed (first touch of fresh memory is slow and would be measured
+ *   otherwise), and reuses them in every phase and against every backend.
+ * - Object k's value is the job's value buffer with its first 64 bytes
+ *   replaced by a header naming the object (block id, k). A write is a
+ *   two-iov shard (the header, then the shared rest), so writes need one
+ *   value buffer per job however large the batch, and a read can be
+ *   verified completely: a value that came back for the wrong block, torn,
+ *   or stale fails the header or the bytes after it. The rest of the value
+ *   is the same for every object (--pattern, or fixed pseudo-random bytes),
+ *   so any job can verify any object.
+ * - Block ids are a hash of (salt, k): the same blocks for every backend of
+ *   one invocation, different ones across invocations.
+ */
+#include "kvctl.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define HDR 64u                     /* bytes of a value that name the object */
+#define PH_MEMCPY ((enum kvctl_phase_kind)100)
+
+/* What one job counted in one phase (mixed_rw: [0] reads, [1] writes). */
+struct jstat {
+    uint64_t ops, bytes, misses, verr, errs;
+    int first_err;
+    uint64_t *lat;                  /* ns per task */
+    size_t nlat, cap;
+};
+
+struct job {
+    struct kvctl_jobs *js;
+    unsigned idx;
+    pthread_t th;
+    uint8_t *payload;               /* value_size: the bytes every value shares */
+    uint8_t *hdr;                   /* slots * HDR: headers of a write batch */
+    uint8_t *rbuf;                  /* slots * value_size: read destinations */
+    kv_iov *wiov;                   /* slots * 2 */
+    kv_iov *riov;                   /* slots */
+    kv_shard *sh;                   /* slots */
+    uint64_t *obj;                  /* slots: object numbers in the batch */
+    int *res;                       /* slots */
+    kv_block_id *ids;               /* batch_size: a lookup batch */
+    uint8_t *hit;                   /* batch_size */
+    uint64_t lo, hi;                /* objects [lo, hi) are this job's */
+    uint64_t written;               /* [lo, lo + written) were written */
+    uint64_t seq, rng;              /* mixed_rw: fresh writes, random reads */
+    struct jstat st[2];
+    uint64_t end_ns;
+};
+
+struct kvctl_jobs {
+    struct kvctl_workload w;
+    unsigned slots;                 /* objects per read/write batch */
+    struct job *job;
+    /* the phase being run */
+    const struct kvctl_backend *be;
+    void *st;
+    enum kvctl_phase_kind kind;
+    pthread_barrier_t go;
+    uint64_t t0, deadline;          /* ns; deadline 0 = none */
+    _Atomic uint64_t progress;      /* items done, for the progress line */
+    _Atomic unsigned finished;
+};
+
+/* ---- objects ------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static kv_block_id object_id(uint64_t salt, uint64_t k)
+{
+    kv_block_id id;
+    uint64_t a = mix64(salt ^ mix64(k)), b = mix64(a ^ k);
+    memcpy(id.bytes, &a, 8);
+    memcpy(id.bytes + 8, &b, 8);
+    return id;
+}
+
+/* The first min(HDR, value_size) bytes of object k's value. */
+static void object_header(const struct job *jb, uint64_t k, const kv_block_id *id, uint8_t *out)
+{
+    uint8_t h[HDR];
+    size_t n = jb->js->w.value_size < HDR ? jb->js->w.value_size : HDR;
+    memcpy(h, jb->payload, n);
+    memcpy(h, id->bytes, KV_BLOCK_ID_LEN);
+    memcpy(h + KV_BLOCK_ID_LEN, &k, sizeof k);
+    memcpy(out, h, n);
+}
+
+static void fill_payload(uint8_t *p, uint64_t len, int pattern)
+{
+    if (pattern >= 0) {
+        memset(p, pattern, len);
+        return;
+    }
+    /* Fixed pseudo-random bytes: incompressible, and the same in every job
+     * so that any job can verify what another wrote. */
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (uint64_t i = 0; i < len; i += 8) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        memcpy(p + i, &x, len - i < 8 ? len - i : 8);
+    }
+}
+
+/* ---- setup --------------------------------------------------------------- */
+
+static void *alloc_touch(size_t n)
+{
+    void *p = NULL;
+    if (n == 0)
+        n = 1;
+    if (posix_memalign(&p, 4096, n) != 0)
+        return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+int kvctl_jobs_new(const struct kvctl_workload *w, struct kvctl_jobs **out)
+{
+    *out = NULL;
+    struct kvctl_jobs *js = calloc(1, sizeof *js);
+    if (!js)
+        return KV_ENOMEM;
+    js->w = *w;
+    uint64_t per_job = (w->nr_objects + w->numjobs - 1) / w->numjobs;
+    js->slots = (unsigned)(w->batch_size < per_job ? w->batch_size : (per_job ? per_job : 1));
+    js->job = calloc(w->numjobs, sizeof *js->job);
+    if (!js->job)
+        goto fail;
+    for (unsigned i = 0; i < w->numjobs; i++) {
+        struct job *jb = &js->job[i];
+        size_t s = js->slots;
+        jb->js = js;
+        jb->idx = i;
+        jb->lo = w->nr_objects * i / w->numjobs;
+        jb->hi = w->nr_objects * (i + 1) / w->numjobs;
+        jb->rng = mix64(w->salt + i + 1);
+        jb->payload = alloc_touch(w->value_size);
+        jb->hdr = alloc_touch(s * HDR);
+        jb->rbuf = alloc_touch(s * w->value_size);
+        jb->wiov = calloc(s * 2, sizeof *jb->wiov);
+        jb->riov = calloc(s, sizeof *jb->riov);
+        jb->sh = calloc(s, sizeof *jb->sh);
+        jb->obj = calloc(s, sizeof *jb->obj);
+        jb->res = calloc(s, sizeof *jb->res);
+        jb->ids = calloc(w->batch_size, sizeof *jb->ids);
+        jb->hit = calloc(w->batch_size, 1);
+        if (!jb->payload || !jb->hdr || !jb->rbuf || !jb->wiov || !jb->riov || !jb->sh ||
+            !jb->obj || !jb->res || !jb->ids || !jb->hit)
+            goto fail;
+        fill_payload(jb->payload, w->value_size, w->pattern);
+    }
+    *out = js;
+    return KV_OK;
+fail:
+    kvctl_jobs_free(js);
+    return KV_ENOMEM;
+}
+
+void kvctl_jobs_free(struct kvctl_jobs *js)
+{
+    if (!js)
+        return;
+    for (unsigned i = 0; js->job && i < js->w.numjobs; i++) {
+        struct job *jb = &js->job[i];
+        free(jb->payload), free(jb->hdr), free(jb->rbuf), free(jb->wiov), free(jb->riov);
+        free(jb->sh), free(jb->obj), free(jb->res), free(jb->ids), free(jb->hit);
+        free(jb->st[0].lat), free(jb->st[1].lat);
+    }
+    free(js->job);
+    free(js);
+}
+
+void kvctl_jobs_reset(struct kvctl_jobs *js)
+{
+    for (unsigned i = 0; i < js->w.numjobs; i++)
+        js->job[i].written = js->job[i].seq = 0;
+}
+
+/* ---- one batch ----------------------------------------------------------- */
+
+static bool out_of_time(const struct kvctl_jobs *js)
+{
+    return js->deadline && kvctl_now_ns() >= js->deadline;
+}
+
+static void record(struct jstat *s, uint64_t ns)
+{
+    if (s->nlat == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 1024;
+        uint64_t *n = realloc(s->lat, cap * sizeof *n);
+        if (!n)
+            return;     /* the percentiles lose a sample, nothing else */
+        s->lat = n;
+        s->cap = cap;
+    }
+    s->lat[s->nlat++] = ns;
+}
+
+static void count_error(struct jstat *s, int rc)
+{
+    if (s->errs++ == 0)
+        s->first_err = rc;
+}
+
+/* Writes objects jb->obj[0..m). */
+static void write_batch(struct job *jb, size_t m, struct jstat *s)
+{
+    struct kvctl_jobs *js = jb->js;
+    uint64_t vs = js->w.value_size;
+    for (size_t i = 0; i < m; i++) {
+        kv_shard *sh = &jb->sh[i];
+        uint8_t *h = jb->hdr + i * HDR;
+        sh->block = object_id(js->w.salt, jb->obj[i]);
+        sh->index = 0;
+        object_header(jb, jb->obj[i], &sh->block, h);
+        jb->wiov[2 * i] = (kv_iov){ h, vs < HDR ? vs : HDR };
+        jb->wiov[2 * i + 1] = (kv_iov){ jb->payload + HDR, vs > HDR ? vs - HDR : 0 };
+        sh->iov = &jb->wiov[2 * i];
+        sh->iovcnt = vs > HDR ? 2 : 1;
+    }
+    uint64_t t = kvctl_now_ns();
+    js->be->put(js->st, jb->sh, m, jb->res);
+    record(s, kvctl_now_ns() - t);
+    for (size_t i = 0; i < m; i++) {
+        if (jb->res[i] == KV_OK)
+            s->bytes += vs;
+        else
+            count_error(s, jb->res[i]);
+    }
+    s->ops += m;
+}
+
+static bool verify_one(const struct job *jb, uint64_t k, const kv_block_id *id, const uint8_t *v)
+{
+    uint64_t vs = jb->js->w.value_size;
+    uint8_t h[HDR];
+    object_header(jb, k, id, h);
+    size_t hn = vs < HDR ? vs : HDR;
+    return memcmp(v, h, hn) == 0 && memcmp(v + hn, jb->payload + hn, vs - hn) == 0;
+}
+
+/* Reads objects jb->obj[0..m) into the job's destinations. */
+static void read_batch(struct job *jb, size_t m, struct jstat *s)
+{
+    struct kvctl_jobs *js = jb->js;
+    uint64_t vs = js->w.value_size;
+    for (size_t i = 0; i < m; i++) {
+        kv_shard *sh = &jb->sh[i];
+        sh->block = object_id(js->w.salt, jb->obj[i]);
+        sh->index = 0;
+        jb->riov[i] = (kv_iov){ jb->rbuf + i * vs, vs };
+        sh->iov = &jb->riov[i];
+        sh->iovcnt = 1;
+    }
+    uint64_t t = kvctl_now_ns();
+    js->be->get(js->st, jb->sh, m, jb->res);
+    record(s, kvctl_now_ns() - t);
+    for (size_t i = 0; i < m; i++) {
+        if (jb->res[i] == KV_OK) {
+            s->bytes += vs;
+            if (js->w.verify && !verify_one(jb, jb->obj[i], &jb->sh[i].block, jb->rbuf + i * vs))
+                s->verr++;
+        } else if (jb->res[i] == KV_ENOTFOUND) {
+            s->misses++;
+        } else {
+            count_error(s, jb->res[i]);
+        }
+    }
+    s->ops += m;
+}
+
+static void lookup_batch(struct job *jb, uint64_t first, size_t m, struct jstat *s)
+{
+    struct kvctl_jobs *js = jb->js;
+    for (size_t i = 0; i < m; i++)
+        jb->ids[i] = object_id(js->w.salt, first + i);
+    uint64_t t = kvctl_now_ns();
+    int rc = js->be->lookup(js->st, jb->ids, m, jb->hit);
+    record(s, kvctl_now_ns() - t);
+    s->ops += m;
+    if (rc != KV_OK) {
+        count_error(s, rc);
+        s->errs += m - 1;
+        return;
+    }
+    for (size_t i = 0; i < m; i++)
+        s->misses += !jb->hit[i];
+}
+
+/* ---- phases -------------------------------------------------------------- */
+
+static void progress_add(struct kvctl_jobs *js, uint64_t n)
+{
+    atomic_fetch_add_explicit(&js->progress, n, memory_order_relaxed);
+}
+
+static void run_write(struct job *jb)
+{
+    struct kvctl_jobs *js = jb->js;
+    for (uint64_t k = jb->lo; k < jb->hi && !out_of_time(js);) {
+        size_t m = jb->hi - k < js->slots ? jb->hi - k : js->slots;
+        for (size_t i = 0; i < m; i++)
+            jb->obj[i] = k + i;
+        write_batch(jb, m, &jb->st[0]);
+        k += m;
+        jb->written = k - jb->lo;
+        progress_add(js, m);
+    }
+}
+
+static void run_read(struct job *jb)
+{
+    struct kvctl_jobs *js = jb->js;
+    uint64_t end = jb->lo + jb->written;
+    for (uint64_t k = jb->lo; k < end && !out_of_time(js);) {
+        size_t m = end - k < js->slots ? end - k : js->slots;
+        for (size_t i = 0; i < m; i++)
+            jb->obj[i] = k + i;
+        read_batch(jb, m, &jb->st[0]);
+        k += m;
+        progress_add(js, m);
+    }
+}
+
+static void run_lookup(struct job *jb)
+{
+    struct kvctl_jobs *js = jb->js;
+    uint64_t end = jb->lo + jb->written;
+    for (uint64_t k = jb->lo; k < end && !out_of_time(js);) {
+        size_t m = end - k < js->w.batch_size ? end - k : js->w.batch_size;
+        lookup_batch(jb, k, m, &jb->st[0]);
+        k += m;
+        progress_add(js, m);
+    }
+}
+
+static uint64_t next_rand(struct job *jb)
+{
+    return jb->rng = mix64(jb->rng);
+}
+
+/* Picks m objects at random among those written in the preparation. */
+static bool pick_written(struct job *jb, size_t m)
+{
+    struct kvctl_jobs *js = jb->js;
+    for (size_t i = 0; i < m; i++) {
+        unsigned j = (unsigned)(next_rand(jb) % js->w.numjobs), tries = 0;
+        while (js->job[j].written == 0 && tries++ < js->w.numjobs)
+            j = (j + 1) % js->w.numjobs;
+        if (js->job[j].written == 0)
+            return false;
+        jb->obj[i] = js->job[j].lo + next_rand(jb) % js->job[j].written;
+    }
+    return true;
+}
+
+/* Until the deadline: a read batch of random prepared objects with
+ * probability rwmixread%, else a write batch of objects never written
+ * before (numbers past nr_objects, interleaved across jobs). */
+static void run_mixed(struct job *jb)
+{
+    struct kvctl_jobs *js = jb->js;
+    size_t m = js->slots;
+    while (!out_of_time(js)) {
+        if (next_rand(jb) % 100 < js->w.rwmixread && pick_written(jb, m)) {
+            read_batch(jb, m, &jb->st[0]);
+        } else {
+            for (size_t i = 0; i < m; i++)
+                jb->obj[i] = js->w.nr_objects + (jb->seq++) * js->w.numjobs + jb->idx;
+            write_batch(jb, m, &jb->st[1]);
+        }
+        progress_add(js, m);
+    }
+}
+
+static void run_memcpy(struct job *jb)
+{
+    struct kvctl_jobs *js = jb->js;
+    uint64_t vs = js->w.value_size;
+    for (uint64_t k = jb->lo; k < jb->hi && !out_of_time(js); k++) {
+        memcpy(jb->rbuf + ((k - jb->lo) % js->slots) * vs, jb->payload, vs);
+        jb->st[0].bytes += vs;
+        jb->st[0].ops++;
+        if ((k & 63) == 0)
+            progress_add(js, 64);
+    }
+}
+
+static void *job_main(void *arg)
+{
+    struct job *jb = arg;
+    struct kvctl_jobs *js = jb->js;
+    pthread_barrier_wait(&js->go);
+    switch ((int)js->kind) {
+    case KVCTL_PH_WRITE: run_write(jb); break;
+    case KVCTL_PH_READ: run_read(jb); break;
+    case KVCTL_PH_LOOKUP: run_lookup(jb); break;
+    case KVCTL_PH_MIXED: run_mixed(jb); break;
+    default: run_memcpy(jb); break;
+    }
+    jb->end_ns = kvctl_now_ns();
+    atomic_fetch_add(&js->finished, 1);
+    return NULL;
+}
+
+/* Sums the jobs' slot `which` into out, with latency percentiles. */
+static void gather(struct kvctl_jobs *js, int which, struct kvctl_phase *out)
+{
+    size_t n = 0;
+    for (unsigned i = 0; i < js->w.numjobs; i++)
+        n += js->job[i].st[which].nlat;
+    uint64_t *all = malloc((n ? n : 1) * sizeof *all);
+    size_t at = 0;
+    for (unsigned i = 0; i < js->w.numjobs; i++) {
+        struct jstat *s = &js->job[i].st[which];
+        out->ops += s->ops;
+        out->bytes += s->bytes;
+        out->misses += s->misses;
+        out->verify_failures += s->verr;
+        if (s->errs && !out->errors)
+            out->first_error = s->first_err;
+        out->errors += s->errs;
+        if (all)
+            memcpy(all + at, s->lat, s->nlat * sizeof *all);
+        at += s->nlat;
+    }
+    if (all)
+        kvctl_phase_latency(out, all, n);
+    free(all);
+}
+
+static uint64_t phase_total(struct kvctl_jobs *js, enum kvctl_phase_kind kind)
+{
+    uint64_t total = 0;
+    for (unsigned i = 0; i < js->w.numjobs; i++) {
+        const struct job *jb = &js->job[i];
+        total += kind == KVCTL_PH_READ || kind == KVCTL_PH_LOOKUP ? jb->written : jb->hi - jb->lo;
+    }
+    return kind == KVCTL_PH_MIXED ? 0 : total;
+}
+
+static void run_phase(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
+                      enum kvctl_phase_kind kind, double seconds, const char *label)
+{
+    js->be = be;
+    js->st = st;
+    js->kind = kind;
+    atomic_store(&js->progress, 0);
+    atomic_store(&js->finished, 0);
+    for (unsigned i = 0; i < js->w.numjobs; i++) {
+        struct job *jb = &js->job[i];
+        for (int w = 0; w < 2; w++) {
+            free(jb->st[w].lat);
+            jb->st[w] = (struct jstat){ 0 };
+        }
+        jb->end_ns = 0;
+    }
+    struct kvctl_progress prog;
+    kvctl_progress_start(&prog, label, phase_total(js, kind), seconds,
+                         kind == KVCTL_PH_LOOKUP ? 0 : js->w.value_size);
+    pthread_barrier_init(&js->go, NULL, js->w.numjobs + 1);
+    unsigned started = 0;
+    for (; started < js->w.numjobs; started++)
+        if (pthread_create(&js->job[started].th, NULL, job_main, &js->job[started]) != 0)
+            break;
+    if (started < js->w.numjobs) {
+        /* Cannot happen at sane --numjobs; fail loudly rather than hang
+         * the barrier. */
+        fprintf(stderr, "kvctl: cannot start job threads\n");
+        exit(KVCTL_EXIT_FAIL);
+    }
+    js->t0 = kvctl_now_ns();
+    js->deadline = seconds > 0 ? js->t0 + (uint64_t)(seconds * 1e9) : 0;
+    pthread_barrier_wait(&js->go);
+    while (atomic_load(&js->finished) < js->w.numjobs) {
+        usleep(10000);
+        kvctl_progress_tick(&prog, atomic_load_explicit(&js->progress, memory_order_relaxed));
+    }
+    for (unsigned i = 0; i < js->w.numjobs; i++)
+        pthread_join(js->job[i].th, NULL);
+    kvctl_progress_end(&prog);
+    pthread_barrier_destroy(&js->go);
+}
+
+static double phase_seconds(const struct kvctl_jobs *js)
+{
+    uint64_t end = js->t0;
+    for (unsigned i = 0; i < js->w.numjobs; i++)
+        if (js->job[i].end_ns > end)
+            end = js->job[i].end_ns;
+    return (double)(end - js->t0) / 1e9;
+}
+
+double kvctl_jobs_memcpy(struct kvctl_jobs *js, double seconds)
+{
+    struct kvctl_phase p = { .name = "memcpy" };
+    run_phase(js, NULL, NULL, PH_MEMCPY, seconds, "memcpy");
+    p.seconds = phase_seconds(js);
+    gather(js, 0, &p);
+    return kvctl_phase_mib_s(&p);
+}
+
+void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
+                    enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
+{
+    static const char *names[] = { "write", "lookup", "read", "mixed" };
+    run_phase(js, be, st, kind, seconds, names[kind]);
+    double secs = phase_seconds(js);
+    if (kind == KVCTL_PH_MIXED) {
+        out[0] = (struct kvctl_phase){ .name = "mixed_read", .seconds = secs };
+        out[1] = (struct kvctl_phase){ .name = "mixed_write", .seconds = secs };
+        gather(js, 0, &out[0]);
+        gather(js, 1, &out[1]);
+        return;
+    }
+    out[0] = (struct kvctl_phase){ .seconds = secs, .lookup = kind == KVCTL_PH_LOOKUP };
+    snprintf(out[0].name, sizeof out[0].name, "%s", names[kind]);
+    gather(js, 0, &out[0]);
+}

@@ -1,0 +1,401 @@
+/*
+ * kvctl_report.c — what the benchmark prints: per-phase figures, the human
+ * tables, the comparison ratios, the summary JSON, and the progress line.
+ *
+ * Key design choice: the JSON is written by hand, field by field, in
+ * DESIGN.md's shape ({"scenario", "memcpy_mib_s", "phases": [...]} plus
+ * extra top-level fields), with every string escaped and every number
+ * finite (null otherwise), so any JSON parser reads it; no library needed.
+ */
+#include "kvctl.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MIB (1024.0 * 1024.0)
+
+/* ---- figures ------------------------------------------------------------- */
+
+static double per_s(double v, double seconds)
+{
+    return seconds > 0 ? v / seconds : 0;
+}
+
+double kvctl_phase_mib_s(const struct kvctl_phase *p)
+{
+    return per_s((double)p->bytes / MIB, p->seconds);
+}
+
+double kvctl_phase_kvs_s(const struct kvctl_phase *p)
+{
+    uint64_t good = p->ops;
+    if (!p->lookup)
+        good = p->ops - (p->misses + p->errors > p->ops ? p->ops : p->misses + p->errors);
+    return per_s((double)good, p->seconds);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Nearest-rank percentile of sorted v. */
+static double pct(const uint64_t *v, size_t n, double q)
+{
+    if (n == 0)
+        return 0;
+    size_t rank = (size_t)ceil(q * (double)n);
+    if (rank < 1)
+        rank = 1;
+    return (double)v[rank - 1] / 1000.0;
+}
+
+void kvctl_phase_latency(struct kvctl_phase *p, uint64_t *lat, size_t n)
+{
+    qsort(lat, n, sizeof *lat, cmp_u64);
+    p->p50_us = pct(lat, n, 0.50);
+    p->p95_us = pct(lat, n, 0.95);
+    p->p99_us = pct(lat, n, 0.99);
+}
+
+bool kvctl_run_ok(const struct kvctl_report *r, const struct kvctl_run *run)
+{
+    if (run->open_error != KV_OK)
+        return false;
+    for (int i = 0; i < run->nphases; i++) {
+        const struct kvctl_phase *p = &run->phases[i];
+        if (p->errors || p->verify_failures)
+            return false;
+        if (p->misses && strcmp(r->scenario, "verify_write") == 0)
+            return false;
+    }
+    return true;
+}
+
+static const struct kvctl_phase *find_phase(const struct kvctl_run *run, const char *name)
+{
+    for (int i = 0; i < run->nphases; i++)
+        if (strcmp(run->phases[i].name, name) == 0)
+            return &run->phases[i];
+    return NULL;
+}
+
+/* ---- tables -------------------------------------------------------------- */
+
+static void print_run(FILE *f, const struct kvctl_report *r, const struct kvctl_run *run)
+{
+    char b1[32], b2[32];
+    fprintf(f, "\n[%s]", run->backend);
+    if (run->open_error != KV_OK) {
+        fprintf(f, " did not open: %s\n", kv_strerror(run->open_error));
+        return;
+    }
+    fprintf(f, " open %.1f ms\n", (double)run->info.open_ns / 1e6);
+    fprintf(f, "%-11s %9s %9s %8s %9s %10s %9s %9s %9s %6s %6s %6s %7s\n", "phase", "ops",
+            "MiB", "sec", "MiB/s", "kvs/s", "p50 us", "p95 us", "p99 us", "miss", "verr",
+            "err", "memcpy");
+    for (int i = 0; i < run->nphases; i++) {
+        const struct kvctl_phase *p = &run->phases[i];
+        char mib[32] = "-", mibs[32] = "-", ratio[32] = "-";
+        if (!p->lookup) {
+            snprintf(mib, sizeof mib, "%.1f", (double)p->bytes / MIB);
+            snprintf(mibs, sizeof mibs, "%.1f", kvctl_phase_mib_s(p));
+            if (r->memcpy_mib_s > 0)
+                snprintf(ratio, sizeof ratio, "%.2fx", kvctl_phase_mib_s(p) / r->memcpy_mib_s);
+        }
+        fprintf(f, "%-11s %9" PRIu64 " %9s %8.3f %9s %10.0f %9.1f %9.1f %9.1f %6" PRIu64
+                   " %6" PRIu64 " %6" PRIu64 " %7s\n",
+                p->name, p->ops, mib, p->seconds, mibs, kvctl_phase_kvs_s(p), p->p50_us,
+                p->p95_us, p->p99_us, p->misses, p->verify_failures, p->errors, ratio);
+        if (p->errors)
+            fprintf(f, "  %s: first error %s (%s)\n", p->name, kv_err_name(p->first_error),
+                    kv_strerror(p->first_error));
+    }
+    const struct kvctl_phase *lk = find_phase(run, "lookup");
+    fprintf(f, "RSS %s (peak %s)", kvctl_fmt_size(run->rss, b1, sizeof b1),
+            kvctl_fmt_size(run->peak_rss, b2, sizeof b2));
+    if (run->info.shards)
+        fprintf(f, ", index %.1f B/shard (%" PRIu64 " shards)",
+                (double)run->info.index_bytes / (double)run->info.shards, run->info.shards);
+    if (lk)
+        fprintf(f, ", lookup %.0f ids/s", kvctl_phase_kvs_s(lk));
+    fprintf(f, "%s\n", kvctl_run_ok(r, run) ? "" : "  ** FAILED **");
+}
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : NAN;
+}
+
+static void print_compare(FILE *f, const struct kvctl_report *r)
+{
+    const struct kvctl_run *a = &r->runs[0], *b = &r->runs[1];
+    if (a->open_error != KV_OK || b->open_error != KV_OK)
+        return;
+    fprintf(f, "\n%s / %s      kvs/s     MiB/s\n", a->backend, b->backend);
+    for (int i = 0; i < a->nphases; i++) {
+        const struct kvctl_phase *pa = &a->phases[i], *pb = find_phase(b, pa->name);
+        if (!pb)
+            continue;
+        double k = ratio(kvctl_phase_kvs_s(pa), kvctl_phase_kvs_s(pb));
+        if (pa->lookup)
+            fprintf(f, "%-18s %9.2fx %9s   (ids/s)\n", pa->name, k, "-");
+        else
+            fprintf(f, "%-18s %9.2fx %8.2fx\n", pa->name, k,
+                    ratio(kvctl_phase_mib_s(pa), kvctl_phase_mib_s(pb)));
+    }
+}
+
+void kvctl_report_print(FILE *f, const struct kvctl_report *r)
+{
+    char vs[32], total[32];
+    fprintf(f, "kvctl bench: scenario %s, pipeline %s, dram.capacity %s\n", r->scenario,
+            r->pipeline, r->dram_capacity);
+    fprintf(f, "  %" PRIu64 " objects x %s (%s), %u job%s, batch %u", r->nr_objects,
+            kvctl_fmt_size(r->value_size, vs, sizeof vs),
+            kvctl_fmt_size(r->nr_objects * r->value_size, total, sizeof total), r->numjobs,
+            r->numjobs == 1 ? "" : "s", r->batch_size);
+    if (r->pattern >= 0)
+        fprintf(f, ", pattern 0x%02X", r->pattern);
+    else
+        fprintf(f, ", pattern random");
+    fprintf(f, ", verify %s", r->verify ? "on" : "off");
+    if (r->runtime > 0)
+        fprintf(f, ", runtime %.1f s", r->runtime);
+    if (strcmp(r->scenario, "mixed_rw") == 0)
+        fprintf(f, ", %u%% reads", r->rwmixread);
+    fprintf(f, "\n  memcpy %.1f MiB/s (%u thread%s, same bytes)\n", r->memcpy_mib_s, r->numjobs,
+            r->numjobs == 1 ? "" : "s");
+    for (int i = 0; i < r->nruns; i++)
+        print_run(f, r, &r->runs[i]);
+    if (r->nruns == 2)
+        print_compare(f, r);
+    fflush(f);
+}
+
+/* ---- JSON ---------------------------------------------------------------- */
+
+static void jstr(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+static void jnum(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
+}
+
+static void jkey(FILE *f, const char *k)
+{
+    jstr(f, k);
+    fputc(':', f);
+}
+
+static void json_phases(FILE *f, const struct kvctl_run *run)
+{
+    jkey(f, "phases");
+    fputc('[', f);
+    for (int i = 0; i < run->nphases; i++) {
+        const struct kvctl_phase *p = &run->phases[i];
+        fprintf(f, "%s{", i ? "," : "");
+        jkey(f, "name");
+        jstr(f, p->name);
+        fprintf(f, ",\"ops\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"seconds\":", p->ops, p->bytes);
+        jnum(f, p->seconds);
+        fputs(",\"mib_s\":", f);
+        jnum(f, kvctl_phase_mib_s(p));
+        fputs(",\"kvs_s\":", f);
+        jnum(f, kvctl_phase_kvs_s(p));
+        fputs(",\"lat_us\":{\"p50\":", f);
+        jnum(f, p->p50_us);
+        fputs(",\"p95\":", f);
+        jnum(f, p->p95_us);
+        fputs(",\"p99\":", f);
+        jnum(f, p->p99_us);
+        fprintf(f, "},\"misses\":%" PRIu64 ",\"verify_failures\":%" PRIu64 ",\"errors\":%" PRIu64
+                   "}",
+                p->misses, p->verify_failures, p->errors);
+    }
+    fputc(']', f);
+}
+
+/* The fields that describe one backend's run beside its phases. */
+static void json_run_extras(FILE *f, const struct kvctl_report *r, const struct kvctl_run *run)
+{
+    fputs(",\"open_ms\":", f);
+    jnum(f, (double)run->info.open_ns / 1e6);
+    if (run->open_error != KV_OK) {
+        fputs(",\"open_error\":", f);
+        jstr(f, kv_err_name(run->open_error));
+    }
+    fputs(",\"index_bytes_per_shard\":", f);
+    jnum(f, run->info.shards ? (double)run->info.index_bytes / (double)run->info.shards : NAN);
+    fputs(",\"rss_mib\":", f);
+    jnum(f, (double)run->rss / MIB);
+    fputs(",\"peak_rss_mib\":", f);
+    jnum(f, (double)run->peak_rss / MIB);
+    const struct kvctl_phase *lk = find_phase(run, "lookup");
+    fputs(",\"lookup_ids_s\":", f);
+    jnum(f, lk ? kvctl_phase_kvs_s(lk) : NAN);
+    fputs(",\"memcpy_ratio\":{", f);
+    int n = 0;
+    for (int i = 0; i < run->nphases; i++) {
+        if (run->phases[i].lookup)
+            continue;
+        fprintf(f, "%s", n++ ? "," : "");
+        jkey(f, run->phases[i].name);
+        jnum(f, ratio(kvctl_phase_mib_s(&run->phases[i]), r->memcpy_mib_s));
+    }
+    fputs("},\"ok\":", f);
+    fputs(kvctl_run_ok(r, run) ? "true" : "false", f);
+}
+
+static void json_ratios(FILE *f, const struct kvctl_run *a, const struct kvctl_run *b)
+{
+    fputs(",\"ratios\":{", f);
+    int n = 0;
+    for (int i = 0; i < a->nphases; i++) {
+        const struct kvctl_phase *pa = &a->phases[i], *pb = find_phase(b, pa->name);
+        if (!pb)
+            continue;
+        fprintf(f, "%s", n++ ? "," : "");
+        jkey(f, pa->name);
+        if (pa->lookup) {
+            fputs("{\"ids_s\":", f);
+            jnum(f, ratio(kvctl_phase_kvs_s(pa), kvctl_phase_kvs_s(pb)));
+        } else {
+            fputs("{\"kvs_s\":", f);
+            jnum(f, ratio(kvctl_phase_kvs_s(pa), kvctl_phase_kvs_s(pb)));
+            fputs(",\"mib_s\":", f);
+            jnum(f, ratio(kvctl_phase_mib_s(pa), kvctl_phase_mib_s(pb)));
+        }
+        fputc('}', f);
+    }
+    fputc('}', f);
+}
+
+int kvctl_report_json(const char *path, const struct kvctl_report *r)
+{
+    FILE *f = strcmp(path, "-") == 0 ? stdout : fopen(path, "w");
+    if (!f) {
+        perror(path);
+        return KV_EIO;
+    }
+    const struct kvctl_run *run = &r->runs[0];
+    fputc('{', f);
+    jkey(f, "scenario");
+    jstr(f, r->scenario);
+    fputs(",\"memcpy_mib_s\":", f);
+    jnum(f, r->memcpy_mib_s);
+    fputc(',', f);
+    json_phases(f, run);
+    fputs(",\"backend\":", f);
+    jstr(f, run->backend);
+    fputs(",\"pipeline\":", f);
+    jstr(f, r->pipeline);
+    fputs(",\"dram_capacity\":", f);
+    jstr(f, r->dram_capacity);
+    fprintf(f, ",\"value_size\":%" PRIu64 ",\"nr_objects\":%" PRIu64
+               ",\"numjobs\":%u,\"batch_size\":%u,\"runtime_s\":",
+            r->value_size, r->nr_objects, r->numjobs, r->batch_size);
+    jnum(f, r->runtime);
+    if (strcmp(r->scenario, "mixed_rw") == 0)
+        fprintf(f, ",\"rwmixread\":%u", r->rwmixread);
+    fputs(",\"pattern\":", f);
+    if (r->pattern >= 0) {
+        char pat[16];
+        snprintf(pat, sizeof pat, "0x%02X", r->pattern);
+        jstr(f, pat);
+    } else {
+        jstr(f, "random");
+    }
+    fprintf(f, ",\"verify\":%s", r->verify ? "true" : "false");
+    json_run_extras(f, r, run);
+    fputs(",\"comparisons\":[", f);
+    for (int i = 1; i < r->nruns; i++) {
+        fprintf(f, "%s{", i > 1 ? "," : "");
+        jkey(f, "backend");
+        jstr(f, r->runs[i].backend);
+        fputc(',', f);
+        json_phases(f, &r->runs[i]);
+        json_run_extras(f, r, &r->runs[i]);
+        json_ratios(f, run, &r->runs[i]);
+        fputc('}', f);
+    }
+    fputs("]}\n", f);
+    int bad = ferror(f);
+    if (f != stdout)
+        bad |= fclose(f) != 0;
+    else
+        bad |= fflush(f) != 0;
+    if (bad) {
+        fprintf(stderr, "kvctl: %s: write failed\n", path);
+        return KV_EIO;
+    }
+    return KV_OK;
+}
+
+/* ---- progress ------------------------------------------------------------ */
+
+void kvctl_progress_start(struct kvctl_progress *p, const char *phase, uint64_t total,
+                          double runtime, uint64_t value_size)
+{
+    p->on = isatty(STDERR_FILENO);
+    p->phase = phase;
+    p->t0 = p->last = kvctl_now_ns();
+    p->total = total;
+    p->runtime = runtime;
+    p->value_size = value_size;
+}
+
+void kvctl_progress_tick(struct kvctl_progress *p, uint64_t done)
+{
+    uint64_t now = kvctl_now_ns();
+    if (!p->on || now - p->last < 200000000u)
+        return;
+    p->last = now;
+    double el = (double)(now - p->t0) / 1e9;
+    double rate = el > 0 ? (double)done / el : 0;
+    double eta = p->total ? (rate > 0 ? (double)(p->total - (done < p->total ? done : p->total)) / rate : 0)
+                          : p->runtime - el;
+    char line[160];
+    int n = snprintf(line, sizeof line, "\r[%s] %" PRIu64, p->phase, done);
+    if (p->total)
+        n += snprintf(line + n, sizeof line - (size_t)n, "/%" PRIu64, p->total);
+    if (p->value_size)
+        n += snprintf(line + n, sizeof line - (size_t)n, "  %.1f MiB/s",
+                      rate * (double)p->value_size / MIB);
+    else
+        n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f ids/s", rate);
+    snprintf(line + n, sizeof line - (size_t)n, "  ETA %.1fs \033[K", eta > 0 ? eta : 0);
+    fputs(line, stderr);
+    fflush(stderr);
+}
+
+void kvctl_progress_end(struct kvctl_progress *p)
+{
+    if (p->on && p->last != p->t0)
+        fputs("\r\033[K", stderr);
+    p->on = false;
+}
