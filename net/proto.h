@@ -135,6 +135,12 @@ int kv__view_decode(const uint8_t *body, size_t len, uint64_t *version,
                     struct kv__member **members, size_t *n);
 size_t kv__member_wire_len(const struct kv__member *m);
 
+/* A status on the wire is KV_OK or one of the KV_E* codes. */
+static inline int kv__status_valid(int32_t s)
+{
+    return s == KV_OK || (s <= KV_EINVAL && s >= KV_ENOTSUP);
+}
+
 /* Little-endian helpers. */
 static inline void kv__put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void kv__put32(uint8_t *p, uint32_t v)

@@ -1,0 +1,754 @@
+/*
+ * cluster.c — the distributed DRAM tier: membership, routing, failover.
+ *
+ * Key design choice: every routing decision is local. A heartbeat thread
+ * keeps a refcounted snapshot of the master's view (the live owners and
+ * their HRW seeds); a call takes a reference, computes each shard's owners
+ * with placement.c, groups the items by owner, and sends one batch per
+ * owner over a pooled connection. Owners are peers that outlive views, so
+ * their connection pools survive view changes. A peer whose connection
+ * fails is marked down for a short while (PEER_DOWN_MS) and tried last,
+ * which is what makes a SIGKILLed replica cost one failed exchange instead
+ * of one per call; the master drops it from the view within node_ttl_ms.
+ *
+ * Rules (dump success, load failover, lookup, timeouts) are in cluster.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "master.h"
+#include "placement.h"
+#include "proto.h"
+#include "transport.h"
+
+#define POOL_MAX 16
+#define PEER_DOWN_MS 1000
+
+struct peer {
+    struct peer *next;                  /* every peer ever seen (vlock) */
+    char id[KV_PROTO_ID_MAX + 1];
+    char addr[KV_PROTO_ID_MAX + 1];
+    uint64_t seed;
+    int self;
+    pthread_mutex_t lock;               /* the pool */
+    struct kv__conn *pool[POOL_MAX];
+    int npool;
+    _Atomic uint64_t down_until_ms;
+};
+
+struct view {
+    _Atomic int refs;
+    uint64_t version;
+    size_t nmembers;
+    size_t n;                           /* owners */
+    struct peer **owners;
+    uint64_t *seeds;
+};
+
+struct kv__cluster {
+    struct kv_config cfg;
+    struct kv__backend engine_be;
+    struct kv__backend *be;             /* NULL: pure client */
+    const struct kv__transport_ops *ops;
+    struct kv__transport *t;
+    struct kv__mclient *mc;
+    struct kv__member self;
+    unsigned replicas;
+
+    pthread_mutex_t vlock;
+    struct view *view;
+    struct peer *peers;
+
+    pthread_t hb;
+    int hb_started;
+    pthread_mutex_t hblock;
+    pthread_cond_t hbcond;
+    int stopping;
+
+    _Atomic uint64_t remote_ops, remote_errors, failovers;
+};
+
+/* ---- views and peers ---------------------------------------------------- */
+
+static struct view *view_get(struct kv__cluster *c)
+{
+    pthread_mutex_lock(&c->vlock);
+    struct view *v = c->view;
+    atomic_fetch_add(&v->refs, 1);
+    pthread_mutex_unlock(&c->vlock);
+    return v;
+}
+
+static void view_put(struct view *v)
+{
+    if (v && atomic_fetch_sub(&v->refs, 1) == 1) {
+        free(v->owners);
+        free(v->seeds);
+        free(v);
+    }
+}
+
+static void peer_drain(struct kv__cluster *c, struct peer *p)
+{
+    pthread_mutex_lock(&p->lock);
+    while (p->npool)
+        c->ops->close(p->pool[--p->npool]);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* Caller holds vlock. */
+static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m)
+{
+    for (struct peer *p = c->peers; p; p = p->next)
+        if (strcmp(p->id, m->id) == 0) {
+            if (strcmp(p->addr, m->addr) != 0) {   /* restarted elsewhere */
+                peer_drain(c, p);
+                snprintf(p->addr, sizeof p->addr, "%s", m->addr);
+            }
+            return p;
+        }
+    struct peer *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    snprintf(p->id, sizeof p->id, "%s", m->id);
+    snprintf(p->addr, sizeof p->addr, "%s", m->addr);
+    p->seed = kv__place_seed(p->id);
+    p->self = c->be && strcmp(m->id, c->self.id) == 0;
+    pthread_mutex_init(&p->lock, NULL);
+    p->next = c->peers;
+    c->peers = p;
+    return p;
+}
+
+static int view_install(struct kv__cluster *c, uint64_t version, const struct kv__member *m,
+                        size_t n)
+{
+    struct view *v = calloc(1, sizeof *v);
+    if (!v)
+        return KV_ENOMEM;
+    v->refs = 1;
+    v->version = version;
+    v->nmembers = n;
+    v->owners = calloc(n ? n : 1, sizeof *v->owners);
+    v->seeds = calloc(n ? n : 1, sizeof *v->seeds);
+    if (!v->owners || !v->seeds) {
+        view_put(v);
+        return KV_ENOMEM;
+    }
+    pthread_mutex_lock(&c->vlock);
+    for (size_t i = 0; i < n; i++) {
+        if (!(m[i].flags & KV_MEMBER_OWNER))
+            continue;
+        struct peer *p = peer_find(c, &m[i]);
+        if (!p)
+            continue;
+        atomic_store(&p->down_until_ms, 0);
+        v->owners[v->n] = p;
+        v->seeds[v->n] = p->seed;
+        v->n++;
+    }
+    struct view *old = c->view;
+    c->view = v;
+    pthread_mutex_unlock(&c->vlock);
+    if (old)
+        KV_INFO("cluster: view %llu: %zu members, %zu owners", (unsigned long long)version,
+                n, v->n);
+    view_put(old);
+    return KV_OK;
+}
+
+static void *hb_main(void *arg)
+{
+    struct kv__cluster *c = arg;
+    unsigned every = kv__master_heartbeat_ms(c->cfg.cluster.node_ttl_ms);
+    int failing = 0;
+    pthread_mutex_lock(&c->hblock);
+    while (!c->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)(every % 1000) * 1000000L;
+        ts.tv_sec += every / 1000 + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
+        if (c->stopping)
+            break;
+        pthread_mutex_unlock(&c->hblock);
+        uint64_t version;
+        struct kv__member *m = NULL;
+        size_t n = 0;
+        int rc = kv__mclient_join(c->mc, &c->self, &version, &m, &n);
+        if (rc == KV_OK) {
+            if (failing)
+                KV_INFO("cluster: master %s reachable again", c->cfg.cluster.master);
+            failing = 0;
+            if (version != c->view->version)   /* only this thread writes it */
+                view_install(c, version, m, n);
+        } else if (!failing++) {
+            KV_WARN("cluster: heartbeat to master %s failed: %s; keeping view %llu",
+                    c->cfg.cluster.master, kv_strerror(rc),
+                    (unsigned long long)c->view->version);
+        }
+        free(m);
+        pthread_mutex_lock(&c->hblock);
+    }
+    pthread_mutex_unlock(&c->hblock);
+    return NULL;
+}
+
+/* ---- start / stop ------------------------------------------------------- */
+
+static int start(struct kv__cluster *c, char *err, size_t errlen)
+{
+    const struct kv_config *cfg = &c->cfg;
+    struct kv__net_opts o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.token, sizeof o.token, "%s", cfg->cluster.token);
+    snprintf(o.device_name, sizeof o.device_name, "%s", cfg->cluster.device_name);
+    o.timeout_ms = cfg->io.timeout_ms ? (unsigned)cfg->io.timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
+    o.threads = cfg->io.threads ? cfg->io.threads : 1;
+    c->replicas = cfg->cluster.replica_num < 1 ? 1
+                  : cfg->cluster.replica_num > KV_PLACE_MAX ? KV_PLACE_MAX
+                                                            : cfg->cluster.replica_num;
+    if (strlen(cfg->cluster.token) > KV_PROTO_ID_MAX) {
+        kv__errf(err, errlen, "cluster.token: at most %d bytes", KV_PROTO_ID_MAX);
+        return KV_ECONFIG;
+    }
+    int rc = kv__transport_pick(cfg->cluster.protocol, &o, &c->ops);
+    if (rc) {
+        kv__errf(err, errlen, "cluster.protocol: rdma is not available here");
+        return rc;
+    }
+    if ((rc = c->ops->create(&o, c->be, &c->t, err, errlen)))
+        return rc;
+    char bound[KV_CFG_STR] = "";
+    if (c->be && (rc = c->ops->listen(c->t, cfg->cluster.listen, bound, sizeof bound, err,
+                                      errlen)))
+        return rc;
+    if ((rc = kv__mclient_open(cfg->cluster.master, cfg->cluster.token, o.timeout_ms, &c->mc))) {
+        kv__errf(err, errlen, "cluster.master: bad address '%s'", cfg->cluster.master);
+        return KV_ECONFIG;
+    }
+    /* A node bound to the wildcard advertises the address it reaches the
+     * master from: the one its peers can most likely reach it on too. */
+    char ip[64] = "127.0.0.1";
+    if ((rc = kv__mclient_local_ip(c->mc, ip, sizeof ip))) {
+        kv__errf(err, errlen, "cluster.master %s: unreachable (%s)", cfg->cluster.master,
+                 kv_strerror(rc));
+        return rc;
+    }
+    if (c->be) {
+        const char *colon = strrchr(bound, ':');
+        if (strncmp(bound, "0.0.0.0:", 8) == 0)
+            snprintf(c->self.addr, sizeof c->self.addr, "%s%s", ip, colon);
+        else
+            snprintf(c->self.addr, sizeof c->self.addr, "%s", bound);
+        snprintf(c->self.id, sizeof c->self.id, "%s", c->self.addr);
+        c->self.flags = KV_MEMBER_OWNER;
+        if (c->ops->segments) {
+            int k = c->ops->segments(c->t, c->self.seg, KV_PROTO_SEG_MAX);
+            c->self.nseg = k > 0 ? (uint32_t)k : 0;
+        }
+    } else {
+        snprintf(c->self.id, sizeof c->self.id, "client-%s-%ld-%llx", ip, (long)getpid(),
+                 (unsigned long long)(kv__now_ns() & 0xffffffffffull));
+    }
+    uint64_t version;
+    struct kv__member *m = NULL;
+    size_t n = 0;
+    if ((rc = kv__mclient_join(c->mc, &c->self, &version, &m, &n))) {
+        kv__errf(err, errlen, "cluster.master %s: %s", cfg->cluster.master,
+                 rc == KV_EPERM ? "refused our cluster.token" : kv_strerror(rc));
+        return rc;
+    }
+    rc = view_install(c, version, m, n);
+    free(m);
+    if (rc)
+        return rc;
+    pthread_mutex_init(&c->hblock, NULL);
+    pthread_cond_init(&c->hbcond, NULL);
+    if (pthread_create(&c->hb, NULL, hb_main, c) != 0) {
+        kv__errf(err, errlen, "cluster: cannot start heartbeat thread");
+        return KV_ENOMEM;
+    }
+    c->hb_started = 1;
+    KV_INFO("cluster: %s %s over %s, view %llu (%zu owners), replica_num %u",
+            c->be ? "serving" : "joined as a pure client", c->be ? c->self.addr : c->self.id,
+            c->ops->name, (unsigned long long)version, c->view->n, c->replicas);
+    return KV_OK;
+}
+
+int kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cfg,
+                              struct kv__cluster **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct kv__cluster *c = calloc(1, sizeof *c);
+    if (!c)
+        return KV_ENOMEM;
+    c->cfg = *cfg;
+    c->be = be;
+    pthread_mutex_init(&c->vlock, NULL);
+    int rc = start(c, err, errlen);
+    if (rc) {
+        KV_ERROR("cluster: %s", err && errlen ? err : kv_strerror(rc));
+        kv__cluster_stop(c);
+        return rc;
+    }
+    *out = c;
+    return KV_OK;
+}
+
+int kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__cluster **out,
+                      char *err, size_t errlen)
+{
+    struct kv__backend be;
+    kv__backend_engine(e, &be);
+    int owner = cfg->dram.capacity > 0;
+    *out = NULL;
+    /* The backend lives in the cluster object; start it there. */
+    struct kv__cluster *c = calloc(1, sizeof *c);
+    if (!c)
+        return KV_ENOMEM;
+    c->cfg = *cfg;
+    c->engine_be = be;
+    c->be = owner ? &c->engine_be : NULL;
+    pthread_mutex_init(&c->vlock, NULL);
+    int rc = start(c, err, errlen);
+    if (rc) {
+        kv__cluster_stop(c);
+        return rc;
+    }
+    *out = c;
+    return KV_OK;
+}
+
+void kv__cluster_stop(struct kv__cluster *c)
+{
+    if (!c)
+        return;
+    if (c->hb_started) {
+        pthread_mutex_lock(&c->hblock);
+        c->stopping = 1;
+        pthread_cond_signal(&c->hbcond);
+        pthread_mutex_unlock(&c->hblock);
+        pthread_join(c->hb, NULL);
+        pthread_mutex_destroy(&c->hblock);
+        pthread_cond_destroy(&c->hbcond);
+        /* Leave at once rather than after node_ttl_ms, so that peers stop
+         * routing to us now. Best effort. */
+        kv__mclient_leave(c->mc, &c->self);
+    }
+    kv__mclient_close(c->mc);
+    for (struct peer *p = c->peers, *nx; p; p = nx) {
+        nx = p->next;
+        if (c->ops)
+            peer_drain(c, p);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+    }
+    if (c->t)
+        c->ops->destroy(c->t);
+    view_put(c->view);
+    pthread_mutex_destroy(&c->vlock);
+    if (c->hb_started)
+        KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
+                (unsigned long long)c->remote_ops, (unsigned long long)c->remote_errors,
+                (unsigned long long)c->failovers);
+    free(c);
+}
+
+/* ---- running a batch on one owner -------------------------------------- */
+
+static int peer_is_down(struct peer *p)
+{
+    return !p->self && atomic_load(&p->down_until_ms) > kv__now_ms();
+}
+
+/* Serves ops on this node's own store: no network, no copies beyond the
+ * one into or out of the segment. */
+static void run_local(struct kv__cluster *c, struct kv__op *ops, size_t n)
+{
+    struct kv__backend *be = c->be;
+    for (size_t i = 0; i < n; i++) {
+        struct kv__op *o = &ops[i];
+        switch (o->kind) {
+        case KV_OP_LOOKUP:
+            o->result = be->lookup(be->ctx, o->ns, &o->id, 1, &o->hit);
+            break;
+        case KV_OP_SIZE:
+            o->result = be->size(be->ctx, o->ns, &o->id, o->index, &o->len);
+            break;
+        case KV_OP_LOAD:
+            o->result = be->load(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
+            break;
+        case KV_OP_DUMP: {
+            kv__resv r;
+            uint64_t len = kv__iov_len(o->iov, o->iovcnt);
+            o->result = be->reserve(be->ctx, len, &r);
+            if (o->result == KV_OK) {
+                uint8_t *d = r.data;
+                for (uint32_t j = 0; j < o->iovcnt; j++) {
+                    memcpy(d, o->iov[j].base, o->iov[j].len);
+                    d += o->iov[j].len;
+                }
+                o->result = be->commit(be->ctx, &r, o->ns, &o->id, o->index);
+            }
+            break;
+        }
+        }
+    }
+}
+
+static void run_peer(struct kv__cluster *c, struct peer *p, struct kv__op *ops, size_t n)
+{
+    if (!n)
+        return;
+    if (p->self) {
+        run_local(c, ops, n);
+        return;
+    }
+    atomic_fetch_add(&c->remote_ops, n);
+    struct kv__conn *conn = NULL;
+    pthread_mutex_lock(&p->lock);
+    if (p->npool)
+        conn = p->pool[--p->npool];
+    pthread_mutex_unlock(&p->lock);
+    int rc = KV_OK;
+    if (!conn)
+        rc = c->ops->connect(c->t, p->addr, &conn);
+    if (rc == KV_OK)
+        rc = c->ops->batch(conn, ops, n);
+    if (rc == KV_OK) {
+        pthread_mutex_lock(&p->lock);
+        if (p->npool < POOL_MAX) {
+            p->pool[p->npool++] = conn;
+            conn = NULL;
+        }
+        pthread_mutex_unlock(&p->lock);
+        if (conn)
+            c->ops->close(conn);
+        return;
+    }
+    if (conn)
+        c->ops->close(conn);
+    atomic_fetch_add(&c->remote_errors, n);
+    if (rc != KV_EPERM && rc != KV_EINVAL) {
+        /* Other pooled connections to it are likely dead too. */
+        atomic_store(&p->down_until_ms, kv__now_ms() + PEER_DOWN_MS);
+        peer_drain(c, p);
+        KV_WARN("cluster: %s: %s; failing over", p->addr, kv_strerror(rc));
+    }
+    for (size_t i = 0; i < n; i++)
+        ops[i].result = rc;
+}
+
+/*
+ * Groups ops by their peer (owner index in the view) and runs one batch per
+ * peer. owner[i] is the view index of ops[i]'s target. The groups are built
+ * in a scratch copy, then results copied back.
+ */
+static int run_grouped(struct kv__cluster *c, struct view *v, struct kv__op *ops,
+                       const size_t *owner, size_t n)
+{
+    if (!n)
+        return KV_OK;
+    size_t *start = calloc(v->n + 1, sizeof *start), *pos = malloc(n * sizeof *pos);
+    struct kv__op *g = malloc(n * sizeof *g);
+    if (!start || !pos || !g) {
+        free(start);
+        free(pos);
+        free(g);
+        return KV_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++)
+        start[owner[i] + 1]++;
+    for (size_t p = 0; p < v->n; p++)
+        start[p + 1] += start[p];
+    size_t *fill = calloc(v->n ? v->n : 1, sizeof *fill);
+    if (!fill) {
+        free(start);
+        free(pos);
+        free(g);
+        return KV_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        pos[i] = start[owner[i]] + fill[owner[i]]++;
+        g[pos[i]] = ops[i];
+    }
+    for (size_t p = 0; p < v->n; p++)
+        run_peer(c, v->owners[p], g + start[p], start[p + 1] - start[p]);
+    for (size_t i = 0; i < n; i++)
+        ops[i] = g[pos[i]];
+    free(fill);
+    free(start);
+    free(pos);
+    free(g);
+    return KV_OK;
+}
+
+/* A shard's candidate owners: HRW order, this node first when it is one,
+ * peers marked down last. Returns the count. */
+static size_t candidates(struct view *v, const kv_block_id *id, unsigned r, size_t *out)
+{
+    size_t k = kv__place(v->seeds, v->n, id, r, out), w = 0;
+    size_t tmp[KV_PLACE_MAX];
+    for (size_t i = 0; i < k; i++)
+        if (v->owners[out[i]]->self)
+            tmp[w++] = out[i];
+    for (size_t i = 0; i < k; i++)
+        if (!v->owners[out[i]]->self && !peer_is_down(v->owners[out[i]]))
+            tmp[w++] = out[i];
+    for (size_t i = 0; i < k; i++)
+        if (peer_is_down(v->owners[out[i]]))
+            tmp[w++] = out[i];
+    memcpy(out, tmp, k * sizeof *out);
+    return k;
+}
+
+/* Which of two failures to report: the one that says most about the data. */
+static int worse(int a, int b)
+{
+    static const int rank[] = { KV_ENOSPC, KV_EINVAL, KV_ENOTFOUND, KV_ENOMEM, KV_EPERM,
+                                KV_EPROTO, KV_ETIMEDOUT, KV_ENET };
+    if (a == KV_OK)
+        return b;
+    for (size_t i = 0; i < KV__ARRAY_LEN(rank); i++) {
+        if (a == rank[i])
+            return a;
+        if (b == rank[i])
+            return b;
+    }
+    return a;
+}
+
+/* ---- the seam ----------------------------------------------------------- */
+
+int kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                     int *results)
+{
+    if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    struct view *v = view_get(c);
+    size_t cap = n * c->replicas, k = 0;
+    struct kv__op *ops = malloc((cap ? cap : 1) * sizeof *ops);
+    size_t *owner = malloc((cap ? cap : 1) * sizeof *owner);
+    size_t *shard = malloc((cap ? cap : 1) * sizeof *shard);
+    if (!ops || !owner || !shard) {
+        free(ops);
+        free(owner);
+        free(shard);
+        view_put(v);
+        return KV_ENOMEM;
+    }
+    for (size_t i = 0; i < n; i++) {
+        size_t cand[KV_PLACE_MAX];
+        size_t m = candidates(v, &shards[i].block, c->replicas, cand);
+        results[i] = m ? KV_ENET : KV_ENOSPC;   /* no owner at all: no room */
+        for (size_t j = 0; j < m; j++) {
+            if (peer_is_down(v->owners[cand[j]]))
+                continue;   /* unreachable just now: not attempted */
+            ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = (uint8_t)ns,
+                                      .index = shards[i].index, .id = shards[i].block,
+                                      .iov = shards[i].iov, .iovcnt = shards[i].iovcnt };
+            owner[k] = cand[j];
+            shard[k] = i;
+            k++;
+        }
+    }
+    int rc = run_grouped(c, v, ops, owner, k);
+    if (rc == KV_OK) {
+        /* Success when any owner stored it; else the most telling error. */
+        int *best = malloc((n ? n : 1) * sizeof *best);
+        if (!best) {
+            rc = KV_ENOMEM;
+        } else {
+            for (size_t i = 0; i < n; i++)
+                best[i] = 1;   /* "nothing seen yet" */
+            for (size_t j = 0; j < k; j++) {
+                size_t i = shard[j];
+                if (ops[j].result == KV_OK)
+                    best[i] = KV_OK;
+                else if (best[i] != KV_OK)
+                    best[i] = best[i] == 1 ? ops[j].result : worse(best[i], ops[j].result);
+            }
+            for (size_t i = 0; i < n; i++)
+                if (best[i] != 1)
+                    results[i] = best[i];
+            free(best);
+        }
+    }
+    free(ops);
+    free(owner);
+    free(shard);
+    view_put(v);
+    return rc;
+}
+
+int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                     int *results)
+{
+    if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    struct view *v = view_get(c);
+    size_t (*cand)[KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
+    size_t *ncand = malloc((n ? n : 1) * sizeof *ncand);
+    struct kv__op *ops = malloc((n ? n : 1) * sizeof *ops);
+    size_t *owner = malloc((n ? n : 1) * sizeof *owner), *shard = malloc((n ? n : 1) * sizeof *shard);
+    int rc = KV_OK;
+    if (!cand || !ncand || !ops || !owner || !shard) {
+        rc = KV_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        ncand[i] = candidates(v, &shards[i].block, c->replicas, cand[i]);
+        results[i] = 1;   /* pending */
+    }
+    /* Round r asks each still-pending shard's r-th candidate. */
+    for (unsigned r = 0; r < c->replicas; r++) {
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (results[i] != 1 && (results[i] == KV_OK || results[i] == KV_EINVAL))
+                continue;
+            if (r >= ncand[i])
+                continue;
+            if (r > 0)
+                atomic_fetch_add(&c->failovers, 1);
+            ops[k] = (struct kv__op){ .kind = KV_OP_LOAD, .ns = (uint8_t)ns,
+                                      .index = shards[i].index, .id = shards[i].block,
+                                      .iov = shards[i].iov, .iovcnt = shards[i].iovcnt };
+            owner[k] = cand[i][r];
+            shard[k] = i;
+            k++;
+        }
+        if (!k)
+            break;
+        if ((rc = run_grouped(c, v, ops, owner, k)))
+            goto out;
+        for (size_t j = 0; j < k; j++) {
+            size_t i = shard[j];
+            int res = ops[j].result;
+            if (res == KV_OK || res == KV_EINVAL || results[i] == 1)
+                results[i] = res;
+            else if (results[i] == KV_ENOTFOUND || res == KV_ENOTFOUND)
+                results[i] = KV_ENOTFOUND;   /* a live owner said it is not there */
+            else
+                results[i] = res;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (results[i] == 1)
+            results[i] = ncand[i] ? KV_ENET : KV_ENOTFOUND;
+out:
+    free(cand);
+    free(ncand);
+    free(ops);
+    free(owner);
+    free(shard);
+    view_put(v);
+    return rc;
+}
+
+int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                       uint8_t *hit)
+{
+    if (!c || (n && (!ids || !hit)) || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    struct view *v = view_get(c);
+    size_t cap = n * c->replicas, k = 0;
+    struct kv__op *ops = malloc((cap ? cap : 1) * sizeof *ops);
+    size_t *owner = malloc((cap ? cap : 1) * sizeof *owner);
+    size_t *shard = malloc((cap ? cap : 1) * sizeof *shard);
+    int rc = KV_ENOMEM;
+    if (ops && owner && shard) {
+        for (size_t i = 0; i < n; i++) {
+            size_t cand[KV_PLACE_MAX];
+            size_t m = candidates(v, &ids[i], c->replicas, cand);
+            hit[i] = 0;
+            for (size_t j = 0; j < m; j++) {
+                if (peer_is_down(v->owners[cand[j]]))
+                    continue;
+                ops[k] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
+                owner[k] = cand[j];
+                shard[k] = i;
+                k++;
+            }
+        }
+        rc = run_grouped(c, v, ops, owner, k);
+        for (size_t j = 0; rc == KV_OK && j < k; j++)
+            if (ops[j].result == KV_OK && ops[j].hit)
+                hit[shard[j]] = 1;
+    }
+    free(ops);
+    free(owner);
+    free(shard);
+    view_put(v);
+    return rc;
+}
+
+int kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
+                     uint64_t *len)
+{
+    if (!c || !id || !len || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    struct view *v = view_get(c);
+    size_t cand[KV_PLACE_MAX];
+    size_t m = candidates(v, id, c->replicas, cand);
+    int res = m ? KV_ENET : KV_ENOTFOUND, rc = KV_OK;
+    for (size_t j = 0; j < m; j++) {
+        struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
+        size_t own = cand[j];
+        if ((rc = run_grouped(c, v, &o, &own, 1)))
+            break;
+        if (o.result == KV_OK) {
+            *len = o.len;
+            res = KV_OK;
+            break;
+        }
+        res = j == 0 ? o.result : worse(res, o.result);
+        if (o.result == KV_ENOTFOUND)
+            res = KV_ENOTFOUND;
+    }
+    view_put(v);
+    return rc ? rc : res;
+}
+
+int kv__cluster_register_buffer(struct kv__cluster *c, void *addr, size_t len)
+{
+    if (!c || !addr || !len)
+        return KV_EINVAL;
+    return c->ops->register_buffer ? c->ops->register_buffer(c->t, addr, len) : KV_OK;
+}
+
+int kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr)
+{
+    if (!c || !addr)
+        return KV_EINVAL;
+    return c->ops->unregister_buffer ? c->ops->unregister_buffer(c->t, addr) : KV_OK;
+}
+
+void kv__cluster_stats(struct kv__cluster *c, kv_stats *out)
+{
+    /* kv_stats has no cluster fields yet; the counters are logged at stop
+     * (see the report: net_remote_ops, net_errors, net_failovers). */
+    (void)c;
+    (void)out;
+}
+
+const char *kv__cluster_addr(struct kv__cluster *c)
+{
+    return c->be ? c->self.addr : "";
+}
+
+void kv__cluster_view(struct kv__cluster *c, uint64_t *version, size_t *members, size_t *owners)
+{
+    struct view *v = view_get(c);
+    if (version)
+        *version = v->version;
+    if (members)
+        *members = v->nmembers;
+    if (owners)
+        *owners = v->n;
+    view_put(v);
+}

@@ -1,0 +1,302 @@
+/*
+ * proto.c — encoders and decoders for the frames of proto.h.
+ *
+ * Every decoder checks each length against what is left of its input, and
+ * each field's range, before it writes a byte of output or allocates: a
+ * peer's frame is untrusted input. Anything off is KV_EPROTO.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "proto.h"
+
+void kv__hdr_encode(const struct kv__hdr *h, uint8_t *out)
+{
+    kv__put32(out, KV_PROTO_MAGIC);
+    out[4] = KV_PROTO_VERSION;
+    out[5] = h->type;
+    kv__put16(out + 6, h->flags);
+    kv__put32(out + 8, h->body_len);
+    kv__put32(out + 12, (uint32_t)h->status);
+    kv__put64(out + 16, h->req_id);
+    kv__put64(out + 24, h->data_len);
+}
+
+static int known_type(uint8_t t)
+{
+    return (t >= KV_MSG_HELLO && t <= KV_MSG_LEAVE) ||
+           (t >= KV_MSG_RDMA_FIRST && t <= KV_MSG_RDMA_LAST);
+}
+
+int kv__hdr_decode(const uint8_t *in, uint64_t max_data, struct kv__hdr *h)
+{
+    if (kv__get32(in) != KV_PROTO_MAGIC || in[4] != KV_PROTO_VERSION || !known_type(in[5]))
+        return KV_EPROTO;
+    uint32_t body = kv__get32(in + 8);
+    uint64_t data = kv__get64(in + 24);
+    if (body > KV_PROTO_BODY_MAX)
+        return KV_EPROTO;
+    /* Only batches carry values; everything else is all descriptor. */
+    if (data && in[5] != KV_MSG_BATCH && in[5] != KV_MSG_BATCH_R)
+        return KV_EPROTO;
+    if (data > max_data)
+        return KV_EPROTO;
+    h->version = in[4];
+    h->type = in[5];
+    h->flags = kv__get16(in + 6);
+    h->body_len = body;
+    h->status = (int32_t)kv__get32(in + 12);
+    h->req_id = kv__get64(in + 16);
+    h->data_len = data;
+    return KV_OK;
+}
+
+size_t kv__batch_body_len(size_t n) { return 4 + n * KV_PROTO_REQ_ITEM; }
+size_t kv__batch_r_body_len(size_t n) { return 4 + n * KV_PROTO_RESP_ITEM; }
+
+int kv__batch_count(const uint8_t *body, size_t len, size_t item_len, size_t *n)
+{
+    if (len < 4)
+        return KV_EPROTO;
+    uint32_t cnt = kv__get32(body);
+    if (cnt > KV_PROTO_BATCH_MAX || len != 4 + (size_t)cnt * item_len)
+        return KV_EPROTO;
+    *n = cnt;
+    return KV_OK;
+}
+
+int kv__batch_encode(const struct kv__wire_req *it, size_t n, uint8_t *out, size_t cap)
+{
+    if (n > KV_PROTO_BATCH_MAX || cap < kv__batch_body_len(n))
+        return KV_ENOBUFS;
+    kv__put32(out, (uint32_t)n);
+    uint8_t *p = out + 4;
+    for (size_t i = 0; i < n; i++, p += KV_PROTO_REQ_ITEM) {
+        p[0] = it[i].kind;
+        p[1] = it[i].ns;
+        kv__put16(p + 2, 0);
+        kv__put32(p + 4, it[i].index);
+        memcpy(p + 8, it[i].id.bytes, KV_BLOCK_ID_LEN);
+        kv__put64(p + 24, it[i].len);
+    }
+    return (int)kv__batch_body_len(n);
+}
+
+int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, size_t *n)
+{
+    size_t cnt;
+    if (kv__batch_count(body, len, KV_PROTO_REQ_ITEM, &cnt) != KV_OK || cnt > *n)
+        return KV_EPROTO;
+    const uint8_t *p = body + 4;
+    for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
+        if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_DUMP || p[1] >= KV_NS_COUNT)
+            return KV_EPROTO;
+        if (p[0] == KV_OP_DUMP || p[0] == KV_OP_LOAD) {
+            if (kv__get64(p + 24) > KV_VALUE_MAX)
+                return KV_EPROTO;
+        }
+    }
+    p = body + 4;
+    for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
+        out[i].kind = p[0];
+        out[i].ns = p[1];
+        out[i].index = kv__get32(p + 4);
+        memcpy(out[i].id.bytes, p + 8, KV_BLOCK_ID_LEN);
+        out[i].len = kv__get64(p + 24);
+    }
+    *n = cnt;
+    return KV_OK;
+}
+
+int kv__batch_r_encode(const struct kv__wire_resp *it, size_t n, uint8_t *out, size_t cap)
+{
+    if (n > KV_PROTO_BATCH_MAX || cap < kv__batch_r_body_len(n))
+        return KV_ENOBUFS;
+    kv__put32(out, (uint32_t)n);
+    uint8_t *p = out + 4;
+    for (size_t i = 0; i < n; i++, p += KV_PROTO_RESP_ITEM) {
+        memset(p, 0, KV_PROTO_RESP_ITEM);
+        kv__put32(p, (uint32_t)it[i].status);
+        p[4] = it[i].hit;
+        kv__put64(p + 8, it[i].len);
+        kv__put64(p + 16, it[i].addr);
+        kv__put32(p + 24, it[i].rkey);
+        kv__put64(p + 32, it[i].handle);
+    }
+    return (int)kv__batch_r_body_len(n);
+}
+
+int kv__batch_r_decode(const uint8_t *body, size_t len, struct kv__wire_resp *out, size_t *n)
+{
+    size_t cnt;
+    if (kv__batch_count(body, len, KV_PROTO_RESP_ITEM, &cnt) != KV_OK || cnt > *n)
+        return KV_EPROTO;
+    const uint8_t *p = body + 4;
+    for (size_t i = 0; i < cnt; i++, p += KV_PROTO_RESP_ITEM)
+        if (!kv__status_valid((int32_t)kv__get32(p)) || p[4] > 1 ||
+            kv__get64(p + 8) > KV_VALUE_MAX)
+            return KV_EPROTO;
+    p = body + 4;
+    for (size_t i = 0; i < cnt; i++, p += KV_PROTO_RESP_ITEM) {
+        out[i].status = (int32_t)kv__get32(p);
+        out[i].hit = p[4];
+        out[i].len = kv__get64(p + 8);
+        out[i].addr = kv__get64(p + 16);
+        out[i].rkey = kv__get32(p + 24);
+        out[i].handle = kv__get64(p + 32);
+    }
+    *n = cnt;
+    return KV_OK;
+}
+
+/* ---- strings: u16 length + bytes, at most KV_PROTO_ID_MAX --------------- */
+
+static int put_str(uint8_t **p, uint8_t *end, const char *s)
+{
+    size_t l = strlen(s);
+    if (l > KV_PROTO_ID_MAX || (size_t)(end - *p) < 2 + l)
+        return KV_ENOBUFS;
+    kv__put16(*p, (uint16_t)l);
+    memcpy(*p + 2, s, l);
+    *p += 2 + l;
+    return KV_OK;
+}
+
+static int get_str(const uint8_t **p, const uint8_t *end, char *out, size_t cap)
+{
+    if (end - *p < 2)
+        return KV_EPROTO;
+    size_t l = kv__get16(*p);
+    if (l > KV_PROTO_ID_MAX || l + 1 > cap || (size_t)(end - *p - 2) < l ||
+        memchr(*p + 2, 0, l))
+        return KV_EPROTO;
+    memcpy(out, *p + 2, l);
+    out[l] = 0;
+    *p += 2 + l;
+    return KV_OK;
+}
+
+int kv__hello_encode(const char *token, const char *id, uint8_t *out, size_t cap)
+{
+    uint8_t *p = out, *end = out + cap;
+    if (put_str(&p, end, token) || put_str(&p, end, id))
+        return KV_ENOBUFS;
+    return (int)(p - out);
+}
+
+int kv__hello_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
+                     char *id, size_t idcap)
+{
+    const uint8_t *p = body, *end = body + len;
+    if (get_str(&p, end, token, tokcap) || get_str(&p, end, id, idcap) || p != end)
+        return KV_EPROTO;
+    return KV_OK;
+}
+
+size_t kv__member_wire_len(const struct kv__member *m)
+{
+    return 2 + strlen(m->id) + 2 + strlen(m->addr) + 8 + (size_t)m->nseg * 20;
+}
+
+static int put_member(uint8_t **p, uint8_t *end, const struct kv__member *m)
+{
+    if (m->nseg > KV_PROTO_SEG_MAX)
+        return KV_EINVAL;
+    if (put_str(p, end, m->id) || put_str(p, end, m->addr))
+        return KV_ENOBUFS;
+    if ((size_t)(end - *p) < 8 + (size_t)m->nseg * 20)
+        return KV_ENOBUFS;
+    kv__put32(*p, m->flags);
+    kv__put32(*p + 4, m->nseg);
+    *p += 8;
+    for (uint32_t i = 0; i < m->nseg; i++, *p += 20) {
+        kv__put64(*p, m->seg[i].base);
+        kv__put64(*p + 8, m->seg[i].len);
+        kv__put32(*p + 16, m->seg[i].rkey);
+    }
+    return KV_OK;
+}
+
+static int get_member(const uint8_t **p, const uint8_t *end, struct kv__member *m)
+{
+    if (get_str(p, end, m->id, sizeof m->id) || get_str(p, end, m->addr, sizeof m->addr))
+        return KV_EPROTO;
+    if (end - *p < 8)
+        return KV_EPROTO;
+    m->flags = kv__get32(*p);
+    m->nseg = kv__get32(*p + 4);
+    *p += 8;
+    if (m->nseg > KV_PROTO_SEG_MAX || (size_t)(end - *p) < (size_t)m->nseg * 20 || !m->id[0])
+        return KV_EPROTO;
+    for (uint32_t i = 0; i < m->nseg; i++, *p += 20) {
+        m->seg[i].base = kv__get64(*p);
+        m->seg[i].len = kv__get64(*p + 8);
+        m->seg[i].rkey = kv__get32(*p + 16);
+    }
+    return KV_OK;
+}
+
+int kv__join_encode(const char *token, const struct kv__member *m, uint8_t *out, size_t cap)
+{
+    uint8_t *p = out, *end = out + cap;
+    int rc = put_str(&p, end, token);
+    if (rc == KV_OK)
+        rc = put_member(&p, end, m);
+    return rc < 0 ? rc : (int)(p - out);
+}
+
+int kv__join_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
+                    struct kv__member *m)
+{
+    const uint8_t *p = body, *end = body + len;
+    if (get_str(&p, end, token, tokcap) || get_member(&p, end, m) || p != end)
+        return KV_EPROTO;
+    return KV_OK;
+}
+
+int kv__view_encode(uint64_t version, const struct kv__member *m, size_t n,
+                    uint8_t *out, size_t cap)
+{
+    if (n > KV_PROTO_VIEW_MAX || cap < 12)
+        return KV_ENOBUFS;
+    kv__put64(out, version);
+    kv__put32(out + 8, (uint32_t)n);
+    uint8_t *p = out + 12, *end = out + cap;
+    for (size_t i = 0; i < n; i++) {
+        int rc = put_member(&p, end, &m[i]);
+        if (rc)
+            return rc;
+    }
+    return (int)(p - out);
+}
+
+int kv__view_decode(const uint8_t *body, size_t len, uint64_t *version,
+                    struct kv__member **members, size_t *n)
+{
+    *members = NULL;
+    *n = 0;
+    if (len < 12)
+        return KV_EPROTO;
+    uint32_t cnt = kv__get32(body + 8);
+    /* Each member takes at least 12 bytes: refuse counts the body cannot
+     * hold before allocating for them. */
+    if (cnt > KV_PROTO_VIEW_MAX || (size_t)cnt * 12 > len - 12)
+        return KV_EPROTO;
+    struct kv__member *m = calloc(cnt ? cnt : 1, sizeof *m);
+    if (!m)
+        return KV_ENOMEM;
+    const uint8_t *p = body + 12, *end = body + len;
+    for (uint32_t i = 0; i < cnt; i++)
+        if (get_member(&p, end, &m[i])) {
+            free(m);
+            return KV_EPROTO;
+        }
+    if (p != end) {
+        free(m);
+        return KV_EPROTO;
+    }
+    *version = kv__get64(body);
+    *members = m;
+    *n = cnt;
+    return KV_OK;
+}

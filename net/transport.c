@@ -1,0 +1,104 @@
+/*
+ * transport.c — choosing a transport, addresses, and the engine backend.
+ *
+ * protocol: auto asks rdma's probe (a device present, per ibv_get_device_list
+ * in net/rdma.c) and falls back to tcp; the choice is logged once per
+ * process so that a cluster that silently runs on tcp is visible.
+ */
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport.h"
+
+int kv__transport_pick(int protocol, const struct kv__net_opts *o,
+                       const struct kv__transport_ops **out)
+{
+    static _Atomic int said;
+    const struct kv__transport_ops *rdma = &kv__rdma_transport ? &kv__rdma_transport : NULL;
+    int rdma_ok = rdma && (!rdma->probe || rdma->probe(o) > 0);
+    *out = NULL;
+    switch (protocol) {
+    case KV_PROTO_TCP:
+        *out = &kv__tcp_transport;
+        return KV_OK;
+    case KV_PROTO_RDMA:
+        if (!rdma_ok) {
+            KV_ERROR("cluster.protocol rdma: %s", rdma ? "no RDMA device found"
+                                                       : "not built with RDMA");
+            return KV_ENOTSUP;
+        }
+        *out = rdma;
+        return KV_OK;
+    default:
+        *out = rdma_ok ? rdma : &kv__tcp_transport;
+        if (!atomic_exchange(&said, 1))
+            KV_INFO("cluster.protocol auto: using %s%s", (*out)->name,
+                    rdma_ok ? "" : " (no RDMA device found)");
+        return KV_OK;
+    }
+}
+
+int kv__net_parse_addr(const char *addr, struct sockaddr_in *out)
+{
+    char host[KV_CFG_STR];
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    if (!colon || (size_t)(colon - addr) >= sizeof host)
+        return KV_EINVAL;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (!colon[1] || *end || port < 0 || port > 65535)
+        return KV_EINVAL;
+    memset(out, 0, sizeof *out);
+    out->sin_family = AF_INET;
+    out->sin_port = htons((uint16_t)port);
+    if (!host[0] || strcmp(host, "*") == 0) {
+        out->sin_addr.s_addr = htonl(INADDR_ANY);
+        return KV_OK;
+    }
+    if (inet_pton(AF_INET, host, &out->sin_addr) == 1)
+        return KV_OK;
+    struct addrinfo hints = { .ai_family = AF_INET, .ai_socktype = SOCK_STREAM }, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
+        return KV_EINVAL;
+    out->sin_addr = ((struct sockaddr_in *)res->ai_addr)->sin_addr;
+    freeaddrinfo(res);
+    return KV_OK;
+}
+
+/* ---- the engine as a backend -------------------------------------------- */
+
+static int e_lookup(void *c, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
+{ return kv__local_lookup(c, ns, ids, n, hit); }
+static int e_size(void *c, int ns, const kv_block_id *id, uint32_t x, uint64_t *len)
+{ return kv__local_size(c, ns, id, x, len); }
+static int e_load(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *v, uint32_t n)
+{ return kv__local_load(c, ns, id, x, v, n); }
+static int e_pin(void *c, int ns, const kv_block_id *id, uint32_t x, const void **d,
+                 uint64_t *len, kv__pin *p)
+{ return kv__local_pin(c, ns, id, x, d, len, p); }
+static void e_unpin(void *c, kv__pin *p) { kv__local_unpin(c, p); }
+static int e_reserve(void *c, uint64_t len, kv__resv *r) { return kv__local_reserve(c, len, r); }
+static int e_commit(void *c, kv__resv *r, int ns, const kv_block_id *id, uint32_t x)
+{ return kv__local_commit(c, r, ns, id, x); }
+static void e_abort(void *c, kv__resv *r) { kv__local_abort(c, r); }
+
+void kv__backend_engine(kv_engine *e, struct kv__backend *out)
+{
+    memset(out, 0, sizeof *out);
+    out->ctx = e;
+    out->lookup = e_lookup;
+    out->size = e_size;
+    out->load = e_load;
+    out->pin = e_pin;
+    out->unpin = e_unpin;
+    out->reserve = e_reserve;
+    out->commit = e_commit;
+    out->abort = e_abort;
+    kv__engine_segment(e, &out->seg_base, &out->seg_len);
+}
