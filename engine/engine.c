@@ -81,7 +81,7 @@ int kv__dram_insert(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
     if (b && kv__blk_sref(b, index)) {
         rc = 1;                                /* another copy got there first */
     } else {
-        rc = kv__blk_add(ts, h, id, index, kv__seg_off64(e, p), len, kv__engine_ms(e), NULL);
+        rc = kv__blk_add(ts, h, id, index, kv__seg_off64(e, p), len, kv__engine_now(e), NULL);
     }
     pthread_mutex_unlock(&ts->lock);
     if (rc != KV_OK)
@@ -99,9 +99,7 @@ static bool dram_has(kv_engine *e, int ns, const kv_block_id *id, uint32_t index
     struct kv__blk *b = kv__blk_find(ts, h, id);
     bool hit = b && kv__blk_sref(b, index);
     if (hit && lease) {
-        uint32_t now = kv__engine_ms(e);
-        b->lease_until = now + e->lease_ms;
-        kv__blk_touch(ts, b, now);
+        kv__blk_touch(ts, b, kv__engine_now(e) + e->lease_ns);
     }
     pthread_mutex_unlock(&ts->lock);
     return hit;
@@ -143,7 +141,7 @@ int kv__local_pin(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
         return KV_ENOTFOUND;
     }
     b->pins++;
-    kv__blk_touch(ts, b, kv__engine_ms(e));
+    kv__blk_touch(ts, b, kv__engine_now(e));
     *data = kv__seg_ptr(e, r->off64);
     *len = r->len;
     pthread_mutex_unlock(&ts->lock);
@@ -603,8 +601,7 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         e->evict_step = (uint64_t)((double)e->seg.len * cfg->eviction.ratio);
         if (e->evict_step == 0)
             e->evict_step = 1;
-        e->lease_ms = cfg->eviction.lease_ttl_ms > UINT32_MAX / 2 ? UINT32_MAX / 2
-                                                                  : (uint32_t)cfg->eviction.lease_ttl_ms;
+        e->lease_ns = cfg->eviction.lease_ttl_ms * 1000000u;
     }
     if (KV_PIPE_HAS_SSD(cfg->pipeline)) {
         rc = kv__ssd_open(cfg, &e->ssd, err, sizeof err);

@@ -6,7 +6,8 @@
  * evictable block of every table shard (both namespaces), picks the shard
  * whose candidate is oldest, and evicts from that shard's tail while its
  * blocks are no newer than the runner-up's candidate. A block is evictable
- * when nobody is copying out of it (pins == 0) and its lease has expired.
+ * when nobody is copying out of it (pins == 0) and its stamp is in the past
+ * (a lease is a stamp in the future; see index.h).
  * Leased and pinned blocks are skipped, never waited for: the scan from a
  * tail gives up after SCAN_LIMIT of them, so a shard full of leased blocks
  * costs a bounded look, and when nothing anywhere is evictable the round
@@ -26,17 +27,17 @@ struct cand {
     struct kv__table *tab;
     int ns;
     uint32_t shard;
-    uint32_t stamp;
+    uint64_t stamp;
     bool valid;
 };
 
-static bool evictable(const struct kv__blk *b, uint32_t now)
+static bool evictable(const struct kv__blk *b, uint64_t now)
 {
-    return b->pins == 0 && !kv__ms_before(now, b->lease_until);
+    return b->pins == 0 && b->stamp <= now;
 }
 
 /* The oldest evictable block of a shard, or NULL (lock held). */
-static struct kv__blk *oldest(struct kv__tshard *ts, uint32_t now)
+static struct kv__blk *oldest(struct kv__tshard *ts, uint64_t now)
 {
     int n = 0;
     for (struct kv__blk *b = ts->lru_tail; b && n < SCAN_LIMIT; b = b->prev, n++)
@@ -74,7 +75,7 @@ static uint64_t hand_off(kv_engine *e, int ns, struct kv__blk *b)
     }
     v->ns = ns;
     v->id = b->id;
-    v->last_use_ms = b->last_use;
+    v->last_use_ms = (uint32_t)(b->stamp / 1000000u);
     v->nshards = b->nshards;
     v->shards = (struct kv__victim_shard *)(v + 1);
     for (uint32_t i = 0; i < b->nshards; i++)
@@ -88,7 +89,7 @@ static uint64_t hand_off(kv_engine *e, int ns, struct kv__blk *b)
 
 /* Finds, across every table shard, the oldest and second-oldest evictable
  * candidates. */
-static void scan(kv_engine *e, uint32_t now, struct cand *best, struct cand *second)
+static void scan(kv_engine *e, uint64_t now, struct cand *best, struct cand *second)
 {
     *best = *second = (struct cand){ 0 };
     for (int ns = 0; ns < KV_NS_COUNT; ns++) {
@@ -97,14 +98,14 @@ static void scan(kv_engine *e, uint32_t now, struct cand *best, struct cand *sec
             struct kv__tshard *ts = &t->sh[i];
             pthread_mutex_lock(&ts->lock);
             struct kv__blk *b = oldest(ts, now);
-            struct cand c = { t, ns, i, b ? b->last_use : 0, b != NULL };
+            struct cand c = { t, ns, i, b ? b->stamp : 0, b != NULL };
             pthread_mutex_unlock(&ts->lock);
             if (!c.valid)
                 continue;
-            if (!best->valid || kv__ms_before(c.stamp, best->stamp)) {
+            if (!best->valid || c.stamp < best->stamp) {
                 *second = *best;
                 *best = c;
-            } else if (!second->valid || kv__ms_before(c.stamp, second->stamp)) {
+            } else if (!second->valid || c.stamp < second->stamp) {
                 *second = c;
             }
         }
@@ -117,7 +118,7 @@ uint64_t kv__evict(kv_engine *e, uint64_t want)
         return 0;
     uint64_t freed = 0;
     pthread_mutex_lock(&e->evict_lock);
-    uint32_t now = kv__engine_ms(e);
+    uint64_t now = kv__engine_now(e);
     while (freed < want) {
         struct cand best, second;
         scan(e, now, &best, &second);
@@ -128,7 +129,7 @@ uint64_t kv__evict(kv_engine *e, uint64_t want)
         for (;;) {
             pthread_mutex_lock(&ts->lock);
             struct kv__blk *b = oldest(ts, now);
-            if (!b || (second.valid && round > 0 && kv__ms_before(second.stamp, b->last_use))) {
+            if (!b || (second.valid && round > 0 && second.stamp < b->stamp)) {
                 pthread_mutex_unlock(&ts->lock);
                 break;
             }

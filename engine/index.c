@@ -184,7 +184,7 @@ static int srefs_insert(struct kv__tshard *ts, struct kv__blk *b, struct kv__sre
 }
 
 int kv__blk_add(struct kv__tshard *ts, uint64_t h, const kv_block_id *id, uint32_t index,
-                uint32_t off64, uint32_t len, uint32_t now, struct kv__blk **out)
+                uint32_t off64, uint32_t len, uint64_t now, struct kv__blk **out)
 {
     struct kv__blk *b = kv__blk_find(ts, h, id);
     bool fresh = b == NULL;
@@ -193,7 +193,7 @@ int kv__blk_add(struct kv__tshard *ts, uint64_t h, const kv_block_id *id, uint32
         if (!b)
             return KV_ENOMEM;
         b->id = *id;
-        b->last_use = now;
+        b->stamp = now;
     }
     int rc = srefs_insert(ts, b, (struct kv__sref){ off64, len, index });
     if (rc != KV_OK) {
@@ -241,9 +241,10 @@ void kv__blk_free(struct kv__blk *b)
     free(b);
 }
 
-void kv__blk_touch(struct kv__tshard *ts, struct kv__blk *b, uint32_t now)
+void kv__blk_touch(struct kv__tshard *ts, struct kv__blk *b, uint64_t now)
 {
-    b->last_use = now;
+    if (b->stamp < now)
+        b->stamp = now;
     if (ts->lru_head != b) {
         lru_remove(ts, b);
         lru_push_head(ts, b);

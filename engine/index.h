@@ -35,6 +35,12 @@ struct kv__srefs {
 /*
  * A block entry is exactly 64 bytes (one cache line, jemalloc's 64-byte
  * class). A block with one shard keeps it inline; more go to an array.
+ *
+ * One stamp serves both LRU order and leases: it is the time of last use
+ * in ns since the engine opened, and a lease moves it into the future
+ * (now + lease_ttl). A block is evictable when its stamp is in the past and
+ * nobody has it pinned; a leased block sorts as the newest, which is what
+ * it is (a lookup hit means a load is coming).
  */
 struct kv__blk {
     struct kv__blk *hnext;        /* bucket chain */
@@ -44,10 +50,9 @@ struct kv__blk {
         struct kv__sref one;      /* nshards == 1 */
         struct kv__srefs many;    /* nshards > 1 */
     } s;
-    uint32_t last_use;            /* ms since the engine opened */
-    uint32_t lease_until;         /* ms since the engine opened */
     uint16_t pins;                /* readers copying out; | KV_BLK_DEAD */
     uint16_t nshards;
+    uint64_t stamp;               /* last use or lease end, ns since open */
 };
 
 struct kv__tshard {
@@ -87,7 +92,7 @@ static inline struct kv__sref *kv__blk_srefs(struct kv__blk *b)
 /* Adds a shard to the block (creating the block entry when needed).
  * KV_ENOMEM when metadata cannot be allocated. The shard must be absent. */
 int kv__blk_add(struct kv__tshard *ts, uint64_t h, const kv_block_id *id, uint32_t index,
-                uint32_t off64, uint32_t len, uint32_t now,
+                uint32_t off64, uint32_t len, uint64_t now,
                 struct kv__blk **out);
 
 /* Unlinks a block from its bucket and the LRU list; the entry stays
@@ -96,7 +101,8 @@ void kv__blk_unlink(struct kv__tshard *ts, uint64_t h, struct kv__blk *b);
 /* Frees an unlinked block's metadata (not its values). */
 void kv__blk_free(struct kv__blk *b);
 
-/* Moves a block to the LRU head. */
-void kv__blk_touch(struct kv__tshard *ts, struct kv__blk *b, uint32_t now);
+/* Moves a block to the LRU head and stamps it used at `now` (a stamp
+ * already in the future, a lease, is kept). */
+void kv__blk_touch(struct kv__tshard *ts, struct kv__blk *b, uint64_t now);
 
 #endif

@@ -105,7 +105,7 @@ struct kv__victim_shard {
 struct kv__victim {
     int ns;                /* enum kv__ns */
     kv_block_id id;
-    uint32_t last_use_ms;  /* coldness stamp (ms since the engine opened) */
+    uint32_t last_use_ms;  /* coldness stamp: last use, ms since the engine opened */
     uint32_t nshards;
     struct kv__victim_shard *shards;
     void (*release)(struct kv__victim *v);

@@ -34,7 +34,7 @@ struct kv_engine {
     _Atomic uint64_t reserved;     /* of which reservations not yet stored */
     uint64_t high_wm;              /* bytes: eviction starts past this */
     uint64_t evict_step;           /* bytes: what one eviction round frees */
-    uint32_t lease_ms;
+    uint64_t lease_ns;
     pthread_mutex_t evict_lock;
     struct kv__sink sink;          /* accept NULL: victims are dropped */
 
@@ -45,13 +45,11 @@ struct kv_engine {
     struct kv__counters ct;
 };
 
-/* Milliseconds since the engine opened (wraps after 49 days; compared with
- * wrap-safe differences). */
-static inline uint32_t kv__engine_ms(const kv_engine *e)
+/* Nanoseconds since the engine opened: the stamps of the index. */
+static inline uint64_t kv__engine_now(const kv_engine *e)
 {
-    return (uint32_t)((kv__now_ns() - e->epoch_ns) / 1000000u);
+    return kv__now_ns() - e->epoch_ns;
 }
-static inline bool kv__ms_before(uint32_t a, uint32_t b) { return (int32_t)(a - b) < 0; }
 
 static inline void *kv__seg_ptr(const kv_engine *e, uint32_t off64)
 {
