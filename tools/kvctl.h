@@ -68,6 +68,8 @@ int  kvctl_parse_seconds(const char *s, double *out);
 const char *kvctl_fmt_size(uint64_t v, char *buf, size_t cap);
 /* VmRSS and VmHWM of this process in bytes (0 when unknown). */
 void kvctl_rss(uint64_t *rss, uint64_t *peak);
+/* Starts a new peak: VmHWM becomes the current RSS. */
+void kvctl_rss_reset_peak(void);
 /* A fresh directory "<parent or $TMPDIR or /tmp>/<prefix>.XXXXXX"; NULL on
  * failure (errno set). Free with kvctl_rmtree. */
 char *kvctl_mktemp_dir(const char *parent, const char *prefix);

@@ -283,6 +283,7 @@ static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
     void *st = NULL;
     run->backend = be->name;
     kvctl_jobs_reset(js);
+    kvctl_rss_reset_peak();
     run->open_error = be->open(args, &st);
     if (run->open_error != KV_OK) {
         fprintf(stderr, "kvctl bench: %s: open failed: %s\n", be->name,

@@ -436,7 +436,7 @@ static void gather(struct kvctl_jobs *js, int which, struct kvctl_phase *out)
         if (s->errs && !out->errors)
             out->first_error = s->first_err;
         out->errors += s->errs;
-        if (all)
+        if (all && s->nlat)
             memcpy(all + at, s->lat, s->nlat * sizeof *all);
         at += s->nlat;
     }
