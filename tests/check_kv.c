@@ -1,0 +1,150 @@
+/*
+ * check_kv.c — plain keys: put / get / exists / remove.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static kv_engine *open_kv(void)
+{
+    return tu_open_yaml("pipeline: dram\ndram: { capacity: 32MiB, shards: 4 }\nio: { threads: 1 }\n");
+}
+
+START_TEST(put_get_exists_remove)
+{
+    kv_engine *e = open_kv();
+    char buf[64];
+    size_t n = 0;
+    ck_assert_int_eq(kv_exists(e, "alpha", 5), 0);
+    ck_assert_int_eq(kv_get(e, "alpha", 5, buf, sizeof buf, &n), KV_ENOTFOUND);
+    ck_assert_int_eq(kv_put(e, "alpha", 5, "one", 3), KV_OK);
+    ck_assert_int_eq(kv_exists(e, "alpha", 5), 1);
+    ck_assert_int_eq(kv_get(e, "alpha", 5, buf, sizeof buf, &n), KV_OK);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_mem_eq(buf, "one", 3);
+    ck_assert_int_eq(kv_remove(e, "alpha", 5), KV_OK);
+    ck_assert_int_eq(kv_exists(e, "alpha", 5), 0);
+    ck_assert_int_eq(kv_remove(e, "alpha", 5), KV_ENOTFOUND);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(put_replaces)
+{
+    kv_engine *e = open_kv();
+    char buf[64];
+    size_t n;
+    ck_assert_int_eq(kv_put(e, "k", 1, "first value", 11), KV_OK);
+    ck_assert_int_eq(kv_put(e, "k", 1, "2nd", 3), KV_OK);
+    ck_assert_int_eq(kv_get(e, "k", 1, buf, sizeof buf, &n), KV_OK);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_mem_eq(buf, "2nd", 3);
+    kv_stats st;
+    kv_stats_get(e, &st);
+    ck_assert_uint_eq(st.keys, 1);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(a_small_buffer_gets_enobufs_and_the_size_needed)
+{
+    kv_engine *e = open_kv();
+    char val[1000], buf[10];
+    memset(val, 'x', sizeof val);
+    memset(buf, 0, sizeof buf);
+    ck_assert_int_eq(kv_put(e, "big", 3, val, sizeof val), KV_OK);
+    size_t n = 0;
+    ck_assert_int_eq(kv_get(e, "big", 3, buf, sizeof buf, &n), KV_ENOBUFS);
+    ck_assert_uint_eq(n, 1000);
+    for (size_t i = 0; i < sizeof buf; i++)
+        ck_assert_int_eq(buf[i], 0);                  /* untouched */
+    n = 0;
+    ck_assert_int_eq(kv_get(e, "big", 3, NULL, 0, &n), KV_ENOBUFS);
+    ck_assert_uint_eq(n, 1000);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(key_lengths_outside_1_to_250_are_refused)
+{
+    kv_engine *e = open_kv();
+    char key[KV_KEY_MAX + 1];
+    memset(key, 'k', sizeof key);
+    char buf[8];
+    size_t n;
+    ck_assert_int_eq(kv_put(e, key, 0, "v", 1), KV_EINVAL);
+    ck_assert_int_eq(kv_put(e, key, KV_KEY_MAX + 1, "v", 1), KV_EINVAL);
+    ck_assert_int_eq(kv_get(e, key, KV_KEY_MAX + 1, buf, sizeof buf, &n), KV_EINVAL);
+    ck_assert_int_eq(kv_exists(e, key, 0), KV_EINVAL);
+    ck_assert_int_eq(kv_remove(e, key, KV_KEY_MAX + 1), KV_EINVAL);
+    ck_assert_int_eq(kv_put(e, NULL, 3, "v", 1), KV_EINVAL);
+    ck_assert_int_eq(kv_put(e, "k", 1, NULL, 5), KV_EINVAL);
+    ck_assert_int_eq(kv_get(e, "k", 1, buf, sizeof buf, NULL), KV_EINVAL);
+    ck_assert_int_eq(kv_put(NULL, "k", 1, "v", 1), KV_EINVAL);
+    /* The longest key works, and an empty value is a value. */
+    ck_assert_int_eq(kv_put(e, key, KV_KEY_MAX, "", 0), KV_OK);
+    ck_assert_int_eq(kv_get(e, key, KV_KEY_MAX, buf, sizeof buf, &n), KV_OK);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_int_eq(kv_exists(e, key, KV_KEY_MAX - 1), 0);   /* a prefix is another key */
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(keys_and_blocks_never_meet)
+{
+    kv_engine *e = open_kv();
+    kv_block_id id = tu_id(1, 0);
+    /* A plain key whose bytes are a block id is not that block... */
+    ck_assert_int_eq(kv_put(e, id.bytes, sizeof id.bytes, "v", 1), KV_OK);
+    uint8_t hit = 1;
+    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_uint_eq(hit, 0);
+    /* ...and a block is not a plain key. */
+    uint8_t buf[32] = { 0 };
+    kv_block_id id2 = tu_id(2, 0);
+    ck_assert_int_eq(tu_dump1(e, id2, 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(kv_exists(e, id2.bytes, sizeof id2.bytes), 0);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(many_keys)
+{
+    kv_engine *e = open_kv();
+    char key[32], val[64], buf[64];
+    for (int i = 0; i < 5000; i++) {
+        int kl = snprintf(key, sizeof key, "key-%d", i);
+        int vl = snprintf(val, sizeof val, "value-%d-%d", i, i * 7);
+        ck_assert_int_eq(kv_put(e, key, (size_t)kl, val, (size_t)vl), KV_OK);
+    }
+    for (int i = 0; i < 5000; i++) {
+        int kl = snprintf(key, sizeof key, "key-%d", i);
+        int vl = snprintf(val, sizeof val, "value-%d-%d", i, i * 7);
+        size_t n;
+        ck_assert_int_eq(kv_get(e, key, (size_t)kl, buf, sizeof buf, &n), KV_OK);
+        ck_assert_uint_eq(n, (size_t)vl);
+        ck_assert_mem_eq(buf, val, n);
+    }
+    kv_stats st;
+    kv_stats_get(e, &st);
+    ck_assert_uint_eq(st.keys, 5000);
+    kv_close(e);
+}
+END_TEST
+
+Suite *kv_suite(void)
+{
+    Suite *s = suite_create("kv");
+    TCase *tc = tcase_create("kv");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, put_get_exists_remove);
+    tcase_add_test(tc, put_replaces);
+    tcase_add_test(tc, a_small_buffer_gets_enobufs_and_the_size_needed);
+    tcase_add_test(tc, key_lengths_outside_1_to_250_are_refused);
+    tcase_add_test(tc, keys_and_blocks_never_meet);
+    tcase_add_test(tc, many_keys);
+    suite_add_tcase(s, tc);
+    return s;
+}
