@@ -1,0 +1,291 @@
+/*
+ * check_master.c — kvmaster: the real binary on loopback, talked to with
+ * the node-side membership client. Joins, leaves, versions, the token, the
+ * TTL, hostile frames, and a clean exit on SIGTERM.
+ *
+ * Every process started here dies with the test: PR_SET_PDEATHSIG covers a
+ * test killed by its timeout, the fixture's teardown (kill + waitpid)
+ * covers the rest.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "master.h"
+#include "testutil.h"
+
+static pid_t master_pid;
+static char master_addr[64];
+static char *dir;
+
+/* A port free just now (bind 0, read it back, close). */
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static pid_t spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+static struct kv__member who(const char *id, uint32_t flags)
+{
+    struct kv__member m;
+    memset(&m, 0, sizeof m);
+    snprintf(m.id, sizeof m.id, "%s", id);
+    snprintf(m.addr, sizeof m.addr, "127.0.0.1:1");
+    m.flags = flags;
+    return m;
+}
+
+/* Joins and returns the member count, or the error. */
+static int join(struct kv__mclient *mc, const struct kv__member *m, uint64_t *version,
+                const char *expect_absent)
+{
+    uint64_t v;
+    struct kv__member *list = NULL;
+    size_t n = 0;
+    int rc = kv__mclient_join(mc, m, &v, &list, &n);
+    if (rc)
+        return rc;
+    if (version)
+        *version = v;
+    for (size_t i = 0; expect_absent && i < n; i++)
+        if (strcmp(list[i].id, expect_absent) == 0)
+            n = 1000;   /* still there */
+    free(list);
+    return (int)n;
+}
+
+static void start_master(const char *token, unsigned ttl)
+{
+    snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", free_port());
+    char bin[512], a1[128], a2[128], a3[64], log[512];
+    snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
+    snprintf(a1, sizeof a1, "cluster.master=%s", master_addr);
+    snprintf(a2, sizeof a2, "cluster.token=%s", token);
+    snprintf(a3, sizeof a3, "cluster.node_ttl_ms=%u", ttl);
+    snprintf(log, sizeof log, "%s/kvmaster.log", dir);
+    char *argv[] = { bin, "--set", a1, "--set", a2, "--set", a3, NULL };
+    master_pid = spawn(argv, log);
+    /* Ready when it answers. */
+    struct kv__mclient *mc;
+    ck_assert_int_eq(kv__mclient_open(master_addr, token, 500, &mc), KV_OK);
+    struct kv__member probe = who("probe", 0);
+    int rc = KV_ENET;
+    for (int i = 0; i < 100 && rc < 0; i++) {
+        rc = join(mc, &probe, NULL, NULL);
+        if (rc < 0)
+            usleep(20000);
+    }
+    ck_assert_msg(rc >= 0, "kvmaster did not come up: %s", kv_strerror(rc));
+    kv__mclient_leave(mc, &probe);
+    kv__mclient_close(mc);
+}
+
+static void setup(void)
+{
+    dir = tu_mkdtemp();
+    start_master("sesame", 600);
+}
+
+static void teardown(void)
+{
+    if (master_pid > 0) {
+        kill(master_pid, SIGKILL);
+        waitpid(master_pid, NULL, 0);
+        master_pid = 0;
+    }
+    tu_rmdir(dir);
+}
+
+START_TEST(join_leave_versions)
+{
+    struct kv__mclient *a, *b;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &a), KV_OK);
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &b), KV_OK);
+    struct kv__member ma = who("node-a", KV_MEMBER_OWNER), mb = who("node-b", 0);
+    ma.nseg = 1;
+    ma.seg[0] = (struct kv__segdesc){ .base = 0x1000, .len = 1 << 20, .rkey = 7 };
+    uint64_t v1, v2, v3, v4;
+    ck_assert_int_eq(join(a, &ma, &v1, NULL), 1);
+    ck_assert_int_eq(join(b, &mb, &v2, NULL), 2);
+    ck_assert_uint_gt(v2, v1);
+    /* a heartbeat with the same record changes nothing */
+    ck_assert_int_eq(join(a, &ma, &v3, NULL), 2);
+    ck_assert_uint_eq(v3, v2);
+    /* the view carries the record: address, flags, segments */
+    uint64_t v;
+    struct kv__member *list;
+    size_t n;
+    ck_assert_int_eq(kv__mclient_join(b, &mb, &v, &list, &n), KV_OK);
+    int seen = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i].id, "node-a") == 0) {
+            seen = 1;
+            ck_assert_uint_eq(list[i].flags, KV_MEMBER_OWNER);
+            ck_assert_uint_eq(list[i].nseg, 1);
+            ck_assert_uint_eq(list[i].seg[0].rkey, 7);
+        }
+    free(list);
+    ck_assert(seen);
+    /* a changed record bumps the version */
+    snprintf(ma.addr, sizeof ma.addr, "127.0.0.1:2");
+    ck_assert_int_eq(join(a, &ma, &v4, NULL), 2);
+    ck_assert_uint_gt(v4, v3);
+    /* leave removes at once */
+    ck_assert_int_eq(kv__mclient_leave(a, &ma), KV_OK);
+    ck_assert_int_eq(join(b, &mb, NULL, "node-a"), 1);
+    kv__mclient_close(a);
+    kv__mclient_close(b);
+}
+END_TEST
+
+START_TEST(token_refused)
+{
+    struct kv__mclient *bad, *none, *good;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "wrong", 1000, &bad), KV_OK);
+    ck_assert_int_eq(kv__mclient_open(master_addr, "", 1000, &none), KV_OK);
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &good), KV_OK);
+    struct kv__member m = who("intruder", KV_MEMBER_OWNER), g = who("good", 0);
+    ck_assert_int_eq(join(bad, &m, NULL, NULL), KV_EPERM);
+    ck_assert_int_eq(join(none, &m, NULL, NULL), KV_EPERM);
+    /* the refused member is not in the view; the master still serves */
+    ck_assert_int_eq(join(good, &g, NULL, "intruder"), 1);
+    kv__mclient_close(bad);
+    kv__mclient_close(none);
+    kv__mclient_close(good);
+}
+END_TEST
+
+START_TEST(ttl_expiry)
+{
+    struct kv__mclient *a, *b;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &a), KV_OK);
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &b), KV_OK);
+    struct kv__member ma = who("silent", KV_MEMBER_OWNER), mb = who("chatty", 0);
+    ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
+    uint64_t last = tu_now_ms(), gone = 0;
+    /* chatty heartbeats every 50 ms; silent never again */
+    while (tu_now_ms() - last < 2000) {
+        int n = join(b, &mb, NULL, "silent");
+        ck_assert_int_gt(n, 0);
+        if (n < 1000) {
+            gone = tu_now_ms() - last;
+            break;
+        }
+        usleep(50000);
+    }
+    ck_assert_msg(gone > 0, "silent member never left the view");
+    /* node_ttl_ms is 600: gone after it, and promptly (sweep + poll slack) */
+    ck_assert_msg(gone >= 550 && gone <= 600 + 150, "left after %llu ms",
+                  (unsigned long long)gone);
+    /* chatty, heartbeating, stayed */
+    ck_assert_int_eq(join(b, &mb, NULL, NULL), 1);
+    kv__mclient_close(a);
+    kv__mclient_close(b);
+}
+END_TEST
+
+START_TEST(hostile_frames)
+{
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    uint8_t junk[KV_PROTO_HDR_LEN + 8];
+    for (int k = 0; k < 4; k++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        struct timeval tv = { .tv_sec = 2 };
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = 8 };
+        kv__hdr_encode(&h, junk);
+        memset(junk + KV_PROTO_HDR_LEN, 0xff, 8);
+        if (k == 1)
+            junk[4] = 2;                        /* unknown version */
+        if (k == 2)
+            kv__put32(junk + 8, 1u << 30);      /* oversized body */
+        if (k == 3)
+            junk[5] = KV_MSG_BATCH;             /* not a master message */
+        ck_assert_int_eq(send(fd, junk, sizeof junk, MSG_NOSIGNAL), (ssize_t)sizeof junk);
+        uint8_t r[8];
+        ssize_t got = recv(fd, r, sizeof r, 0);
+        ck_assert_msg(got <= 0, "master answered a hostile frame");
+        close(fd);
+    }
+    struct kv__mclient *g;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &g), KV_OK);
+    struct kv__member m = who("after", 0);
+    ck_assert_int_eq(join(g, &m, NULL, NULL), 1);
+    kv__mclient_close(g);
+}
+END_TEST
+
+START_TEST(sigterm_exits_cleanly)
+{
+    uint64_t t0 = tu_now_ms();
+    ck_assert_int_eq(kill(master_pid, SIGTERM), 0);
+    int st = 0;
+    pid_t r = 0;
+    while ((r = waitpid(master_pid, &st, WNOHANG)) == 0 && tu_now_ms() - t0 < 2000)
+        usleep(10000);
+    ck_assert_int_eq(r, master_pid);
+    master_pid = 0;
+    ck_assert(WIFEXITED(st));
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    /* --help works and exits 0; a bad --set exits 2 */
+    char bin[512], log[512];
+    snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
+    snprintf(log, sizeof log, "%s/help.log", dir);
+    char *h[] = { bin, "--help", NULL };
+    pid_t p = spawn(h, log);
+    waitpid(p, &st, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char *b[] = { bin, "--set", "cluster.nope=1", NULL };
+    p = spawn(b, log);
+    waitpid(p, &st, 0);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+}
+END_TEST
+
+Suite *master_suite(void)
+{
+    Suite *s = suite_create("master");
+    TCase *tc = tcase_create("kvmaster");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 15);
+    tcase_add_test(tc, join_leave_versions);
+    tcase_add_test(tc, token_refused);
+    tcase_add_test(tc, ttl_expiry);
+    tcase_add_test(tc, hostile_frames);
+    tcase_add_test(tc, sigterm_exits_cleanly);
+    suite_add_tcase(s, tc);
+    return s;
+}

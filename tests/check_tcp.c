@@ -1,0 +1,373 @@
+/*
+ * check_tcp.c — the tcp transport against a heap-backed store, in one
+ * process: round trips through the zero-copy paths, refusals that close one
+ * connection while the server keeps serving, and deadlines.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "proto.h"
+#include "testutil.h"
+#include "transport.h"
+
+static struct kv__backend *be;
+static struct kv__transport *srv, *cli;
+static const struct kv__transport_ops *T = &kv__tcp_transport;
+static char addr[128];
+
+static void make_client(const char *token, unsigned timeout_ms)
+{
+    struct kv__net_opts o = { .timeout_ms = timeout_ms, .threads = 1 };
+    snprintf(o.token, sizeof o.token, "%s", token);
+    ck_assert_int_eq(T->create(&o, NULL, &cli, NULL, 0), KV_OK);
+}
+
+static void setup(void)
+{
+    be = kv__memstore_new(32u << 20);
+    struct kv__net_opts o = { .timeout_ms = 2000, .threads = 2 };
+    snprintf(o.token, sizeof o.token, "tok");
+    char err[256] = "";
+    ck_assert_int_eq(T->create(&o, be, &srv, err, sizeof err), KV_OK);
+    ck_assert_msg(T->listen(srv, "127.0.0.1:0", addr, sizeof addr, err, sizeof err) == KV_OK,
+                  "%s", err);
+    make_client("tok", 2000);
+}
+
+static void teardown(void)
+{
+    T->destroy(cli);
+    T->destroy(srv);
+    kv__memstore_free(be);
+}
+
+static struct kv__op op(uint8_t kind, uint64_t n, uint32_t index, const kv_iov *iov, uint32_t cnt)
+{
+    return (struct kv__op){ .kind = kind, .ns = KV_NS_BLOCK, .index = index, .id = tu_id(n, 3),
+                            .iov = iov, .iovcnt = cnt, .result = 12345 };
+}
+
+START_TEST(round_trip)
+{
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    enum { N = 6 };
+    static uint8_t src[N][3][4096 + 17], dst[N][3][4096 + 17];
+    kv_iov siov[N][3], diov[N][3];
+    struct kv__op ops[2 * N];
+    for (int i = 0; i < N; i++) {
+        for (int j = 0; j < 3; j++) {
+            tu_fill(src[i][j], sizeof src[i][j], (uint64_t)(i * 3 + j));
+            siov[i][j] = (kv_iov){ src[i][j], sizeof src[i][j] - (size_t)j };
+            diov[i][j] = (kv_iov){ dst[i][j], sizeof dst[i][j] - (size_t)j };
+        }
+        ops[i] = op(KV_OP_DUMP, (uint64_t)i, 0, siov[i], 3);
+        ops[N + i] = op(KV_OP_LOOKUP, (uint64_t)i, 0, NULL, 0);
+    }
+    /* dumps and lookups in one batch: dumps land first */
+    ck_assert_int_eq(T->batch(c, ops, 2 * N), KV_OK);
+    for (int i = 0; i < 2 * N; i++)
+        ck_assert_int_eq(ops[i].result, KV_OK);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(ops[N + i].hit, 1);
+    /* a second dump of the same shard succeeds and keeps one copy */
+    ck_assert_int_eq(T->batch(c, ops, 1), KV_OK);
+    ck_assert_int_eq(ops[0].result, KV_OK);
+    /* size, then loads straight into iovecs */
+    for (int i = 0; i < N; i++)
+        ops[i] = op(KV_OP_SIZE, (uint64_t)i, 0, NULL, 0);
+    ck_assert_int_eq(T->batch(c, ops, N), KV_OK);
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(ops[i].result, KV_OK);
+        ck_assert_uint_eq(ops[i].len, 3 * (4096 + 17) - 3);
+        ops[i] = op(KV_OP_LOAD, (uint64_t)i, 0, diov[i], 3);
+    }
+    ck_assert_int_eq(T->batch(c, ops, N), KV_OK);
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(ops[i].result, KV_OK);
+        for (int j = 0; j < 3; j++)
+            ck_assert(memcmp(src[i][j], dst[i][j], sizeof src[i][j] - (size_t)j) == 0);
+    }
+    /* misses, a wrong expected size, a missing shard index: per item, and the
+     * destination of a failed item is untouched */
+    memset(dst, 0xee, sizeof dst);
+    kv_iov short_iov = { dst[0][0], 100 };
+    ops[0] = op(KV_OP_LOAD, 999, 0, diov[0], 3);
+    ops[1] = op(KV_OP_LOAD, 1, 0, &short_iov, 1);
+    ops[2] = op(KV_OP_LOAD, 2, 7, diov[2], 3);
+    ops[3] = op(KV_OP_LOOKUP, 999, 0, NULL, 0);
+    ops[4] = op(KV_OP_LOAD, 3, 0, diov[3], 3);
+    ck_assert_int_eq(T->batch(c, ops, 5), KV_OK);
+    ck_assert_int_eq(ops[0].result, KV_ENOTFOUND);
+    ck_assert_int_eq(ops[1].result, KV_EINVAL);
+    ck_assert_int_eq(ops[2].result, KV_ENOTFOUND);
+    ck_assert_int_eq(ops[3].result, KV_OK);
+    ck_assert_int_eq(ops[3].hit, 0);
+    ck_assert_int_eq(ops[4].result, KV_OK);
+    ck_assert_uint_eq(dst[0][0][0], 0xee);
+    ck_assert_uint_eq(dst[2][1][5], 0xee);
+    ck_assert(memcmp(src[3][2], dst[3][2], 4096 + 15) == 0);
+    T->close(c);
+}
+END_TEST
+
+START_TEST(large_values)
+{
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    size_t len = 8u << 20;
+    uint8_t *a = malloc(len), *b = malloc(len);
+    tu_fill(a, len, 77);
+    kv_iov ai = { a, len }, bi = { b, len };
+    struct kv__op o = op(KV_OP_DUMP, 1, 0, &ai, 1);
+    ck_assert_int_eq(T->batch(c, &o, 1), KV_OK);
+    ck_assert_int_eq(o.result, KV_OK);
+    o = op(KV_OP_LOAD, 1, 0, &bi, 1);
+    ck_assert_int_eq(T->batch(c, &o, 1), KV_OK);
+    ck_assert_int_eq(o.result, KV_OK);
+    ck_assert(tu_check_fill(b, len, 77));
+    /* larger than the whole store: refused for that item only */
+    size_t big = 40u << 20;
+    uint8_t *g = calloc(1, big);
+    kv_iov gi = { g, big };
+    struct kv__op two[2] = { op(KV_OP_DUMP, 2, 0, &gi, 1), op(KV_OP_LOOKUP, 1, 0, NULL, 0) };
+    ck_assert_int_eq(T->batch(c, two, 2), KV_OK);
+    ck_assert_int_eq(two[0].result, KV_ENOSPC);
+    ck_assert_int_eq(two[1].result, KV_OK);
+    ck_assert_int_eq(two[1].hit, 1);
+    free(a);
+    free(b);
+    free(g);
+    T->close(c);
+}
+END_TEST
+
+START_TEST(wrong_token)
+{
+    T->destroy(cli);
+    make_client("nope", 2000);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_EPERM);
+    ck_assert_ptr_null(c);
+    T->destroy(cli);
+    make_client("", 2000);
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_EPERM);
+    T->destroy(cli);
+    make_client("tok", 2000);
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    struct kv__op o = op(KV_OP_LOOKUP, 1, 0, NULL, 0);
+    ck_assert_int_eq(T->batch(c, &o, 1), KV_OK);
+    T->close(c);
+}
+END_TEST
+
+/* ---- raw frames --------------------------------------------------------- */
+
+static int raw_connect(void)
+{
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(addr, &sa), KV_OK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = { .tv_sec = 3 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+static void raw_send(int fd, const void *p, size_t len)
+{
+    ck_assert_int_eq(send(fd, p, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* A raw connection that has said HELLO with the right token. */
+static int raw_hello(void)
+{
+    int fd = raw_connect();
+    uint8_t b[256];
+    int blen = kv__hello_encode("tok", "raw", b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    struct kv__hdr h = { .type = KV_MSG_HELLO, .body_len = (uint32_t)blen, .req_id = 1 };
+    kv__hdr_encode(&h, b);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + (size_t)blen);
+    ck_assert_int_eq(recv(fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL), KV_PROTO_HDR_LEN);
+    ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+    ck_assert_int_eq(h.status, KV_OK);
+    return fd;
+}
+
+/* The server closed fd (EOF, or a reset), without answering. */
+static void assert_closed(int fd)
+{
+    uint8_t b[64];
+    ssize_t r = recv(fd, b, sizeof b, 0);
+    ck_assert_msg(r <= 0, "server answered %zd bytes instead of closing", r);
+    ck_assert_msg(r == 0 || errno == ECONNRESET, "recv: %s", strerror(errno));
+    close(fd);
+}
+
+/* The server still serves a proper client. */
+static void assert_serving(void)
+{
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    uint8_t v[100] = { 1, 2, 3 }, w[100];
+    kv_iov vi = { v, sizeof v }, wi = { w, sizeof w };
+    struct kv__op o[2] = { op(KV_OP_DUMP, 50, 0, &vi, 1), op(KV_OP_LOAD, 50, 0, &wi, 1) };
+    ck_assert_int_eq(T->batch(c, o, 2), KV_OK);
+    ck_assert_int_eq(o[0].result, KV_OK);
+    ck_assert_int_eq(o[1].result, KV_OK);
+    ck_assert(memcmp(v, w, sizeof v) == 0);
+    T->close(c);
+}
+
+START_TEST(malformed_frames)
+{
+    uint8_t b[KV_PROTO_HDR_LEN + 64];
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .req_id = 2 };
+    int fd;
+
+    /* 1. a batch before HELLO */
+    fd = raw_connect();
+    h.body_len = 4;
+    kv__hdr_encode(&h, b);
+    kv__put32(b + KV_PROTO_HDR_LEN, 0);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + 4);
+    assert_closed(fd);
+    /* 2. unknown version */
+    fd = raw_hello();
+    kv__hdr_encode(&h, b);
+    b[4] = 9;
+    raw_send(fd, b, KV_PROTO_HDR_LEN + 4);
+    assert_closed(fd);
+    /* 3. unknown type */
+    fd = raw_hello();
+    kv__hdr_encode(&h, b);
+    b[5] = 200;
+    raw_send(fd, b, KV_PROTO_HDR_LEN + 4);
+    assert_closed(fd);
+    /* 4. oversized body length: refused from the header, nothing allocated */
+    fd = raw_hello();
+    h.body_len = 0xffffffffu;
+    kv__hdr_encode(&h, b);
+    raw_send(fd, b, KV_PROTO_HDR_LEN);
+    assert_closed(fd);
+    /* 5. a body whose count disagrees with its length */
+    fd = raw_hello();
+    h.body_len = 4 + KV_PROTO_REQ_ITEM;
+    kv__hdr_encode(&h, b);
+    memset(b + KV_PROTO_HDR_LEN, 0, 4 + KV_PROTO_REQ_ITEM);
+    kv__put32(b + KV_PROTO_HDR_LEN, 2);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + 4 + KV_PROTO_REQ_ITEM);
+    assert_closed(fd);
+    /* 6. data length that is not the dumps' total (a write past the item) */
+    fd = raw_hello();
+    struct kv__wire_req q = { .kind = KV_OP_DUMP, .id = tu_id(1, 1), .len = 10 };
+    h.body_len = (uint32_t)kv__batch_body_len(1);
+    h.data_len = 1000;
+    kv__hdr_encode(&h, b);
+    kv__batch_encode(&q, 1, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + h.body_len);
+    assert_closed(fd);
+    /* 7. a load asking for more than KV_VALUE_MAX (an out-of-bounds read) */
+    fd = raw_hello();
+    q = (struct kv__wire_req){ .kind = KV_OP_LOAD, .id = tu_id(50, 3), .len = 1ull << 40 };
+    h.data_len = 0;
+    kv__hdr_encode(&h, b);
+    kv__batch_encode(&q, 1, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + h.body_len);
+    assert_closed(fd);
+    /* 8. a truncated frame, then the peer goes away */
+    fd = raw_hello();
+    raw_send(fd, b, 10);
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+/* A server that accepts and never answers: a batch gives up at its deadline. */
+START_TEST(deadline)
+{
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(lfd, 4), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *)&sa, &sl);
+    char a[64];
+    snprintf(a, sizeof a, "127.0.0.1:%u", ntohs(sa.sin_port));
+    T->destroy(cli);
+    make_client("tok", 300);
+    struct kv__conn *c = NULL;
+    uint64_t t0 = tu_now_ms();
+    ck_assert_int_eq(T->connect(cli, a, &c), KV_ETIMEDOUT);
+    uint64_t dt = tu_now_ms() - t0;
+    ck_assert_msg(dt >= 250 && dt < 1500, "took %llu ms", (unsigned long long)dt);
+    /* nothing listening: refused at once */
+    close(lfd);
+    t0 = tu_now_ms();
+    ck_assert_int_eq(T->connect(cli, a, &c), KV_ENET);
+    ck_assert_uint_lt(tu_now_ms() - t0, 250);
+}
+END_TEST
+
+struct worker { int id, failures; };
+
+static void *hammer(void *arg)
+{
+    struct worker *w = arg;
+    struct kv__conn *c;
+    if (T->connect(cli, addr, &c) != KV_OK) {
+        w->failures++;
+        return NULL;
+    }
+    uint8_t v[3000], r[3000];
+    for (int i = 0; i < 200; i++) {
+        uint64_t n = (uint64_t)w->id * 1000 + (uint64_t)i;
+        tu_fill(v, sizeof v, n);
+        kv_iov vi = { v, sizeof v }, ri = { r, sizeof r };
+        struct kv__op o[2] = { op(KV_OP_DUMP, n, 1, &vi, 1), op(KV_OP_LOAD, n, 1, &ri, 1) };
+        if (T->batch(c, o, 2) || o[0].result || o[1].result || !tu_check_fill(r, sizeof r, n))
+            w->failures++;
+    }
+    T->close(c);
+    return NULL;
+}
+
+START_TEST(concurrent_clients)
+{
+    pthread_t th[6];
+    struct worker w[6];
+    for (int i = 0; i < 6; i++) {
+        w[i] = (struct worker){ .id = i };
+        pthread_create(&th[i], NULL, hammer, &w[i]);
+    }
+    for (int i = 0; i < 6; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(w[i].failures, 0);
+    }
+}
+END_TEST
+
+Suite *tcp_suite(void)
+{
+    Suite *s = suite_create("tcp");
+    TCase *tc = tcase_create("loopback");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 20);
+    tcase_add_test(tc, round_trip);
+    tcase_add_test(tc, large_values);
+    tcase_add_test(tc, wrong_token);
+    tcase_add_test(tc, malformed_frames);
+    tcase_add_test(tc, deadline);
+    tcase_add_test(tc, concurrent_clients);
+    suite_add_tcase(s, tc);
+    return s;
+}
