@@ -60,4 +60,41 @@ struct kv__sink kv__ssd_sink(struct kv__ssd *s);
  * spills, spill_drops, checksum_failures. */
 void kv__ssd_stats(struct kv__ssd *s, kv_stats *out);
 
+/* ---- added for tests, benchmarks and tools (not needed by the engine) ----- */
+
+/* The knobs chosen by measurement (see the comment at the top of rocks.c).
+ * kv__ssd_open uses kv__ssd_tuning_defaults; benchmarks vary them. */
+struct kv__ssd_tuning {
+    uint64_t write_buffer;      /* memtable bytes (values sit there until flush) */
+    uint64_t blob_file_size;    /* bytes a blob file holds at most */
+    uint64_t min_blob_size;     /* values at least this big go to blob files */
+    int bg_jobs;                /* RocksDB background flushes + compactions */
+    uint64_t batch_bytes;       /* spill writer: bytes per WriteBatch, at most */
+    bool wal_when_none;         /* use the WAL (unsynced) in sync: none */
+};
+void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t);
+int  kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning *t,
+                        struct kv__ssd **out, char *err, size_t errlen);
+
+/* Figures beyond kv_stats: memory of the key index, GC rounds and blocks
+ * deleted by capacity GC, writes refused for lack of room, RocksDB's live
+ * blob and SST bytes on disk. */
+struct kv__ssd_info {
+    uint64_t index_bytes, entries, blocks, used;
+    uint64_t gc_runs, gc_blocks, enospc;
+    uint64_t blob_file_bytes, sst_bytes;
+    uint64_t queued_bytes;
+};
+void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
+
+/* Runs capacity GC now (as if past the trigger) and a full compaction so
+ * blob GC reclaims the space; for kvctl compact and the tests. */
+int  kv__ssd_gc_now(struct kv__ssd *s);
+
+/* Tests only: stores data as (ns, id, index) with a correct header and
+ * checksum, then flips byte 'flip' of the stored copy, as a silent disk
+ * error would. */
+int  kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
+                           const void *data, uint32_t len, uint32_t flip);
+
 #endif

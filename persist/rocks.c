@@ -1,0 +1,855 @@
+/*
+ * rocks.c — the SSD tier's block store on RocksDB (C API, integrated
+ * BlobDB): open and recovery, read/write/remove, capacity GC, stats.
+ *
+ * Key design choice: every value is two RocksDB entries written in one
+ * WriteBatch — the data (key: ns, id, big-endian shard index; value: a
+ * 16-byte header with length and XXH3-64 checksum, then the bytes, kept in
+ * a blob file) and a 16-byte meta record (same key with the top bit of the
+ * first byte set; value: length and coldness stamp, small enough to stay
+ * inline in the SSTs). Opening rebuilds the in-memory index by scanning
+ * the meta range only, so it never reads a blob: RocksDB 7.8's iterator
+ * resolves blob values eagerly (there is no lazy blob read in this release),
+ * and a scan over the data keys would read every byte on the store.
+ *
+ * TUNING (chosen by measurement; tests/bench_ssd.c, figures in the report
+ * of the SSD tier's commit, machine: 2 shared cores, virtio disk, RocksDB
+ * 7.8.3 from Debian):
+ *
+ *   see TUNING_NOTES below (filled in from the measurements).
+ *
+ * DURABILITY, by ssd.sync (what an acknowledged write survives):
+ *
+ *   see SYNC_NOTES below.
+ */
+#define XXH_STATIC_LINKING_ONLY
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "ssd_int.h"
+
+#define HDR_LEN 16
+#define META_LEN 16
+#define DATA_MAGIC 0x3142564bu   /* "KVB1" little-endian */
+#define META_MAGIC 0x314d564bu   /* "KVM1" */
+#define DISK_SLACK (1ull << 20)  /* SST, MANIFEST and LOG growth per flush */
+
+/* ---- little-endian helpers ------------------------------------------------ */
+
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint32_t get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+static uint64_t get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* ---- errors ---------------------------------------------------------------- */
+
+/* RocksDB reports a Status as text; its code is the leading words. */
+static int rocks_code(const char *e)
+{
+    if (strstr(e, "No space left") || strstr(e, "NoSpace"))
+        return KV_ENOSPC;
+    if (strstr(e, "Corruption"))
+        return KV_ECORRUPT;
+    if (strstr(e, "lock hold by current process") || strstr(e, "While lock file"))
+        return KV_EBUSY;
+    return KV_EIO;
+}
+
+/* Consumes a RocksDB errptr: logs it, frees it, returns its KV_E* code. */
+static int rocks_err(char *e, const char *what)
+{
+    int rc = rocks_code(e);
+    KV_WARN("ssd: %s: %s", what, e);
+    rocksdb_free(e);
+    return rc;
+}
+
+/* ---- defaults ------------------------------------------------------------- */
+
+void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
+{
+    t->write_buffer = 64ull << 20;
+    t->blob_file_size = 256ull << 20;
+    t->min_blob_size = 4096;
+    t->bg_jobs = 2;
+    t->batch_bytes = 4ull << 20;
+    t->wal_when_none = false;
+}
+
+/* ---- values ---------------------------------------------------------------- */
+
+/* The checksum covers the key as well (as the seed), so a value that ends up
+ * under another key is caught too. */
+static uint64_t checksum_iov(const uint8_t *dkey, const kv_iov *iov, uint32_t iovcnt)
+{
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, XXH3_64bits(dkey, KV__SSD_KEY_LEN));
+    for (uint32_t i = 0; i < iovcnt; i++)
+        if (iov[i].len)
+            XXH3_64bits_update(&st, iov[i].base, iov[i].len);
+    return XXH3_64bits_digest(&st);
+}
+
+static void make_hdr(uint8_t *hdr, uint8_t *meta, const uint8_t *dk, const kv_iov *iov,
+                     uint32_t iovcnt, uint64_t len, uint64_t stamp)
+{
+    put32(hdr, DATA_MAGIC);
+    put32(hdr + 4, (uint32_t)len);
+    put64(hdr + 8, checksum_iov(dk, iov, iovcnt));
+    put32(meta, META_MAGIC);
+    put32(meta + 4, (uint32_t)len);
+    put64(meta + 8, stamp);
+}
+
+void kv__ssd_batch_put(rocksdb_writebatch_t *wb, int ns, const uint8_t *id, uint32_t index,
+                       const kv_iov *iov, uint32_t iovcnt, uint64_t len, uint64_t stamp)
+{
+    uint8_t dk[KV__SSD_KEY_LEN], mk[KV__SSD_KEY_LEN], hdr[HDR_LEN], meta[META_LEN];
+    kv__ssd_key(dk, ns, id, index, false);
+    kv__ssd_key(mk, ns, id, index, true);
+    make_hdr(hdr, meta, dk, iov, iovcnt, len, stamp);
+
+    /* putv hands RocksDB the caller's iovecs: the batch is the one copy. */
+    const char *stack_p[17];
+    size_t stack_l[17];
+    const char **parts = stack_p;
+    size_t *lens = stack_l;
+    if (iovcnt + 1 > KV__ARRAY_LEN(stack_p)) {
+        parts = malloc((iovcnt + 1) * sizeof *parts);
+        lens = malloc((iovcnt + 1) * sizeof *lens);
+        if (!parts || !lens) {
+            /* No memory for two small arrays: fall back to a gathered copy. */
+            free(parts);
+            free(lens);
+            uint8_t *flat = malloc(HDR_LEN + len);
+            if (!flat)
+                return;   /* the batch then lacks this value; see below */
+            memcpy(flat, hdr, HDR_LEN);
+            kv__iov_gather(flat + HDR_LEN, iov, iovcnt);
+            rocksdb_writebatch_put(wb, (const char *)dk, sizeof dk, (const char *)flat, HDR_LEN + len);
+            rocksdb_writebatch_put(wb, (const char *)mk, sizeof mk, (const char *)meta, sizeof meta);
+            free(flat);
+            return;
+        }
+    }
+    parts[0] = (const char *)hdr;
+    lens[0] = HDR_LEN;
+    for (uint32_t i = 0; i < iovcnt; i++) {
+        parts[i + 1] = iov[i].base;
+        lens[i + 1] = iov[i].len;
+    }
+    const char *kp = (const char *)dk;
+    size_t kl = sizeof dk;
+    rocksdb_writebatch_putv(wb, 1, &kp, &kl, (int)iovcnt + 1, parts, lens);
+    /* The meta entry goes last: a batch is atomic, but keeping data first
+     * means even a torn batch could never leave meta without data. */
+    rocksdb_writebatch_put(wb, (const char *)mk, sizeof mk, (const char *)meta, sizeof meta);
+    if (parts != stack_p) {
+        free(parts);
+        free(lens);
+    }
+}
+
+int kv__ssd_batch_write(struct kv__ssd *s, rocksdb_writebatch_t *wb)
+{
+    char *e = NULL;
+    rocksdb_write(s->db, s->wo, wb, &e);
+    return e ? rocks_err(e, "write") : KV_OK;
+}
+
+int kv__ssd_delete_keys(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
+{
+    if (n == 0)
+        return KV_OK;
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    for (size_t i = 0; i < n; i++) {
+        uint8_t k[KV__SSD_KEY_LEN];
+        kv__ssd_key(k, (int)ents[i].ns, ents[i].id, ents[i].index, false);
+        rocksdb_writebatch_delete(wb, (const char *)k, sizeof k);
+        kv__ssd_key(k, (int)ents[i].ns, ents[i].id, ents[i].index, true);
+        rocksdb_writebatch_delete(wb, (const char *)k, sizeof k);
+    }
+    int rc = kv__ssd_batch_write(s, wb);
+    rocksdb_writebatch_destroy(wb);
+    return rc;
+}
+
+/* ---- capacity ----------------------------------------------------------------
+ * How GC picks: a snapshot of the stored entries is sorted by (ns, id) to
+ * gather blocks, blocks are sorted by their warmest shard's stamp, and the
+ * coldest are deleted whole until gc_ratio of capacity (or what the write
+ * needs, if more) is freed. O(n log n) over the index, once per gc_ratio of
+ * capacity written: at 10% that is a sort per ~10% turnover, cheap next to
+ * the I/O it stands for. Deleting only writes tombstones; the space comes
+ * back when compaction drops them and blob GC retires the blob files, which
+ * the writer thread triggers with a full compaction when idle.
+ */
+struct gc_block {
+    uint64_t stamp, bytes;
+    size_t first, count;
+};
+
+static int cmp_ent_block(const void *a, const void *b)
+{
+    const struct kv__sent *x = a, *y = b;
+    if (x->ns != y->ns)
+        return x->ns < y->ns ? -1 : 1;
+    return memcmp(x->id, y->id, KV_BLOCK_ID_LEN);
+}
+
+static int cmp_block_stamp(const void *a, const void *b)
+{
+    const struct gc_block *x = a, *y = b;
+    return x->stamp < y->stamp ? -1 : x->stamp > y->stamp;
+}
+
+/* gc_mu held. */
+static int gc_run(struct kv__ssd *s, uint64_t need)
+{
+    struct kv__sent *ents = NULL;
+    ssize_t n = kv__sidx_snapshot(&s->idx, 1u << KV__ENT_STORED, &ents);
+    if (n < 0)
+        return (int)n;
+    if (n == 0) {
+        free(ents);
+        return KV_OK;
+    }
+    qsort(ents, (size_t)n, sizeof *ents, cmp_ent_block);
+    struct gc_block *blk = malloc((size_t)n * sizeof *blk);
+    if (!blk) {
+        free(ents);
+        return KV_ENOMEM;
+    }
+    size_t nb = 0;
+    for (size_t i = 0; i < (size_t)n; i++) {
+        if (nb == 0 || cmp_ent_block(&ents[blk[nb - 1].first], &ents[i]) != 0)
+            blk[nb++] = (struct gc_block){ .stamp = 0, .bytes = 0, .first = i, .count = 0 };
+        struct gc_block *b = &blk[nb - 1];
+        b->count++;
+        b->bytes += ents[i].size;
+        if (ents[i].stamp > b->stamp)
+            b->stamp = ents[i].stamp;
+    }
+    qsort(blk, nb, sizeof *blk, cmp_block_stamp);
+    uint64_t target = need > s->gc_bytes ? need : s->gc_bytes, freed = 0;
+    size_t ndel = 0, nblocks = 0;
+    /* Reuse ents' prefix for the list of entries actually deleted. */
+    struct kv__sent *del = malloc((size_t)n * sizeof *del);
+    if (!del) {
+        free(blk);
+        free(ents);
+        return KV_ENOMEM;
+    }
+    for (size_t b = 0; b < nb && freed < target; b++) {
+        for (size_t i = blk[b].first; i < blk[b].first + blk[b].count; i++) {
+            struct kv__sent old;
+            if (kv__sidx_del(&s->idx, (int)ents[i].ns, ents[i].id, ents[i].index,
+                             1u << KV__ENT_STORED, &old)) {
+                del[ndel++] = old;
+                freed += old.size;
+            }
+        }
+        nblocks++;
+    }
+    int rc = kv__ssd_delete_keys(s, del, ndel);
+    KV_INFO("ssd: capacity GC deleted %zu blocks (%zu values, %llu bytes)%s", nblocks, ndel,
+            (unsigned long long)freed, rc == KV_OK ? "" : " from the index; the deletes failed");
+    atomic_fetch_add(&s->gc_runs, 1);
+    atomic_fetch_add(&s->gc_blocks, nblocks);
+    atomic_store(&s->compact_wanted, true);
+    pthread_mutex_lock(&s->qmu);
+    pthread_cond_signal(&s->qcv);
+    pthread_mutex_unlock(&s->qmu);
+    free(del);
+    free(blk);
+    free(ents);
+    return rc;
+}
+
+/* Bytes RocksDB still holds only in memory (they need disk at flush). */
+static uint64_t unflushed_bytes(struct kv__ssd *s)
+{
+    uint64_t v = 0;
+    if (rocksdb_property_int(s->db, "rocksdb.cur-size-all-mem-tables", &v) != 0)
+        v = 0;
+    return v;
+}
+
+int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
+{
+    if (s->capacity) {
+        if (extra > s->capacity)
+            return KV_ENOSPC;   /* no GC could make room: do not try */
+        if (atomic_load(&s->idx.bytes) + extra > s->gc_trigger) {
+            pthread_mutex_lock(&s->gc_mu);
+            uint64_t used = atomic_load(&s->idx.bytes);
+            if (used + extra > s->gc_trigger)
+                gc_run(s, used + extra - s->gc_trigger);
+            pthread_mutex_unlock(&s->gc_mu);
+        }
+        if (atomic_load(&s->idx.bytes) + extra > s->capacity)
+            return KV_ENOSPC;
+    }
+    if (disk) {
+        /* Refuse before RocksDB hits ENOSPC itself: a failed WAL or flush
+         * write puts the whole DB into a read-only error state, while a
+         * refusal here costs one write. The memtable's bytes are counted
+         * because its flush will need them on disk. */
+        struct statvfs vf;
+        if (statvfs(s->path, &vf) == 0) {
+            uint64_t avail = (uint64_t)vf.f_bavail * vf.f_frsize;
+            bool wal = s->sync != KV_SYNC_NONE || s->tune.wal_when_none;
+            uint64_t want = disk * (wal ? 2 : 1) + unflushed_bytes(s) + DISK_SLACK;
+            if (avail < want)
+                return KV_ENOSPC;
+        }
+    }
+    return KV_OK;
+}
+
+/* A full compaction with blob GC switched on for its duration: drops the
+ * tombstones GC wrote, retires blob files left all garbage, and relocates
+ * the live remainder of the oldest blob files (age cutoff) so their space
+ * comes back too. */
+static void compact_with_blob_gc(struct kv__ssd *s)
+{
+    const char *k[] = { "enable_blob_garbage_collection" }, *on[] = { "true" }, *off[] = { "false" };
+    char *e = NULL;
+    rocksdb_set_options(s->db, 1, k, on, &e);
+    if (e)
+        rocks_err(e, "enabling blob GC");
+    rocksdb_compact_range(s->db, NULL, 0, NULL, 0);
+    e = NULL;
+    rocksdb_set_options(s->db, 1, k, off, &e);
+    if (e)
+        rocks_err(e, "disabling blob GC");
+}
+
+void kv__ssd_compact_if_wanted(struct kv__ssd *s)
+{
+    if (atomic_exchange(&s->compact_wanted, false))
+        compact_with_blob_gc(s);
+}
+
+int kv__ssd_gc_now(struct kv__ssd *s)
+{
+    if (!s)
+        return KV_EINVAL;
+    pthread_mutex_lock(&s->gc_mu);
+    int rc = gc_run(s, 0);
+    pthread_mutex_unlock(&s->gc_mu);
+    atomic_store(&s->compact_wanted, false);
+    compact_with_blob_gc(s);
+    return rc;
+}
+
+/* ---- open / close --------------------------------------------------------- */
+
+/* mkdir -p, naming the component that failed. */
+static int make_dirs(const char *path, char *err, size_t errlen)
+{
+    char buf[KV_CFG_STR];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1;; p++) {
+        bool end = *p == '\0';
+        if (*p == '/' || end) {
+            *p = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+                kv__errf(err, errlen, "ssd.path '%s': cannot create directory '%s': %s", path, buf,
+                         strerror(errno));
+                return KV_EIO;
+            }
+            if (end)
+                break;
+            *p = '/';
+        }
+    }
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        kv__errf(err, errlen, "ssd.path '%s': not a directory%s%s", path,
+                 errno ? ": " : "", errno ? strerror(errno) : "");
+        return KV_EIO;
+    }
+    if (access(path, W_OK | X_OK) != 0) {
+        kv__errf(err, errlen, "ssd.path '%s': not writable: %s", path, strerror(errno));
+        return KV_EIO;
+    }
+    return KV_OK;
+}
+
+/* Our own lock, taken before RocksDB's: flock conflicts between two opens
+ * in one process as well as across processes, and the file names the
+ * holder, so the refusal can say who. */
+static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
+{
+    char lp[KV_CFG_STR + 32];
+    snprintf(lp, sizeof lp, "%s/KVENGINE.LOCK", s->path);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        kv__errf(err, errlen, "ssd.path '%s': cannot create the lock file: %s", s->path,
+                 strerror(errno));
+        return KV_EIO;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t r = pread(fd, pid, sizeof pid - 1, 0);
+        pid[r > 0 ? r : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        close(fd);
+        if (e == EWOULDBLOCK) {
+            long holder = atol(pid);
+            kv__errf(err, errlen, "ssd.path '%s' is in use by another engine (pid %s%s)", s->path,
+                     *pid ? pid : "unknown", holder == (long)getpid() ? ", this process" : "");
+            return KV_EBUSY;
+        }
+        kv__errf(err, errlen, "ssd.path '%s': cannot lock: %s", s->path, strerror(e));
+        return KV_EIO;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+        KV_WARN("ssd: cannot record the pid in %s: %s", lp, strerror(errno));
+    s->lockfd = fd;
+    return KV_OK;
+}
+
+/* Rebuilds the index from the meta range. Returns KV_OK or an error with a
+ * message. */
+static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
+{
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_fill_cache(ro, 0);
+    rocksdb_iterator_t *it = rocksdb_create_iterator(s->db, ro);
+    uint8_t start = KV__SSD_META_BIT;
+    uint64_t maxstamp = 0, n = 0, bad = 0;
+    int rc = KV_OK;
+    for (rocksdb_iter_seek(it, (const char *)&start, 1); rocksdb_iter_valid(it); rocksdb_iter_next(it)) {
+        size_t kl = 0, vl = 0;
+        const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
+        const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+        if (kl != KV__SSD_KEY_LEN || vl != META_LEN || get32(v) != META_MAGIC ||
+            (k[0] & ~KV__SSD_META_BIT) >= KV_NS_COUNT) {
+            bad++;
+            continue;
+        }
+        struct kv__sent e;
+        memset(&e, 0, sizeof e);
+        e.ns = k[0] & ~KV__SSD_META_BIT;
+        memcpy(e.id, k + 1, KV_BLOCK_ID_LEN);
+        e.index = ((uint32_t)k[17] << 24) | ((uint32_t)k[18] << 16) | ((uint32_t)k[19] << 8) | k[20];
+        e.size = get32(v + 4);
+        e.stamp = get64(v + 8) & ((1ull << 48) - 1);
+        e.state = KV__ENT_STORED;
+        if (kv__sidx_insert(&s->idx, &e, NULL) < 0) {
+            kv__errf(err, errlen, "ssd.path '%s': out of memory rebuilding the index", s->path);
+            rc = KV_ENOMEM;
+            break;
+        }
+        if (e.stamp > maxstamp)
+            maxstamp = e.stamp;
+        n++;
+    }
+    char *e = NULL;
+    rocksdb_iter_get_error(it, &e);
+    if (e && rc == KV_OK) {
+        kv__errf(err, errlen, "ssd.path '%s': scanning the store: %s", s->path, e);
+        rc = KV_EIO;
+    }
+    rocksdb_free(e);
+    rocksdb_iter_destroy(it);
+    rocksdb_readoptions_destroy(ro);
+    if (bad)
+        KV_WARN("ssd: %llu malformed index records ignored", (unsigned long long)bad);
+    atomic_store(&s->clock, maxstamp + 1);
+    KV_DEBUG("ssd: index rebuilt, %llu values", (unsigned long long)n);
+    return rc;
+}
+
+int kv__ssd_open(const struct kv_config *cfg, struct kv__ssd **out, char *err, size_t errlen)
+{
+    struct kv__ssd_tuning t;
+    kv__ssd_tuning_defaults(&t);
+    return kv__ssd_open_tuned(cfg, &t, out, err, errlen);
+}
+
+int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning *t,
+                       struct kv__ssd **out, char *err, size_t errlen)
+{
+    if (out)
+        *out = NULL;
+    if (!cfg || !out || !t)
+        return KV_EINVAL;
+    if (cfg->ssd.path[0] == '\0') {
+        kv__errf(err, errlen, "ssd.path is empty");
+        return KV_ECONFIG;
+    }
+    if (strnlen(cfg->ssd.path, KV_CFG_STR) >= KV_CFG_STR - 32) {
+        kv__errf(err, errlen, "ssd.path is too long");
+        return KV_ECONFIG;
+    }
+    struct kv__ssd *s = calloc(1, sizeof *s);
+    if (!s) {
+        kv__errf(err, errlen, "out of memory");
+        return KV_ENOMEM;
+    }
+    int rc;
+    snprintf(s->path, sizeof s->path, "%s", cfg->ssd.path);
+    s->lockfd = -1;
+    s->sync = cfg->ssd.sync;
+    s->tune = *t;
+    s->capacity = cfg->ssd.capacity;
+    double trig = cfg->ssd.gc_trigger_ratio > 0 && cfg->ssd.gc_trigger_ratio <= 1 ? cfg->ssd.gc_trigger_ratio : 0.9;
+    double ratio = cfg->ssd.gc_ratio > 0 && cfg->ssd.gc_ratio < 1 ? cfg->ssd.gc_ratio : 0.1;
+    s->gc_trigger = (uint64_t)((double)s->capacity * trig);
+    s->gc_bytes = (uint64_t)((double)s->capacity * ratio);
+    s->qcap = cfg->ssd.spill_queue ? cfg->ssd.spill_queue : 256ull << 20;
+    pthread_mutex_init(&s->gc_mu, NULL);
+    pthread_mutex_init(&s->qmu, NULL);
+    pthread_cond_init(&s->qcv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->dcv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    if ((rc = kv__sidx_init(&s->idx, 64)) != KV_OK) {
+        kv__errf(err, errlen, "out of memory");
+        goto fail_idx;
+    }
+    if ((rc = make_dirs(s->path, err, errlen)) != KV_OK)
+        goto fail_dirs;
+    if ((rc = take_lock(s, err, errlen)) != KV_OK)
+        goto fail_dirs;
+
+    rocksdb_options_t *o = s->opts = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(o, 1);
+    rocksdb_options_set_info_log_level(o, 2 /* WARN */);
+    rocksdb_options_set_keep_log_file_num(o, 3);
+    rocksdb_options_set_max_log_file_size(o, 4u << 20);
+    rocksdb_options_set_write_buffer_size(o, t->write_buffer);
+    rocksdb_options_set_max_background_jobs(o, t->bg_jobs);
+    rocksdb_options_set_compression(o, rocksdb_no_compression);   /* SSTs hold keys only */
+    rocksdb_options_set_enable_blob_files(o, 1);
+    rocksdb_options_set_min_blob_size(o, t->min_blob_size);
+    rocksdb_options_set_blob_file_size(o, t->blob_file_size);
+    rocksdb_options_set_blob_compression_type(
+        o, cfg->ssd.compression == KV_COMP_LZ4 ? rocksdb_lz4_compression : rocksdb_no_compression);
+    /* Blob GC stays off except in the compaction that follows a capacity
+     * GC round (blob_gc_on): left on, every L0->L1 compaction relocates
+     * the live blobs of the oldest quarter of blob files, garbage or not,
+     * which measured 1.4-2.6x write amplification with nothing deleted. */
+    rocksdb_options_set_enable_blob_gc(o, 0);
+    rocksdb_options_set_blob_gc_age_cutoff(o, 0.25);
+
+    char *e = NULL;
+    s->db = rocksdb_open(o, s->path, &e);
+    if (e) {
+        rc = rocks_code(e) == KV_EBUSY ? KV_EBUSY : KV_EIO;
+        kv__errf(err, errlen, "ssd.path '%s': cannot open the RocksDB store: %s%s", s->path, e,
+                 rocks_code(e) == KV_ECORRUPT ? " (the store is corrupt; move it away to start empty)" : "");
+        rocksdb_free(e);
+        s->db = NULL;
+        goto fail_db;
+    }
+    s->wo = rocksdb_writeoptions_create();
+    if (s->sync == KV_SYNC_NONE && !t->wal_when_none)
+        rocksdb_writeoptions_disable_WAL(s->wo, 1);
+    rocksdb_writeoptions_set_sync(s->wo, s->sync == KV_SYNC_FSYNC);
+    s->ro = rocksdb_readoptions_create();
+    rocksdb_readoptions_set_verify_checksums(s->ro, 1);
+    rocksdb_readoptions_set_fill_cache(s->ro, 0);   /* values are read once into DRAM */
+
+    if ((rc = rebuild_index(s, err, errlen)) != KV_OK)
+        goto fail_scan;
+    if ((rc = kv__spill_start(s)) != KV_OK) {
+        kv__errf(err, errlen, "cannot start the spill writer thread");
+        goto fail_scan;
+    }
+    *out = s;
+    return KV_OK;
+
+fail_scan:
+    rocksdb_readoptions_destroy(s->ro);
+    rocksdb_writeoptions_destroy(s->wo);
+    rocksdb_close(s->db);
+fail_db:
+    rocksdb_options_destroy(s->opts);
+    close(s->lockfd);
+fail_dirs:
+    kv__sidx_destroy(&s->idx);
+fail_idx:
+    pthread_cond_destroy(&s->dcv);
+    pthread_cond_destroy(&s->qcv);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_mutex_destroy(&s->gc_mu);
+    free(s);
+    return rc;
+}
+
+void kv__ssd_close(struct kv__ssd *s)
+{
+    if (!s)
+        return;
+    kv__spill_stop(s);
+    rocksdb_readoptions_destroy(s->ro);
+    rocksdb_writeoptions_destroy(s->wo);
+    rocksdb_close(s->db);   /* flushes the memtable when the WAL was off */
+    rocksdb_options_destroy(s->opts);
+    close(s->lockfd);
+    kv__sidx_destroy(&s->idx);
+    pthread_cond_destroy(&s->dcv);
+    pthread_cond_destroy(&s->qcv);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_mutex_destroy(&s->gc_mu);
+    free(s);
+}
+
+/* ---- the calls ------------------------------------------------------------ */
+
+static bool ns_ok(int ns) { return ns >= 0 && ns < KV_NS_COUNT; }
+
+bool kv__ssd_contains(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index)
+{
+    return s && id && ns_ok(ns) && kv__sidx_get(&s->idx, ns, id->bytes, index, NULL);
+}
+
+int kv__ssd_size(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index, uint64_t *len)
+{
+    if (!s || !id || !len || !ns_ok(ns))
+        return KV_EINVAL;
+    struct kv__sent e;
+    if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &e))
+        return KV_ENOTFOUND;
+    *len = e.size;
+    return KV_OK;
+}
+
+/* A value that failed its check is never returned: it is deleted from the
+ * store and the index, and counted. */
+static void drop_bad(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index, const char *why)
+{
+    struct kv__sent e;
+    memset(&e, 0, sizeof e);
+    e.ns = (unsigned)ns;
+    memcpy(e.id, id, KV_BLOCK_ID_LEN);
+    e.index = index;
+    kv__sidx_del(&s->idx, ns, id, index, 1u << KV__ENT_STORED, NULL);
+    kv__ssd_delete_keys(s, &e, 1);
+    atomic_fetch_add(&s->checksum_failures, 1);
+    KV_WARN("ssd: value (ns %d, shard %u) failed its check (%s); deleted", ns, index, why);
+}
+
+int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
+                 const kv_iov *iov, uint32_t iovcnt)
+{
+    if (!s || !id || !ns_ok(ns) || (iovcnt && !iov))
+        return KV_EINVAL;
+    struct kv__sent ent;
+    if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &ent))
+        return KV_ENOTFOUND;
+    if (kv__iov_len(iov, iovcnt) != ent.size)
+        return KV_EINVAL;
+    uint64_t stamp = atomic_fetch_add(&s->clock, 1);
+    if (ent.state == KV__ENT_PENDING && kv__spill_read(s, ns, id->bytes, index, iov, iovcnt) == KV_OK) {
+        kv__sidx_touch(&s->idx, ns, id->bytes, index, stamp);
+        return KV_OK;
+    }
+    uint8_t dk[KV__SSD_KEY_LEN];
+    kv__ssd_key(dk, ns, id->bytes, index, false);
+    char *e = NULL;
+    rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(s->db, s->ro, (const char *)dk, sizeof dk, &e);
+    if (e) {
+        int rc = rocks_code(e);
+        if (rc == KV_ECORRUPT) {
+            drop_bad(s, ns, id->bytes, index, e);
+            rocksdb_free(e);
+            return KV_ENOTFOUND;
+        }
+        return rocks_err(e, "read");
+    }
+    if (!ps) {
+        /* Gone under us (GC or a remove raced this read). */
+        kv__sidx_del(&s->idx, ns, id->bytes, index, 1u << KV__ENT_STORED, NULL);
+        return KV_ENOTFOUND;
+    }
+    size_t vl = 0;
+    const uint8_t *v = (const uint8_t *)rocksdb_pinnableslice_value(ps, &vl);
+    const char *why = NULL;
+    if (vl < HDR_LEN || get32(v) != DATA_MAGIC)
+        why = "bad header";
+    else if (get32(v + 4) != vl - HDR_LEN || vl - HDR_LEN != ent.size)
+        why = "bad length";
+    else {
+        kv_iov one = { (void *)(v + HDR_LEN), vl - HDR_LEN };
+        if (checksum_iov(dk, &one, 1) != get64(v + 8))
+            why = "checksum mismatch";
+    }
+    if (why) {
+        rocksdb_pinnableslice_destroy(ps);
+        drop_bad(s, ns, id->bytes, index, why);
+        return KV_ENOTFOUND;
+    }
+    kv__iov_scatter(iov, iovcnt, v + HDR_LEN);
+    rocksdb_pinnableslice_destroy(ps);
+    kv__sidx_touch(&s->idx, ns, id->bytes, index, stamp);
+    return KV_OK;
+}
+
+int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
+                  const kv_iov *iov, uint32_t iovcnt)
+{
+    if (!s || !id || !ns_ok(ns) || (iovcnt && !iov))
+        return KV_EINVAL;
+    for (uint32_t i = 0; i < iovcnt; i++)
+        if (!iov[i].base && iov[i].len)
+            return KV_EINVAL;
+    uint64_t len = kv__iov_len(iov, iovcnt);
+    if (len > KV_VALUE_MAX)
+        return KV_EINVAL;
+    if (kv__sidx_get(&s->idx, ns, id->bytes, index, NULL))
+        return KV_OK;
+    int rc = kv__ssd_make_room(s, len, len + HDR_LEN);
+    if (rc != KV_OK) {
+        atomic_fetch_add(&s->enospc, 1);
+        return rc;
+    }
+    uint64_t stamp = atomic_fetch_add(&s->clock, 1);
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    kv__ssd_batch_put(wb, ns, id->bytes, index, iov, iovcnt, len, stamp);
+    rc = rocksdb_writebatch_count(wb) == 2 ? kv__ssd_batch_write(s, wb) : KV_ENOMEM;
+    rocksdb_writebatch_destroy(wb);
+    if (rc == KV_OK) {
+        struct kv__sent e;
+        memset(&e, 0, sizeof e);
+        e.ns = (unsigned)ns;
+        memcpy(e.id, id->bytes, KV_BLOCK_ID_LEN);
+        e.index = index;
+        e.size = (uint32_t)len;
+        e.stamp = stamp;
+        e.state = KV__ENT_STORED;
+        if (kv__sidx_insert(&s->idx, &e, NULL) < 0)
+            rc = KV_ENOMEM;
+    } else if (rc == KV_ENOSPC) {
+        atomic_fetch_add(&s->enospc, 1);
+    } else if (rc == KV_ECORRUPT) {
+        rc = KV_EIO;
+    }
+    return rc;
+}
+
+int kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
+                          const void *data, uint32_t len, uint32_t flip)
+{
+    if (!s || !id || !ns_ok(ns) || flip >= len)
+        return KV_EINVAL;
+    uint8_t dk[KV__SSD_KEY_LEN], mk[KV__SSD_KEY_LEN], meta[META_LEN];
+    uint8_t *v = malloc(HDR_LEN + (size_t)len);
+    if (!v)
+        return KV_ENOMEM;
+    kv__ssd_key(dk, ns, id->bytes, index, false);
+    kv__ssd_key(mk, ns, id->bytes, index, true);
+    kv_iov one = { (void *)data, len };
+    uint64_t stamp = atomic_fetch_add(&s->clock, 1);
+    make_hdr(v, meta, dk, &one, 1, len, stamp);
+    memcpy(v + HDR_LEN, data, len);
+    v[HDR_LEN + flip] ^= 0x5a;   /* after the checksum: a silent bit flip */
+    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+    rocksdb_writebatch_put(wb, (const char *)dk, sizeof dk, (const char *)v, HDR_LEN + (size_t)len);
+    rocksdb_writebatch_put(wb, (const char *)mk, sizeof mk, (const char *)meta, sizeof meta);
+    int rc = kv__ssd_batch_write(s, wb);
+    rocksdb_writebatch_destroy(wb);
+    free(v);
+    if (rc == KV_OK) {
+        struct kv__sent e;
+        memset(&e, 0, sizeof e);
+        e.ns = (unsigned)ns;
+        memcpy(e.id, id->bytes, KV_BLOCK_ID_LEN);
+        e.index = index;
+        e.size = len;
+        e.stamp = stamp;
+        e.state = KV__ENT_STORED;
+        kv__sidx_insert(&s->idx, &e, NULL);
+    }
+    return rc;
+}
+
+int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index)
+{
+    if (!s || !id || !ns_ok(ns))
+        return KV_EINVAL;
+    size_t found = kv__spill_cancel(s, ns, id->bytes, index);
+    struct kv__sent ents[64];
+    unsigned any = (1u << KV__ENT_STORED) | (1u << KV__ENT_PENDING);
+    int rc = KV_OK;
+    if (index == UINT32_MAX) {
+        /* Pending values have nothing on disk yet (or the writer deletes
+         * what it finds removed when its batch lands); deleting their keys
+         * too is harmless and keeps this simple. */
+        size_t n;
+        do {
+            n = kv__sidx_del_block(&s->idx, ns, id->bytes, any, ents, KV__ARRAY_LEN(ents));
+            size_t got = n < KV__ARRAY_LEN(ents) ? n : KV__ARRAY_LEN(ents);
+            found += got;
+            int r = kv__ssd_delete_keys(s, ents, got);
+            if (r != KV_OK)
+                rc = r;
+        } while (n > KV__ARRAY_LEN(ents));
+    } else if (kv__sidx_del(&s->idx, ns, id->bytes, index, any, &ents[0])) {
+        found++;
+        rc = kv__ssd_delete_keys(s, ents, 1);
+    }
+    if (rc != KV_OK)
+        return rc == KV_ECORRUPT ? KV_EIO : rc;
+    return found ? KV_OK : KV_ENOTFOUND;
+}
+
+void kv__ssd_stats(struct kv__ssd *s, kv_stats *out)
+{
+    if (!s || !out)
+        return;
+    out->ssd_capacity = s->capacity;
+    out->ssd_used = atomic_load(&s->idx.bytes);
+    out->ssd_blocks = atomic_load(&s->idx.blocks);
+    out->spills += atomic_load(&s->spills);
+    out->spill_drops += atomic_load(&s->spill_drops);
+    out->checksum_failures += atomic_load(&s->checksum_failures);
+}
+
+void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!s)
+        return;
+    out->index_bytes = kv__sidx_mem(&s->idx);
+    out->entries = atomic_load(&s->idx.entries);
+    out->blocks = atomic_load(&s->idx.blocks);
+    out->used = atomic_load(&s->idx.bytes);
+    out->gc_runs = atomic_load(&s->gc_runs);
+    out->gc_blocks = atomic_load(&s->gc_blocks);
+    out->enospc = atomic_load(&s->enospc);
+    if (rocksdb_property_int(s->db, "rocksdb.total-blob-file-size", &out->blob_file_bytes) != 0)
+        out->blob_file_bytes = 0;
+    if (rocksdb_property_int(s->db, "rocksdb.live-sst-files-size", &out->sst_bytes) != 0)
+        out->sst_bytes = 0;
+    pthread_mutex_lock(&s->qmu);
+    out->queued_bytes = s->qbytes;
+    pthread_mutex_unlock(&s->qmu);
+}

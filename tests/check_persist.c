@@ -1,0 +1,684 @@
+/*
+ * check_persist.c — the SSD tier (persist/) through its internal interface,
+ * ssd.h: values, checksums, the index across reopen, capacity GC, the spill
+ * sink, the path lock, and bad input (paths, full disk, corrupt store).
+ *
+ * Each test builds its own kv_config by setting fields directly (the YAML
+ * parser is not needed here) and its own temporary directory.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ssd.h"
+#include "testutil.h"
+
+static kv_config *cfg_for(const char *dir)
+{
+    kv_config *c = NULL;
+    ck_assert_int_eq(kv_config_new(&c), KV_OK);
+    snprintf(c->ssd.path, sizeof c->ssd.path, "%s", dir);
+    c->ssd.capacity = 0;
+    c->ssd.compression = KV_COMP_NONE;
+    c->ssd.gc_trigger_ratio = 0.9;
+    c->ssd.gc_ratio = 0.1;
+    c->ssd.sync = KV_SYNC_WAL;
+    c->ssd.spill_queue = 64u << 20;
+    return c;
+}
+
+static struct kv__ssd *open_ok(const kv_config *c)
+{
+    struct kv__ssd *s = NULL;
+    char err[512] = "";
+    int rc = kv__ssd_open(c, &s, err, sizeof err);
+    ck_assert_msg(rc == KV_OK, "kv__ssd_open: %s: %s", kv_strerror(rc), err);
+    ck_assert_ptr_nonnull(s);
+    return s;
+}
+
+static int put(struct kv__ssd *s, int ns, uint64_t n, uint32_t index, size_t len)
+{
+    void *b = malloc(len ? len : 1);
+    tu_fill(b, len, n * 1000 + index);
+    kv_block_id id = tu_id(n, ns);
+    kv_iov iov = { b, len };
+    int rc = kv__ssd_write(s, ns, &id, index, &iov, 1);
+    free(b);
+    return rc;
+}
+
+/* KV_OK with the right bytes, or the read's error; never wrong bytes. */
+static int get(struct kv__ssd *s, int ns, uint64_t n, uint32_t index, size_t len)
+{
+    void *b = malloc(len ? len : 1);
+    memset(b, 0xee, len);
+    kv_block_id id = tu_id(n, ns);
+    kv_iov iov = { b, len };
+    int rc = kv__ssd_read(s, ns, &id, index, &iov, 1);
+    if (rc == KV_OK)
+        ck_assert_msg(tu_check_fill(b, len, n * 1000 + index), "wrong bytes for %llu/%u",
+                      (unsigned long long)n, index);
+    free(b);
+    return rc;
+}
+
+static bool has(struct kv__ssd *s, int ns, uint64_t n, uint32_t index)
+{
+    kv_block_id id = tu_id(n, ns);
+    return kv__ssd_contains(s, ns, &id, index);
+}
+
+static kv_stats stats(struct kv__ssd *s)
+{
+    kv_stats st;
+    memset(&st, 0, sizeof st);
+    kv__ssd_stats(s, &st);
+    return st;
+}
+
+START_TEST(write_read_contains_size_remove)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    struct kv__ssd *s = open_ok(c);
+    kv_block_id id = tu_id(1, 0);
+
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    ck_assert_int_eq(get(s, KV_NS_BLOCK, 1, 0, 100), KV_ENOTFOUND);
+    ck_assert_int_eq(put(s, KV_NS_BLOCK, 1, 0, 100000), KV_OK);
+    ck_assert_int_eq(put(s, KV_NS_BLOCK, 1, 1, 5000), KV_OK);
+    ck_assert_int_eq(put(s, KV_NS_BLOCK, 1, 7, 0), KV_OK);   /* empty value */
+    ck_assert(kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    ck_assert(!kv__ssd_contains(s, KV_NS_KEY, &id, 0));      /* namespaces apart */
+    uint64_t len = 0;
+    ck_assert_int_eq(kv__ssd_size(s, KV_NS_BLOCK, &id, 1, &len), KV_OK);
+    ck_assert_uint_eq(len, 5000);
+    ck_assert_int_eq(kv__ssd_size(s, KV_NS_BLOCK, &id, 2, &len), KV_ENOTFOUND);
+    ck_assert_int_eq(get(s, KV_NS_BLOCK, 1, 0, 100000), KV_OK);
+    ck_assert_int_eq(get(s, KV_NS_BLOCK, 1, 1, 5000), KV_OK);
+    ck_assert_int_eq(get(s, KV_NS_BLOCK, 1, 7, 0), KV_OK);
+    /* Wrong total length: KV_EINVAL and the buffer untouched. */
+    uint8_t small[10];
+    memset(small, 0xab, sizeof small);
+    kv_iov iv = { small, sizeof small };
+    ck_assert_int_eq(kv__ssd_read(s, KV_NS_BLOCK, &id, 1, &iv, 1), KV_EINVAL);
+    for (size_t i = 0; i < sizeof small; i++)
+        ck_assert_uint_eq(small[i], 0xab);
+
+    /* Scatter/gather: written as three pieces, read back as two. */
+    uint8_t a[3000], b[2000];
+    tu_fill(a, 3000, 77);
+    tu_fill(b, 2000, 78);
+    kv_iov w[3] = { { a, 1000 }, { a + 1000, 2000 }, { b, 2000 } };
+    kv_block_id id2 = tu_id(2, 0);
+    ck_assert_int_eq(kv__ssd_write(s, KV_NS_BLOCK, &id2, 0, w, 3), KV_OK);
+    uint8_t r1[2500], r2[2500];
+    kv_iov r[2] = { { r1, 2500 }, { r2, 2500 } };
+    ck_assert_int_eq(kv__ssd_read(s, KV_NS_BLOCK, &id2, 0, r, 2), KV_OK);
+    ck_assert_mem_eq(r1, a, 2500);
+    ck_assert_mem_eq(r2, a + 2500, 500);
+    ck_assert_mem_eq(r2 + 500, b, 2000);
+
+    /* A second write of a present value is skipped, and succeeds. */
+    uint8_t other[5000];
+    memset(other, 1, sizeof other);
+    kv_iov ov = { other, sizeof other };
+    ck_assert_int_eq(kv__ssd_write(s, KV_NS_BLOCK, &id, 1, &ov, 1), KV_OK);
+    ck_assert_int_eq(get(s, KV_NS_BLOCK, 1, 1, 5000), KV_OK);
+
+    kv_stats st = stats(s);
+    ck_assert_uint_eq(st.ssd_blocks, 2);
+    ck_assert_uint_eq(st.ssd_used, 100000 + 5000 + 0 + 5000);
+
+    ck_assert_int_eq(kv__ssd_remove(s, KV_NS_BLOCK, &id, 1), KV_OK);
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 1));
+    ck_assert(kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    ck_assert_int_eq(kv__ssd_remove(s, KV_NS_BLOCK, &id, 1), KV_ENOTFOUND);
+    ck_assert_int_eq(kv__ssd_remove(s, KV_NS_BLOCK, &id, UINT32_MAX), KV_OK);
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 7));
+    ck_assert_int_eq(get(s, KV_NS_BLOCK, 1, 0, 100000), KV_ENOTFOUND);
+    ck_assert_int_eq(kv__ssd_remove(s, KV_NS_BLOCK, &id, UINT32_MAX), KV_ENOTFOUND);
+    /* Bad arguments are refused, not crashed on. */
+    ck_assert_int_eq(kv__ssd_write(s, 7, &id, 0, &ov, 1), KV_EINVAL);
+    ck_assert_int_eq(kv__ssd_read(s, KV_NS_BLOCK, NULL, 0, &ov, 1), KV_EINVAL);
+    ck_assert(!kv__ssd_contains(NULL, KV_NS_BLOCK, &id, 0));
+
+    /* Removed values stay removed across a reopen. */
+    kv__ssd_close(s);
+    s = open_ok(c);
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    ck_assert(kv__ssd_contains(s, KV_NS_BLOCK, &id2, 0));
+    kv__ssd_close(s);
+    kv__ssd_close(NULL);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(checksum_failure_is_a_miss)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    struct kv__ssd *s = open_ok(c);
+    uint8_t buf[8192];
+    tu_fill(buf, sizeof buf, 5);
+    kv_block_id id = tu_id(5, 0);
+    ck_assert_int_eq(kv__ssd_write_corrupt(s, KV_NS_BLOCK, &id, 0, buf, sizeof buf, 4000), KV_OK);
+    ck_assert(kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    uint8_t out[8192];
+    memset(out, 0, sizeof out);
+    kv_iov iov = { out, sizeof out };
+    ck_assert_int_eq(kv__ssd_read(s, KV_NS_BLOCK, &id, 0, &iov, 1), KV_ENOTFOUND);
+    for (size_t i = 0; i < sizeof out; i++)
+        ck_assert_uint_eq(out[i], 0);      /* nothing handed out */
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));   /* dropped */
+    ck_assert_uint_eq(stats(s).checksum_failures, 1);
+    /* Dropped from disk too: not back after a reopen. */
+    kv__ssd_close(s);
+    s = open_ok(c);
+    ck_assert(!kv__ssd_contains(s, KV_NS_BLOCK, &id, 0));
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(reopen_rebuilds_the_index)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    c->ssd.sync = KV_SYNC_NONE;          /* close must flush the memtable */
+    struct kv__ssd *s = open_ok(c);
+    for (uint64_t n = 0; n < 200; n++)
+        for (uint32_t i = 0; i < 2; i++)
+            ck_assert_int_eq(put(s, (int)(n % 2), n, i, 1000 + n * 37 + i), KV_OK);
+    kv_stats before = stats(s);
+    kv__ssd_close(s);
+    s = open_ok(c);
+    kv_stats after = stats(s);
+    ck_assert_uint_eq(after.ssd_blocks, 200);
+    ck_assert_uint_eq(after.ssd_used, before.ssd_used);
+    for (uint64_t n = 0; n < 200; n++)
+        for (uint32_t i = 0; i < 2; i++) {
+            uint64_t len = 0;
+            kv_block_id id = tu_id(n, n % 2);
+            ck_assert_int_eq(kv__ssd_size(s, (int)(n % 2), &id, i, &len), KV_OK);
+            ck_assert_uint_eq(len, 1000 + n * 37 + i);
+            ck_assert_int_eq(get(s, (int)(n % 2), n, i, len), KV_OK);
+        }
+    ck_assert(!has(s, KV_NS_BLOCK, 200, 0));
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(capacity_gc_deletes_coldest_whole_blocks)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    const size_t sz = 16384;             /* two shards a block: 32 KiB */
+    c->ssd.capacity = 40 * 2 * sz;       /* 40 blocks */
+    c->ssd.gc_trigger_ratio = 0.9;       /* GC once past 36 blocks */
+    c->ssd.gc_ratio = 0.25;              /* frees 10 blocks a round */
+    struct kv__ssd *s = open_ok(c);
+    for (uint64_t n = 0; n < 30; n++)
+        for (uint32_t i = 0; i < 2; i++)
+            ck_assert_int_eq(put(s, KV_NS_BLOCK, n, i, sz), KV_OK);
+    /* Blocks 0..4 become warm again: read one shard of each. */
+    for (uint64_t n = 0; n < 5; n++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, n, 1, sz), KV_OK);
+    for (uint64_t n = 30; n < 40; n++)
+        for (uint32_t i = 0; i < 2; i++)
+            ck_assert_int_eq(put(s, KV_NS_BLOCK, n, i, sz), KV_OK);
+    kv_stats st = stats(s);
+    ck_assert_uint_le(st.ssd_used, c->ssd.capacity);
+    ck_assert_uint_le(st.ssd_used, (uint64_t)(0.9 * (double)c->ssd.capacity));
+    /* The warm ones and the newest survived; the coldest (5, 6, ...) went,
+     * and never half a block. */
+    for (uint64_t n = 0; n < 5; n++)
+        ck_assert(has(s, KV_NS_BLOCK, n, 0) && has(s, KV_NS_BLOCK, n, 1));
+    for (uint64_t n = 35; n < 40; n++)
+        ck_assert(has(s, KV_NS_BLOCK, n, 0) && has(s, KV_NS_BLOCK, n, 1));
+    ck_assert(!has(s, KV_NS_BLOCK, 5, 0) && !has(s, KV_NS_BLOCK, 5, 1));
+    int gone = 0;
+    for (uint64_t n = 0; n < 40; n++) {
+        ck_assert_int_eq(has(s, KV_NS_BLOCK, n, 0), has(s, KV_NS_BLOCK, n, 1));
+        gone += !has(s, KV_NS_BLOCK, n, 0);
+    }
+    ck_assert_int_ge(gone, 4);
+    struct kv__ssd_info in;
+    kv__ssd_info(s, &in);
+    ck_assert_uint_ge(in.gc_runs, 1);
+    ck_assert_uint_eq(in.gc_blocks, (uint64_t)gone);
+    /* A value larger than the whole capacity cannot be made room for. */
+    ck_assert_int_eq(put(s, KV_NS_BLOCK, 999, 0, c->ssd.capacity + 1), KV_ENOSPC);
+    /* Deleted blocks stay deleted after a reopen. */
+    kv__ssd_close(s);
+    s = open_ok(c);
+    ck_assert(!has(s, KV_NS_BLOCK, 5, 0));
+    ck_assert(has(s, KV_NS_BLOCK, 0, 0));
+    ck_assert_int_eq(kv__ssd_gc_now(s), KV_OK);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* ---- the spill sink ------------------------------------------------------- */
+
+static _Atomic int released;
+struct tv {
+    struct kv__victim v;
+    struct kv__victim_shard sh[2];
+    uint8_t *buf;
+};
+static void tv_release(struct kv__victim *v)
+{
+    struct tv *t = (struct tv *)v;
+    /* Poison the DRAM bytes: a read after release must not see them. */
+    memset(t->buf, 0xdd, t->sh[0].len + t->sh[1].len);
+    free(t->buf);
+    free(t);
+    atomic_fetch_add(&released, 1);
+}
+static struct kv__victim *victim(uint64_t n, uint32_t len)
+{
+    struct tv *t = calloc(1, sizeof *t);
+    t->buf = malloc(2 * (size_t)len);
+    t->v.ns = KV_NS_BLOCK;
+    t->v.id = tu_id(n, KV_NS_BLOCK);
+    t->v.nshards = 2;
+    t->v.shards = t->sh;
+    for (uint32_t i = 0; i < 2; i++) {
+        t->sh[i].index = i;
+        t->sh[i].len = len;
+        t->sh[i].data = t->buf + (size_t)i * len;
+        tu_fill(t->buf + (size_t)i * len, len, n * 1000 + i);
+    }
+    t->v.release = tv_release;
+    return &t->v;
+}
+
+START_TEST(spill_queue_drops_and_drain)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    const uint32_t len = 65536;
+    c->ssd.spill_queue = 8 * 2 * len;    /* 8 victims */
+    struct kv__ssd *s = open_ok(c);
+    struct kv__sink k = kv__ssd_sink(s);
+    atomic_store(&released, 0);
+
+    /* Bigger than the whole queue: dropped (released) at once. */
+    struct kv__victim *big = victim(1000, 9 * len);
+    k.accept(k.ctx, big);
+    ck_assert_int_eq(atomic_load(&released), 1);
+    ck_assert_uint_eq(stats(s).spill_drops, 1);
+    ck_assert(!has(s, KV_NS_BLOCK, 1000, 0));
+
+    /* A burst: every accepted victim is readable from the moment it is
+     * accepted (from DRAM while queued, from disk after). */
+    int n = 60;
+    for (int i = 0; i < n; i++) {
+        k.accept(k.ctx, victim((uint64_t)i, len));
+        if (has(s, KV_NS_BLOCK, (uint64_t)i, 1))
+            ck_assert_int_eq(get(s, KV_NS_BLOCK, (uint64_t)i, 1, len), KV_OK);
+    }
+    uint64_t left = 1;
+    for (int tries = 0; tries < 100 && left; tries++)
+        left = k.drain(k.ctx, 100);
+    ck_assert_uint_eq(left, 0);
+    ck_assert_int_eq(atomic_load(&released), n + 1);   /* each exactly once */
+    kv_stats st = stats(s);
+    ck_assert_uint_eq(st.spills + st.spill_drops, (uint64_t)n + 1);
+    ck_assert_uint_ge(st.spills, 8);
+    int present = 0;
+    for (int i = 0; i < n; i++) {
+        if (!has(s, KV_NS_BLOCK, (uint64_t)i, 0))
+            continue;
+        present++;
+        ck_assert(has(s, KV_NS_BLOCK, (uint64_t)i, 1));
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, (uint64_t)i, 0, len), KV_OK);
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, (uint64_t)i, 1, len), KV_OK);
+    }
+    ck_assert_uint_eq((uint64_t)present, st.spills);
+    ck_assert_uint_eq(st.ssd_blocks, (uint64_t)present);
+
+    /* A victim already on SSD is released without a rewrite. */
+    int before = atomic_load(&released);
+    uint64_t spills = st.spills;
+    k.accept(k.ctx, victim(0, len));
+    ck_assert_int_eq(atomic_load(&released), before + 1);
+    ck_assert_uint_eq(stats(s).spills, spills);
+
+    /* Close flushes what is still queued, and releases it. */
+    for (int i = 100; i < 104; i++)
+        k.accept(k.ctx, victim((uint64_t)i, len));
+    kv__ssd_close(s);
+    ck_assert_int_eq(atomic_load(&released), before + 1 + 4);
+    s = open_ok(c);
+    for (int i = 100; i < 104; i++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, (uint64_t)i, 1, len), KV_OK);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(spill_then_remove)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    struct kv__ssd *s = open_ok(c);
+    struct kv__sink k = kv__ssd_sink(s);
+    atomic_store(&released, 0);
+    for (int i = 0; i < 20; i++) {
+        k.accept(k.ctx, victim((uint64_t)i, 32768));
+        kv_block_id id = tu_id((uint64_t)i, KV_NS_BLOCK);
+        if (i % 2 == 0)
+            ck_assert_int_eq(kv__ssd_remove(s, KV_NS_BLOCK, &id, UINT32_MAX), KV_OK);
+    }
+    while (k.drain(k.ctx, 100) > 0)
+        ;
+    for (int i = 0; i < 20; i++) {
+        ck_assert_int_eq(has(s, KV_NS_BLOCK, (uint64_t)i, 0), i % 2 == 1);
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, (uint64_t)i, 0, 32768), (i % 2 ? KV_OK : KV_ENOTFOUND));
+    }
+    kv__ssd_close(s);
+    ck_assert_int_eq(atomic_load(&released), 20);
+    /* Removed while queued or in flight: not back after a reopen. */
+    s = open_ok(c);
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(has(s, KV_NS_BLOCK, (uint64_t)i, 0), i % 2 == 1);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* ---- the lock --------------------------------------------------------------- */
+
+START_TEST(lock_same_process)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    struct kv__ssd *s = open_ok(c), *t = (struct kv__ssd *)1;
+    char err[256] = "";
+    ck_assert_int_eq(kv__ssd_open(c, &t, err, sizeof err), KV_EBUSY);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(err, "in use") && strstr(err, dir) && strstr(err, "this process"), "%s", err);
+    kv__ssd_close(s);
+    s = open_ok(c);   /* free again after close */
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(lock_other_process)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    int ready[2], stop[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(stop), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        struct kv__ssd *s = NULL;
+        char e[256];
+        int rc = kv__ssd_open(c, &s, e, sizeof e);
+        char ok = rc == KV_OK ? 'y' : 'n';
+        if (write(ready[1], &ok, 1) != 1)
+            _exit(2);
+        char x;
+        if (read(stop[0], &x, 1) < 0)
+            _exit(3);
+        kv__ssd_close(s);
+        _exit(0);
+    }
+    char ok = 0;
+    ck_assert_int_eq(read(ready[0], &ok, 1), 1);
+    struct kv__ssd *t = NULL;
+    char err[256] = "";
+    int rc = ok == 'y' ? kv__ssd_open(c, &t, err, sizeof err) : -999;
+    char msg[sizeof err];
+    snprintf(msg, sizeof msg, "%s", err);
+    /* Stop the child before asserting, so a failure leaves no process. */
+    if (write(stop[1], "x", 1) != 1)
+        kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    ck_assert_int_eq(ok, 'y');
+    ck_assert_int_eq(rc, KV_EBUSY);
+    ck_assert_ptr_null(t);
+    char pidtxt[32];
+    snprintf(pidtxt, sizeof pidtxt, "pid %d", (int)pid);
+    ck_assert_msg(strstr(msg, "in use") && strstr(msg, pidtxt), "%s", msg);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    struct kv__ssd *s = open_ok(c);   /* the child is gone: free again */
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* ---- bad input ---------------------------------------------------------------- */
+
+static int open_err(kv_config *c, char *err, size_t len)
+{
+    struct kv__ssd *s = (struct kv__ssd *)1;
+    int rc = kv__ssd_open(c, &s, err, len);
+    ck_assert_ptr_null(s);
+    return rc;
+}
+
+START_TEST(bad_paths)
+{
+    char *dir = tu_mkdtemp();
+    char file[200], err[512];
+    snprintf(file, sizeof file, "%.150s/plainfile", dir);
+    FILE *f = fopen(file, "w");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    kv_config *c = cfg_for(dir);
+
+    snprintf(c->ssd.path, sizeof c->ssd.path, "%.150s/plainfile/store", dir);
+    ck_assert_int_eq(open_err(c, err, sizeof err), KV_EIO);
+    ck_assert_msg(strstr(err, "plainfile") && strstr(err, "cannot create"), "%s", err);
+
+    snprintf(c->ssd.path, sizeof c->ssd.path, "%s", file);
+    ck_assert_int_eq(open_err(c, err, sizeof err), KV_EIO);
+    ck_assert_msg(strstr(err, "not a directory"), "%s", err);
+
+    snprintf(c->ssd.path, sizeof c->ssd.path, "/proc/kvengine-test/store");
+    ck_assert_int_eq(open_err(c, err, sizeof err), KV_EIO);
+    ck_assert_msg(strstr(err, "/proc/kvengine-test"), "%s", err);
+
+    c->ssd.path[0] = '\0';
+    ck_assert_int_eq(open_err(c, err, sizeof err), KV_ECONFIG);
+    ck_assert_int_eq(kv__ssd_open(NULL, NULL, NULL, 0), KV_EINVAL);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+static void overwrite(const char *path, const char *bytes, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_TRUNC);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, bytes, len), (ssize_t)len);
+    close(fd);
+}
+
+/* The first file in dir whose name ends in suffix (or starts with prefix). */
+static int find_file(const char *dir, const char *prefix, const char *suffix, char *out, size_t len)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    while (d && (de = readdir(d)) && !found) {
+        size_t n = strlen(de->d_name), sl = suffix ? strlen(suffix) : 0;
+        if ((prefix && strncmp(de->d_name, prefix, strlen(prefix)) == 0) ||
+            (suffix && n > sl && strcmp(de->d_name + n - sl, suffix) == 0)) {
+            snprintf(out, len, "%s/%s", dir, de->d_name);
+            found = 1;
+        }
+    }
+    if (d)
+        closedir(d);
+    return found;
+}
+
+START_TEST(corrupt_store_directory)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    struct kv__ssd *s = open_ok(c);
+    ck_assert_int_eq(put(s, KV_NS_BLOCK, 1, 0, 10000), KV_OK);
+    kv__ssd_close(s);
+    char path[1024], err[512] = "";
+
+    /* Garbage MANIFEST (CURRENT still names it). */
+    ck_assert(find_file(dir, "MANIFEST-", NULL, path, sizeof path));
+    overwrite(path, "not a manifest at all, just some garbage bytes\n", 47);
+    ck_assert_int_eq(open_err(c, err, sizeof err), KV_EIO);
+    ck_assert_msg(strstr(err, dir) && strstr(err, "RocksDB"), "%s", err);
+
+    /* Garbage CURRENT. */
+    snprintf(path, sizeof path, "%s/CURRENT", dir);
+    overwrite(path, "\x01\x02garbage", 9);
+    err[0] = '\0';
+    ck_assert_int_eq(open_err(c, err, sizeof err), KV_EIO);
+    ck_assert_msg(strstr(err, "corrupt") || strstr(err, "Corruption"), "%s", err);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(corrupt_blob_file)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    c->ssd.sync = KV_SYNC_NONE;
+    struct kv__ssd *s = open_ok(c);
+    const size_t len = 32768;
+    for (uint64_t n = 0; n < 40; n++)
+        ck_assert_int_eq(put(s, KV_NS_BLOCK, n, 0, len), KV_OK);
+    kv__ssd_close(s);                     /* flushes: values now in a blob file */
+    char path[1024];
+    ck_assert(find_file(dir, NULL, ".blob", path, sizeof path));
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    int fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    /* Flip a run of bytes in several records' payloads. */
+    for (off_t off = st.st_size / 5; off < st.st_size - 1024; off += st.st_size / 5) {
+        uint8_t b[64];
+        ck_assert_int_eq(pread(fd, b, sizeof b, off), (ssize_t)sizeof b);
+        for (size_t i = 0; i < sizeof b; i++)
+            b[i] ^= 0xff;
+        ck_assert_int_eq(pwrite(fd, b, sizeof b, off), (ssize_t)sizeof b);
+    }
+    close(fd);
+    s = open_ok(c);
+    int ok = 0, miss = 0;
+    for (uint64_t n = 0; n < 40; n++) {
+        int rc = get(s, KV_NS_BLOCK, n, 0, len);   /* asserts right bytes on OK */
+        ck_assert(rc == KV_OK || rc == KV_ENOTFOUND);
+        ok += rc == KV_OK;
+        miss += rc == KV_ENOTFOUND;
+    }
+    ck_assert_int_ge(miss, 1);
+    ck_assert_int_ge(ok, 30);
+    ck_assert_uint_eq(stats(s).checksum_failures, (uint64_t)miss);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* A small tmpfs fills up: writes fail with KV_ENOSPC, what was stored stays
+ * readable, and the store reopens. Needs root (mount); skipped otherwise. */
+static void full_disk(int sync)
+{
+    char *dir = tu_mkdtemp();
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=8m") != 0) {
+        fprintf(stderr, "persist: full-disk test skipped (mount tmpfs: %s)\n", strerror(errno));
+        tu_rmdir(dir);
+        return;
+    }
+    char sub[200];
+    snprintf(sub, sizeof sub, "%.150s/store", dir);
+    kv_config *c = cfg_for(sub);
+    c->ssd.sync = sync;
+    struct kv__ssd *s = open_ok(c);
+    const size_t len = 262144;
+    int rc = KV_OK;
+    uint64_t n = 0;
+    for (; n < 100 && (rc = put(s, KV_NS_BLOCK, n, 0, len)) == KV_OK; n++)
+        ;
+    ck_assert_int_eq(rc, KV_ENOSPC);
+    ck_assert_uint_ge(n, 4);
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, i, 0, len), KV_OK);
+    ck_assert(!has(s, KV_NS_BLOCK, n, 0));
+    /* Small values still fit, or fail cleanly. */
+    rc = put(s, KV_NS_BLOCK, 500, 0, 100);
+    ck_assert(rc == KV_OK || rc == KV_ENOSPC);
+    kv__ssd_close(s);
+    s = open_ok(c);
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, i, 0, len), KV_OK);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    umount2(dir, MNT_DETACH);
+    tu_rmdir(dir);
+}
+
+START_TEST(full_disk_wal) { full_disk(KV_SYNC_WAL); }
+END_TEST
+START_TEST(full_disk_no_wal) { full_disk(KV_SYNC_NONE); }
+END_TEST
+
+Suite *persist_suite(void)
+{
+    Suite *s = suite_create("persist");
+    TCase *tc = tcase_create("store");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, write_read_contains_size_remove);
+    tcase_add_test(tc, checksum_failure_is_a_miss);
+    tcase_add_test(tc, reopen_rebuilds_the_index);
+    tcase_add_test(tc, capacity_gc_deletes_coldest_whole_blocks);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("spill");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, spill_queue_drops_and_drain);
+    tcase_add_test(tc, spill_then_remove);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("lock");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, lock_same_process);
+    tcase_add_test(tc, lock_other_process);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bad_input");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, bad_paths);
+    tcase_add_test(tc, corrupt_store_directory);
+    tcase_add_test(tc, corrupt_blob_file);
+    tcase_add_test(tc, full_disk_wal);
+    tcase_add_test(tc, full_disk_no_wal);
+    suite_add_tcase(s, tc);
+    return s;
+}
