@@ -1,0 +1,138 @@
+/*
+ * check_alloc.c — the segment allocator and the segment itself.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "internal.h"
+#include "segment.h"
+#include "testutil.h"
+
+static struct kv__segment seg;
+static struct kv__alloc *al;
+
+static void make(size_t mib)
+{
+    char err[256];
+    ck_assert_int_eq(kv__segment_map(&seg, mib << 20, KV_HUGE_AUTO, err, sizeof err), KV_OK);
+    ck_assert_int_eq(kv__alloc_new(&al, seg.base, seg.len, err, sizeof err), KV_OK);
+}
+
+static void unmake(void)
+{
+    kv__alloc_free_all(al);
+    kv__segment_unmap(&seg);
+}
+
+/* Fills the segment with values of one size; returns how many fit. */
+static size_t fill(size_t len, void **out, size_t max)
+{
+    size_t n = 0;
+    while (n < max && (out[n] = kv__alloc(al, len)) != NULL) {
+        uint8_t *p = out[n];
+        ck_assert(p >= seg.base);
+        ck_assert(p + len <= seg.base + seg.len);
+        ck_assert_uint_eq((uintptr_t)p % 64, 0);
+        n++;
+    }
+    return n;
+}
+
+START_TEST(equal_values_use_the_whole_segment)
+{
+    static void *p[70000];
+    /* The sizes KV caches use, and a few awkward ones. */
+    size_t sizes[] = { 1000, 4096, 65536, (1 << 20) - 4096, 1 << 20, 4 << 20, 3000, 40000 };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        make(64);
+        size_t n = fill(sizes[i], p, 70000);
+        double used = (double)n * (double)kv__alloc_size(al, sizes[i]) / (double)seg.len;
+        ck_assert_msg(used >= 0.98, "size %zu: %zu values use %.1f%% of the segment",
+                      sizes[i], n, used * 100);
+        if (sizes[i] >= 65536)                 /* page runs: not one page lost */
+            ck_assert_uint_eq(n, seg.len / kv__alloc_size(al, sizes[i]));
+        /* The class wastes at most a fifth of a small value, under a page
+         * of a large one. */
+        ck_assert_uint_le(kv__alloc_size(al, sizes[i]), sizes[i] + sizes[i] / 4 + 65536);
+        unmake();
+    }
+}
+END_TEST
+
+START_TEST(freed_memory_is_reused_by_other_sizes)
+{
+    static void *p[70000], *q[70000];
+    make(16);
+    size_t n = fill(1000, p, 70000);
+    ck_assert_uint_gt(n, 0);
+    ck_assert_ptr_null(kv__alloc(al, 1 << 20));       /* full */
+    for (size_t i = 0; i < n; i++)
+        kv__free(al, p[i], 1000);
+    ck_assert_uint_eq(kv__alloc_mapped(al), 0);       /* every page back */
+    size_t m = fill(1 << 20, q, 70000);
+    ck_assert_uint_eq(m, 16);                         /* small pages became large runs */
+    for (size_t i = 0; i < m; i++)
+        kv__free(al, q[i], 1 << 20);
+    ck_assert_uint_eq(kv__alloc_mapped(al), 0);
+    unmake();
+}
+END_TEST
+
+START_TEST(values_do_not_overlap)
+{
+    static void *p[4096];
+    static size_t len[4096];
+    make(32);
+    unsigned r = 1;
+    size_t n = 0;
+    for (; n < 4096; n++) {
+        r = r * 1103515245u + 12345u;
+        len[n] = 1 + (r >> 8) % 200000;
+        p[n] = kv__alloc(al, len[n]);
+        if (!p[n])
+            break;
+        memset(p[n], (int)(n & 0xff), len[n]);
+        if (n % 3 == 2) {                              /* free some as we go */
+            kv__free(al, p[n - 1], len[n - 1]);
+            p[n - 1] = NULL;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (!p[i])
+            continue;
+        const uint8_t *b = p[i];
+        for (size_t k = 0; k < len[i]; k += 997)
+            ck_assert_uint_eq(b[k], i & 0xff);
+    }
+    unmake();
+}
+END_TEST
+
+START_TEST(segment_of_zero_maps_nothing_and_huge_off_works)
+{
+    char err[256];
+    struct kv__segment s;
+    ck_assert_int_eq(kv__segment_map(&s, 0, KV_HUGE_AUTO, err, sizeof err), KV_OK);
+    ck_assert_ptr_null(s.base);
+    kv__segment_unmap(&s);
+    ck_assert_int_eq(kv__segment_map(&s, 4 << 20, KV_HUGE_OFF, err, sizeof err), KV_OK);
+    ck_assert_str_eq(s.pages, "4k");
+    ck_assert_uint_eq((uintptr_t)s.base % (2 << 20), 0);
+    memset(s.base, 1, s.len);
+    kv__segment_unmap(&s);
+}
+END_TEST
+
+Suite *alloc_suite(void)
+{
+    Suite *s = suite_create("alloc");
+    TCase *tc = tcase_create("alloc");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, equal_values_use_the_whole_segment);
+    tcase_add_test(tc, freed_memory_is_reused_by_other_sizes);
+    tcase_add_test(tc, values_do_not_overlap);
+    tcase_add_test(tc, segment_of_zero_maps_nothing_and_huge_off_works);
+    suite_add_tcase(s, tc);
+    return s;
+}
