@@ -49,7 +49,7 @@ SV_LIB    := $(if $(SV_SRC),$(BUILD)/softverbs/libibverbs.so.1)
 STATIC := $(BUILD)/libkvengine.a
 SHARED := $(BUILD)/libkvengine.so.$(VERSION)
 
-.PHONY: all lib tools test check bench install clean deps crashtest
+.PHONY: all lib tools test check bench install clean deps crashtest rdmatest
 all: lib tools
 
 # Installs missing Debian packages when run as root (see scripts/deps.sh).
@@ -100,6 +100,14 @@ ROUNDS ?= 20
 crashtest: all $(BUILD)/tests/check_kvengine
 	KV_BUILD=$(abspath $(BUILD)) KV_CRASH_ROUNDS=$(ROUNDS) CK_RUN_SUITE=crash \
 	    $(BUILD)/tests/check_kvengine
+
+# The RDMA transport through the libibverbs stand-in (tests/softverbs):
+# the stand-in is loaded in place of the real library for these suites.
+rdmatest: all $(BUILD)/tests/check_kvengine $(SV_LIB)
+	for s in rdma cluster; do \
+	    LD_LIBRARY_PATH=$(abspath $(BUILD))/softverbs KV_TEST_PROTOCOL=rdma CK_RUN_SUITE=$$s \
+	    KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine || exit 1; \
+	done
 
 bench: all
 	$(BUILD)/kvctl bench
