@@ -1,0 +1,570 @@
+/*
+ * check_cluster.c — the distributed DRAM tier, end to end on loopback:
+ * kvmaster + kvnode processes + engines in this process.
+ *
+ * The transport is KV_TEST_PROTOCOL (tcp when unset). Every process a test
+ * starts is killed and reaped in the teardown, and dies with the test if the
+ * test itself is killed (PR_SET_PDEATHSIG).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cluster.h"
+#include "master.h"
+#include "proto.h"
+#include "testutil.h"
+#include "transport.h"
+
+#define TOKEN "ctok"
+#define TTL_MS 1000
+#define MAXP 8
+
+static char *dir;
+static char master_addr[64];
+static pid_t procs[MAXP];
+static char node_addr[MAXP][64];
+static int nprocs;
+static kv_engine *engines[4];
+
+static const char *protocol(void)
+{
+    const char *p = getenv("KV_TEST_PROTOCOL");
+    return p && *p ? p : "tcp";
+}
+
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static pid_t spawn(char *const argv[], const char *log)
+{
+    ck_assert_int_lt(nprocs, MAXP);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    procs[nprocs++] = pid;
+    return pid;
+}
+
+/* The owners in the master's view, as an observer (a non-owner that leaves
+ * again at once). Returns the count; addresses into out. */
+static int view_owners(char (*out)[64], int cap)
+{
+    struct kv__mclient *mc;
+    ck_assert_int_eq(kv__mclient_open(master_addr, TOKEN, 1000, &mc), KV_OK);
+    struct kv__member me;
+    memset(&me, 0, sizeof me);
+    snprintf(me.id, sizeof me.id, "observer-%ld", (long)getpid());
+    snprintf(me.addr, sizeof me.addr, "127.0.0.1:1");
+    uint64_t v;
+    struct kv__member *list = NULL;
+    size_t n = 0;
+    int rc = kv__mclient_join(mc, &me, &v, &list, &n), k = 0;
+    if (rc == KV_OK) {
+        for (size_t i = 0; i < n; i++)
+            if (list[i].flags & KV_MEMBER_OWNER) {
+                if (k < cap && out)
+                    snprintf(out[k], 64, "%.63s", list[i].addr);
+                k++;
+            }
+        kv__mclient_leave(mc, &me);
+    }
+    free(list);
+    kv__mclient_close(mc);
+    return rc ? rc : k;
+}
+
+static void wait_owners(int want)
+{
+    uint64_t t0 = tu_now_ms();
+    int n = -1;
+    while (tu_now_ms() - t0 < 8000 && (n = view_owners(NULL, 0)) != want)
+        usleep(20000);
+    ck_assert_msg(n == want, "view has %d owners, want %d", n, want);
+}
+
+static void start_master(void)
+{
+    snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", free_port());
+    char bin[512], a1[128], a2[64], log[512];
+    snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
+    snprintf(a1, sizeof a1, "cluster.master=%s", master_addr);
+    snprintf(a2, sizeof a2, "cluster.node_ttl_ms=%d", TTL_MS);
+    snprintf(log, sizeof log, "%s/kvmaster.log", dir);
+    char *argv[] = { bin, "--set", a1, "--set", a2, "--set", "cluster.token=" TOKEN, NULL };
+    spawn(argv, log);
+    uint64_t t0 = tu_now_ms();
+    while (view_owners(NULL, 0) < 0 && tu_now_ms() - t0 < 5000)
+        usleep(20000);
+}
+
+/* A kvnode with cap bytes of DRAM and replica_num r; returns its index. */
+static int start_node(const char *cap, unsigned r)
+{
+    int i = nprocs;
+    snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", free_port());
+    char bin[512], log[512], s[8][160];
+    snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
+    snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
+    snprintf(s[0], sizeof s[0], "cluster.master=%s", master_addr);
+    snprintf(s[1], sizeof s[1], "cluster.listen=%s", node_addr[i]);
+    snprintf(s[2], sizeof s[2], "dram.capacity=%s", cap);
+    snprintf(s[3], sizeof s[3], "cluster.replica_num=%u", r);
+    snprintf(s[4], sizeof s[4], "cluster.node_ttl_ms=%d", TTL_MS);
+    snprintf(s[5], sizeof s[5], "cluster.protocol=%s", protocol());
+    snprintf(s[6], sizeof s[6], "cluster.token=%s", TOKEN);
+    char *argv[] = { bin, "--set", s[0], "--set", s[1], "--set", s[2], "--set", s[3],
+                     "--set", s[4], "--set", s[5], "--set", s[6], "--set", "pipeline=dram",
+                     "--set", "io.threads=2", NULL };
+    spawn(argv, log);
+    return i;
+}
+
+/* An engine in this process: cap "0" is a pure client. */
+static int open_engine(const char *cap, unsigned r, const char *token, kv_engine **out)
+{
+    kv_config *cfg;
+    char v[160];
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", cap), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.master", master_addr), KV_OK);
+    snprintf(v, sizeof v, "127.0.0.1:%u", free_port());
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.listen", v), KV_OK);
+    snprintf(v, sizeof v, "%u", r);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.replica_num", v), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.token", token), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", protocol()), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", "1000"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "io.threads", "2"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", "3000"), KV_OK);
+    *out = NULL;
+    int rc = kv_open(cfg, out);
+    kv_config_free(cfg);
+    for (int i = 0; rc == KV_OK && i < 4; i++)
+        if (!engines[i]) {
+            engines[i] = *out;
+            break;
+        }
+    return rc;
+}
+
+static void setup(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    dir = tu_mkdtemp();
+    nprocs = 0;
+    start_master();
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < 4; i++) {
+        kv_close(engines[i]);
+        engines[i] = NULL;
+    }
+    for (int i = nprocs - 1; i >= 0; i--) {
+        if (procs[i] <= 0)
+            continue;
+        kill(procs[i], SIGKILL);
+        waitpid(procs[i], NULL, 0);
+        procs[i] = 0;
+    }
+    nprocs = 0;
+    tu_rmdir(dir);
+}
+
+static void kill_proc(int i)
+{
+    kill(procs[i], SIGKILL);
+    waitpid(procs[i], NULL, 0);
+    procs[i] = 0;
+}
+
+/* n shards of len bytes: blocks 0..n-1 (salt), shard index i % 2. */
+struct set {
+    size_t n, len;
+    uint8_t *src, *dst;
+    kv_iov *siov, *diov;
+    kv_shard *dump, *load;
+};
+
+static struct set make_set(size_t n, size_t len, uint64_t salt)
+{
+    struct set s = { .n = n, .len = len };
+    s.src = malloc(n * len);
+    s.dst = malloc(n * len);
+    s.siov = calloc(n * 2, sizeof *s.siov);
+    s.diov = calloc(n * 2, sizeof *s.diov);
+    s.dump = calloc(n, sizeof *s.dump);
+    s.load = calloc(n, sizeof *s.load);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *p = s.src + i * len, *q = s.dst + i * len;
+        tu_fill(p, len, salt * 1000 + i);
+        /* two iovecs per shard: the copy paths must handle scatter/gather */
+        s.siov[2 * i] = (kv_iov){ p, len / 3 };
+        s.siov[2 * i + 1] = (kv_iov){ p + len / 3, len - len / 3 };
+        s.diov[2 * i] = (kv_iov){ q, len / 2 };
+        s.diov[2 * i + 1] = (kv_iov){ q + len / 2, len - len / 2 };
+        kv_block_id id = tu_id(i / 2, salt);
+        s.dump[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.siov[2 * i],
+                                .iovcnt = 2 };
+        s.load[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.diov[2 * i],
+                                .iovcnt = 2 };
+    }
+    return s;
+}
+
+static void free_set(struct set *s)
+{
+    free(s->src);
+    free(s->dst);
+    free(s->siov);
+    free(s->diov);
+    free(s->dump);
+    free(s->load);
+}
+
+static int run_task(kv_engine *e, int dump, const kv_shard *sh, size_t n)
+{
+    kv_task t = 0;
+    int rc = dump ? kv_dump(e, sh, n, &t) : kv_load(e, sh, n, &t);
+    return rc ? rc : kv_wait(e, t, 10000);
+}
+
+START_TEST(three_nodes_two_engines)
+{
+    for (int i = 0; i < 3; i++)
+        start_node("32MiB", 1);
+    wait_owners(3);
+    kv_engine *owner, *client;
+    ck_assert_int_eq(open_engine("16MiB", 1, TOKEN, &owner), KV_OK);   /* serves too */
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);      /* pure client */
+    wait_owners(4);   /* the pure client is a member, not an owner */
+    struct set s = make_set(48, 48 << 10, 1);
+    ck_assert_int_eq(run_task(owner, 1, s.dump, s.n), KV_OK);
+    /* lookup and load from the other engine: every block, bytes equal */
+    kv_block_id ids[24];
+    uint8_t hit[24];
+    for (int i = 0; i < 24; i++)
+        ids[i] = tu_id((uint64_t)i, 1);
+    ck_assert_int_eq(kv_lookup(client, ids, 24, hit), KV_OK);
+    for (int i = 0; i < 24; i++)
+        ck_assert_msg(hit[i] == 1, "block %d missed", i);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    /* and back through the owner engine (its own blocks without the network) */
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(owner, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    /* a block nobody has: a miss, and a failed load */
+    kv_block_id none = tu_id(999, 1);
+    ck_assert_int_eq(kv_lookup(client, &none, 1, hit), KV_OK);
+    ck_assert_int_eq(hit[0], 0);
+    kv_shard miss = s.load[0];
+    miss.block = none;
+    ck_assert_int_eq(run_task(client, 0, &miss, 1), KV_ENOTFOUND);
+    free_set(&s);
+}
+END_TEST
+
+START_TEST(replica_failover)
+{
+    for (int i = 0; i < 3; i++)
+        start_node("32MiB", 2);
+    wait_owners(3);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    struct set s = make_set(64, 64 << 10, 2);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    int loads = 0, failed = 0, n = 0;
+    uint64_t killed_at = 0, gone = 0;
+    char owners[4][64];
+    /* Load in batches of 8; SIGKILL node 1 after the first full pass and
+     * keep loading for 1.5 s, watching the view between batches. */
+    for (int round = 0; ; round++) {
+        for (size_t b = 0; b < s.n; b += 8) {
+            int rc = run_task(client, 0, s.load + b, 8);
+            loads++;
+            if (rc != KV_OK || memcmp(s.src + b * s.len, s.dst + b * s.len, 8 * s.len) != 0)
+                failed++;
+            if (killed_at && !gone) {
+                n = view_owners(owners, 4);
+                int present = 0;
+                for (int i = 0; i < n && i < 4; i++)
+                    present |= strcmp(owners[i], node_addr[1]) == 0;
+                if (n >= 0 && !present)
+                    gone = tu_now_ms() - killed_at;
+            }
+        }
+        if (round == 0) {
+            kill_proc(1);
+            killed_at = tu_now_ms();
+        } else if (tu_now_ms() - killed_at > (gone ? 1500 : 5000)) {
+            break;
+        }
+    }
+    ck_assert_int_gt(loads, 16);
+    ck_assert_msg(failed == 0, "%d of %d loads failed", failed, loads);
+    /* the dead node left the view within node_ttl_ms (+ sweep and poll
+     * slack: the master sweeps every 20 ms, we look between batches) */
+    ck_assert_msg(gone > 0, "dead node still in the view");
+    ck_assert_msg(gone <= TTL_MS + 150, "dead node left after %llu ms",
+                  (unsigned long long)gone);
+    ck_assert_int_eq(n, 2);
+    /* and after the view changed, everything still loads */
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+/* A raw transport client to a node, with a given token. */
+static struct kv__transport *raw_client(const char *token)
+{
+    const struct kv__transport_ops *T = &kv__tcp_transport;
+    struct kv__net_opts o = { .timeout_ms = 2000, .threads = 1 };
+    snprintf(o.token, sizeof o.token, "%s", token);
+    struct kv__transport *t;
+    ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
+    return t;
+}
+
+START_TEST(wrong_token_refused)
+{
+    start_node("16MiB", 1);
+    wait_owners(1);
+    kv_engine *e = NULL;
+    ck_assert_int_eq(open_engine("0", 1, "not-the-token", &e), KV_EPERM);
+    ck_assert_ptr_null(e);
+    if (strcmp(protocol(), "tcp") == 0) {
+        const struct kv__transport_ops *T = &kv__tcp_transport;
+        struct kv__transport *t = raw_client("not-the-token");
+        struct kv__conn *c = NULL;
+        ck_assert_int_eq(T->connect(t, node_addr[1], &c), KV_EPERM);
+        T->destroy(t);
+    }
+    /* the node and the master still serve members with the token */
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
+    struct set s = make_set(4, 4096, 3);
+    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+static int raw_fd(const char *a)
+{
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(a, &sa), KV_OK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = { .tv_sec = 3 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+START_TEST(hostile_peer)
+{
+    if (strcmp(protocol(), "tcp") != 0)
+        return;   /* raw tcp frames; the rdma suite has its own */
+    int node = start_node("16MiB", 1);
+    wait_owners(1);
+    const char *a = node_addr[node];
+    uint8_t b[KV_PROTO_HDR_LEN + 64];
+    struct kv__hdr h = { .type = KV_MSG_HELLO, .body_len = 8, .req_id = 1 };
+    /* truncated, oversized, unknown version: each closes that connection */
+    for (int k = 0; k < 3; k++) {
+        int fd = raw_fd(a);
+        kv__hdr_encode(&h, b);
+        size_t len = KV_PROTO_HDR_LEN + 8;
+        if (k == 0)
+            len = 20;
+        if (k == 1)
+            kv__put32(b + 8, 0x7fffffff);
+        if (k == 2)
+            b[4] = 0;
+        ck_assert_int_eq(send(fd, b, len, MSG_NOSIGNAL), (ssize_t)len);
+        if (k == 0)
+            shutdown(fd, SHUT_WR);
+        ck_assert_int_le(recv(fd, b, sizeof b, 0), 0);
+        close(fd);
+    }
+    /* out of bounds through an authenticated connection */
+    const struct kv__transport_ops *T = &kv__tcp_transport;
+    struct kv__transport *t = raw_client(TOKEN);
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(t, a, &c), KV_OK);
+    size_t big = 24u << 20;   /* more than the node's whole segment */
+    uint8_t *g = calloc(1, big);
+    kv_iov gi = { g, big };
+    struct kv__op o = { .kind = KV_OP_DUMP, .ns = KV_NS_BLOCK, .id = tu_id(1, 4), .iov = &gi,
+                        .iovcnt = 1 };
+    ck_assert_int_eq(T->batch(c, &o, 1), KV_OK);
+    ck_assert_int_ne(o.result, KV_OK);   /* no room: refused, connection fine */
+    o = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = KV_NS_BLOCK, .id = tu_id(1, 4) };
+    ck_assert_int_eq(T->batch(c, &o, 1), KV_OK);
+    ck_assert_int_eq(o.hit, 0);
+    T->close(c);
+    free(g);
+    /* a load asking for more than a value can hold: the connection goes */
+    int fd = raw_fd(a);
+    int blen = kv__hello_encode(TOKEN, "raw", b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    h = (struct kv__hdr){ .type = KV_MSG_HELLO, .body_len = (uint32_t)blen, .req_id = 1 };
+    kv__hdr_encode(&h, b);
+    send(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, MSG_NOSIGNAL);
+    ck_assert_int_eq(recv(fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL), KV_PROTO_HDR_LEN);
+    struct kv__wire_req q = { .kind = KV_OP_LOAD, .id = tu_id(1, 4), .len = 1ull << 40 };
+    h = (struct kv__hdr){ .type = KV_MSG_BATCH, .body_len = (uint32_t)kv__batch_body_len(1),
+                          .req_id = 2 };
+    kv__hdr_encode(&h, b);
+    kv__batch_encode(&q, 1, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    send(fd, b, KV_PROTO_HDR_LEN + h.body_len, MSG_NOSIGNAL);
+    ck_assert_int_le(recv(fd, b, sizeof b, 0), 0);
+    close(fd);
+    /* the node kept serving throughout */
+    kv_engine *e;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
+    struct set s = make_set(6, 100 << 10, 5);
+    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+    T->destroy(t);
+}
+END_TEST
+
+/* The net layer alone: memstore-backed cluster nodes in child processes and
+ * a pure client through the kv__cluster_* seam, no engine involved. */
+static volatile sig_atomic_t child_stop;
+static void on_term(int sig) { (void)sig; child_stop = 1; }
+
+static void start_memnode(unsigned r)
+{
+    ck_assert_int_lt(nprocs, MAXP);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        signal(SIGTERM, on_term);
+        struct kv_config cfg;
+        kv__config_defaults(&cfg);
+        snprintf(cfg.cluster.master, sizeof cfg.cluster.master, "%s", master_addr);
+        snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "127.0.0.1:0");
+        snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
+        cfg.cluster.protocol = KV_PROTO_TCP;
+        cfg.cluster.replica_num = r;
+        cfg.cluster.node_ttl_ms = TTL_MS;
+        struct kv__backend *be = kv__memstore_new(64u << 20);
+        struct kv__cluster *c;
+        if (kv__cluster_start_backend(be, &cfg, &c, NULL, 0) != KV_OK)
+            _exit(3);
+        while (!child_stop)
+            usleep(10000);
+        kv__cluster_stop(c);
+        kv__memstore_free(be);
+        _exit(0);
+    }
+    procs[nprocs++] = pid;
+}
+
+START_TEST(net_layer_without_engine)
+{
+    start_memnode(2);
+    start_memnode(2);
+    wait_owners(2);
+    struct kv_config cfg;
+    kv__config_defaults(&cfg);
+    snprintf(cfg.cluster.master, sizeof cfg.cluster.master, "%s", master_addr);
+    snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
+    cfg.cluster.protocol = KV_PROTO_TCP;
+    cfg.cluster.replica_num = 2;
+    cfg.cluster.node_ttl_ms = TTL_MS;
+    cfg.dram.capacity = 0;
+    struct kv__cluster *c;
+    char err[256] = "";
+    ck_assert_msg(kv__cluster_start_backend(NULL, &cfg, &c, err, sizeof err) == KV_OK, "%s", err);
+    uint64_t ver;
+    size_t members, owners;
+    kv__cluster_view(c, &ver, &members, &owners);
+    ck_assert_uint_eq(owners, 2);
+    ck_assert_str_eq(kv__cluster_addr(c), "");
+    struct set s = make_set(20, 10000, 6);
+    int res[20];
+    uint8_t hit[20];
+    ck_assert_int_eq(kv__cluster_dump(c, KV_NS_BLOCK, s.dump, s.n, res), KV_OK);
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(res[i], KV_OK);
+    kv_block_id ids[10];
+    for (int i = 0; i < 10; i++)
+        ids[i] = tu_id((uint64_t)i, 6);
+    ck_assert_int_eq(kv__cluster_lookup(c, KV_NS_BLOCK, ids, 10, hit), KV_OK);
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(hit[i], 1);
+    /* the other namespace is separate */
+    ck_assert_int_eq(kv__cluster_lookup(c, KV_NS_KEY, ids, 10, hit), KV_OK);
+    ck_assert_int_eq(hit[0], 0);
+    uint64_t len = 0;
+    ck_assert_int_eq(kv__cluster_size(c, KV_NS_BLOCK, &ids[3], 1, &len), KV_OK);
+    ck_assert_uint_eq(len, 10000);
+    ck_assert_int_eq(kv__cluster_load(c, KV_NS_BLOCK, s.load, s.n, res), KV_OK);
+    for (int i = 0; i < 20; i++)
+        ck_assert_int_eq(res[i], KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    /* a size mismatch is the caller's: KV_EINVAL, no failover to hide it */
+    kv_iov small = { s.dst, 10 };
+    kv_shard bad = s.load[0];
+    bad.iov = &small;
+    bad.iovcnt = 1;
+    ck_assert_int_eq(kv__cluster_load(c, KV_NS_BLOCK, &bad, 1, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_EINVAL);
+    ck_assert_int_eq(kv__cluster_register_buffer(c, s.dst, 4096), KV_OK);
+    ck_assert_int_eq(kv__cluster_unregister_buffer(c, s.dst), KV_OK);
+    kv__cluster_stop(c);
+    free_set(&s);
+}
+END_TEST
+
+Suite *cluster_suite(void)
+{
+    Suite *s = suite_create("cluster");
+    TCase *tc = tcase_create("loopback");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, net_layer_without_engine);
+    tcase_add_test(tc, three_nodes_two_engines);
+    tcase_add_test(tc, replica_failover);
+    tcase_add_test(tc, wrong_token_refused);
+    tcase_add_test(tc, hostile_peer);
+    suite_add_tcase(s, tc);
+    return s;
+}
