@@ -724,9 +724,17 @@ int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t ind
     uint64_t len = kv__iov_len(iov, iovcnt);
     if (len > KV_VALUE_MAX)
         return KV_EINVAL;
-    if (kv__sidx_get(&s->idx, ns, id->bytes, index, NULL))
-        return KV_OK;
-    int rc = kv__ssd_make_room(s, len, len + HDR_LEN);
+    /* Present: skipped. But a value only queued for spill (PENDING) is not
+     * durable yet, and this caller (write-through) is promised it is, so
+     * it is written now; the spill writer's copy lands later, harmlessly. */
+    struct kv__sent cur;
+    bool pending = false;
+    if (kv__sidx_get(&s->idx, ns, id->bytes, index, &cur)) {
+        if (cur.state == KV__ENT_STORED)
+            return KV_OK;
+        pending = true;
+    }
+    int rc = kv__ssd_make_room(s, pending ? 0 : len, len + HDR_LEN);
     if (rc != KV_OK) {
         atomic_fetch_add(&s->enospc, 1);
         return rc;
@@ -745,7 +753,10 @@ int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t ind
         e.size = (uint32_t)len;
         e.stamp = stamp;
         e.state = KV__ENT_STORED;
-        if (kv__sidx_insert(&s->idx, &e, NULL) < 0)
+        int ins = kv__sidx_insert(&s->idx, &e, NULL);
+        if (ins == 0)
+            kv__sidx_transition(&s->idx, ns, id->bytes, index, KV__ENT_PENDING, KV__ENT_STORED);
+        else if (ins < 0)
             rc = KV_ENOMEM;
     } else if (rc == KV_ENOSPC) {
         atomic_fetch_add(&s->enospc, 1);

@@ -187,8 +187,12 @@ static void *writer_main(void *arg)
                     continue;
                 uint32_t idx = v->shards[i].index;
                 if (rc == KV_OK) {
+                    /* Not PENDING any more: either a synchronous write made it
+                     * STORED (fine) or a remove deleted it while in flight. */
                     if (!kv__sidx_transition(&s->idx, v->ns, v->id.bytes, idx, KV__ENT_PENDING,
-                                             KV__ENT_STORED) && ngone < KV__ARRAY_LEN(gone)) {
+                                             KV__ENT_STORED) &&
+                        !kv__sidx_get(&s->idx, v->ns, v->id.bytes, idx, NULL) &&
+                        ngone < KV__ARRAY_LEN(gone)) {
                         /* Removed while being written: undo on disk. */
                         memset(&gone[ngone], 0, sizeof gone[ngone]);
                         gone[ngone].ns = (unsigned)v->ns;
