@@ -242,9 +242,9 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     if (c->be) {
         const char *colon = strrchr(bound, ':');
         if (strncmp(bound, "0.0.0.0:", 8) == 0)
-            snprintf(c->self.addr, sizeof c->self.addr, "%s%s", ip, colon);
+            snprintf(c->self.addr, sizeof c->self.addr, "%.63s%.16s", ip, colon);
         else
-            snprintf(c->self.addr, sizeof c->self.addr, "%s", bound);
+            snprintf(c->self.addr, sizeof c->self.addr, "%.128s", bound);
         snprintf(c->self.id, sizeof c->self.id, "%s", c->self.addr);
         c->self.flags = KV_MEMBER_OWNER;
         if (c->ops->segments) {
@@ -450,7 +450,7 @@ static void run_peer(struct kv__cluster *c, struct peer *p, struct kv__op *ops, 
  * in a scratch copy, then results copied back.
  */
 static int run_grouped(struct kv__cluster *c, struct view *v, struct kv__op *ops,
-                       const size_t *owner, size_t n)
+                       size_t *owner, size_t n)
 {
     if (!n)
         return KV_OK;

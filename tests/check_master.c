@@ -78,11 +78,11 @@ static int join(struct kv__mclient *mc, const struct kv__member *m, uint64_t *ve
         return rc;
     if (version)
         *version = v;
+    int present = 0;
     for (size_t i = 0; expect_absent && i < n; i++)
-        if (strcmp(list[i].id, expect_absent) == 0)
-            n = 1000;   /* still there */
+        present |= strcmp(list[i].id, expect_absent) == 0;
     free(list);
-    return (int)n;
+    return present ? 1000 : (int)n;   /* 1000: expect_absent is still there */
 }
 
 static void start_master(const char *token, unsigned ttl)
