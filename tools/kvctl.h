@@ -203,8 +203,8 @@ struct kvctl_jobs;
 int  kvctl_jobs_new(const struct kvctl_workload *w, struct kvctl_jobs **out);
 void kvctl_jobs_free(struct kvctl_jobs *j);
 /* The memcpy baseline: every job copies its value buffer into its
- * pre-touched destinations as many times as it writes objects (or for at
- * most `seconds`, when > 0). MiB/s. */
+ * pre-touched destinations as many times as it writes objects (at least
+ * 256 times; for at most `seconds`, when > 0). MiB/s. */
 double kvctl_jobs_memcpy(struct kvctl_jobs *j, double seconds);
 /* Forgets what was written, before a run against a fresh backend. */
 void kvctl_jobs_reset(struct kvctl_jobs *j);

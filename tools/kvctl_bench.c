@@ -55,7 +55,8 @@ static void usage(FILE *f)
             "  write_perf    write every object (write)\n"
             "  read_perf     prepare, look up every id once, read all (write, lookup, read)\n"
             "  mixed_rw      prepare, then for --runtime seconds random reads of prepared\n"
-            "                objects and writes of new ones (write, mixed_read, mixed_write)\n"
+            "                objects and writes of new ones (write, mixed_read, mixed_write);\n"
+            "                a prepared object that eviction dropped is a miss from then on\n"
             "\n"
             "Options:\n"
             "      --scenario NAME      the workload (default: read_perf)\n"
@@ -126,16 +127,15 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
                               .numjobs = 1, .batch_size = 8, .rwmixread = 70, .runtime = -1,
                               .pattern = -1 };
-    int opt, idx;
+    int opt;
     uint64_t v;
     optind = 0;
-    while ((opt = getopt_long(argc, argv, "c:s:h", longopts, &idx)) != -1) {
+    while ((opt = getopt_long(argc, argv, "c:s:h", longopts, NULL)) != -1) {
         int r = kvctl_common_opt(c, opt, optarg);
         if (r < 0)
             return -r;
         if (r > 0)
             continue;
-        const char *name = opt >= 256 ? longopts[idx].name : "";
         switch (opt) {
         case 'h':
             usage(stdout);
@@ -193,7 +193,6 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             o->posix_dir = optarg;
             break;
         default:
-            (void)name;
             usage(stderr);
             return KVCTL_EXIT_USAGE;
         }

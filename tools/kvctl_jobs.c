@@ -178,9 +178,10 @@ void kvctl_jobs_free(struct kvctl_jobs *js)
         return;
     for (unsigned i = 0; js->job && i < js->w.numjobs; i++) {
         struct job *jb = &js->job[i];
-        free(jb->payload), free(jb->hdr), free(jb->rbuf), free(jb->wiov), free(jb->riov);
-        free(jb->sh), free(jb->obj), free(jb->res), free(jb->ids), free(jb->hit);
-        free(jb->st[0].lat), free(jb->st[1].lat);
+        void *bufs[] = { jb->payload, jb->hdr, jb->rbuf, jb->wiov, jb->riov, jb->sh,
+                         jb->obj, jb->res, jb->ids, jb->hit, jb->st[0].lat, jb->st[1].lat };
+        for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++)
+            free(bufs[b]);
     }
     free(js->job);
     free(js);
@@ -389,15 +390,20 @@ static void run_mixed(struct job *jb)
     }
 }
 
+/* At least this many copies per job, so that a tiny run still times
+ * something longer than the clock's resolution. */
+#define MEMCPY_MIN_COPIES 256
+
 static void run_memcpy(struct job *jb)
 {
     struct kvctl_jobs *js = jb->js;
     uint64_t vs = js->w.value_size;
-    for (uint64_t k = jb->lo; k < jb->hi && !out_of_time(js); k++) {
-        memcpy(jb->rbuf + ((k - jb->lo) % js->slots) * vs, jb->payload, vs);
+    uint64_t copies = jb->hi - jb->lo > MEMCPY_MIN_COPIES ? jb->hi - jb->lo : MEMCPY_MIN_COPIES;
+    for (uint64_t k = 0; k < copies && !out_of_time(js); k++) {
+        memcpy(jb->rbuf + (k % js->slots) * vs, jb->payload, vs);
         jb->st[0].bytes += vs;
         jb->st[0].ops++;
-        if ((k & 63) == 0)
+        if ((k & 63) == 63)
             progress_add(js, 64);
     }
 }

@@ -169,7 +169,7 @@ void kvctl_report_print(FILE *f, const struct kvctl_report *r)
         fprintf(f, ", runtime %.1f s", r->runtime);
     if (strcmp(r->scenario, "mixed_rw") == 0)
         fprintf(f, ", %u%% reads", r->rwmixread);
-    fprintf(f, "\n  memcpy %.1f MiB/s (%u thread%s, same bytes)\n", r->memcpy_mib_s, r->numjobs,
+    fprintf(f, "\n  memcpy %.1f MiB/s (%u thread%s)\n", r->memcpy_mib_s, r->numjobs,
             r->numjobs == 1 ? "" : "s");
     for (int i = 0; i < r->nruns; i++)
         print_run(f, r, &r->runs[i]);
