@@ -31,19 +31,27 @@ struct cand {
     bool valid;
 };
 
-static bool evictable(const struct kv__blk *b, uint64_t now)
-{
-    return b->pins == 0 && b->stamp <= now;
-}
-
-/* The oldest evictable block of a shard, or NULL (lock held). */
+/* The oldest evictable block of a shard, or NULL (lock held). A lookup
+ * leases a block by moving its stamp into the future without relinking it
+ * (engine.c), so the list is LRU order except for leased blocks: those met
+ * here are promoted to the head (a second chance, as in CLOCK), and the
+ * oldest stamp among the evictable blocks of the window wins. */
 static struct kv__blk *oldest(struct kv__tshard *ts, uint64_t now)
 {
+    struct kv__blk *best = NULL;
     int n = 0;
-    for (struct kv__blk *b = ts->lru_tail; b && n < SCAN_LIMIT; b = b->prev, n++)
-        if (evictable(b, now))
-            return b;
-    return NULL;
+    for (struct kv__blk *b = ts->lru_tail, *prev; b && n < SCAN_LIMIT; b = prev, n++) {
+        prev = b->prev;
+        if (b->stamp > now) {
+            kv__blk_touch(ts, b, now);          /* leased: to the head */
+            continue;
+        }
+        if (b->pins == 0 && (!best || b->stamp < best->stamp))
+            best = b;
+        if (best && best == b && (!prev || prev->stamp >= b->stamp))
+            break;                              /* in order: nothing older ahead */
+    }
+    return best;
 }
 
 static void release_victim(struct kv__victim *v)

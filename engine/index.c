@@ -38,13 +38,14 @@ int kv__table_init(struct kv__table *t, uint32_t nshards)
         struct kv__tshard *ts = &t->sh[i];
         memset(ts, 0, sizeof *ts);
         pthread_mutex_init(&ts->lock, NULL);
-        ts->buckets = calloc(MIN_BUCKETS, sizeof *ts->buckets);
+        struct kv__blk **b = calloc(MIN_BUCKETS, sizeof *b);
+        __atomic_store_n(&ts->buckets, b, __ATOMIC_RELAXED);
         if (!ts->buckets) {
             t->n = i + 1;
             kv__table_destroy(t, NULL, NULL);
             return KV_ENOMEM;
         }
-        ts->mask = MIN_BUCKETS - 1;
+        __atomic_store_n(&ts->mask, MIN_BUCKETS - 1, __ATOMIC_RELAXED);
         ts->index_bytes = MIN_BUCKETS * sizeof *ts->buckets;
     }
     return KV_OK;
@@ -112,8 +113,8 @@ static void grow(struct kv__tshard *ts)
     }
     ts->index_bytes += (uint64_t)(n - (ts->mask + 1)) * sizeof *nb;
     free(ts->buckets);
-    ts->buckets = nb;
-    ts->mask = n - 1;
+    __atomic_store_n(&ts->buckets, nb, __ATOMIC_RELAXED);
+    __atomic_store_n(&ts->mask, n - 1, __ATOMIC_RELAXED);
 }
 
 static void lru_push_head(struct kv__tshard *ts, struct kv__blk *b)

@@ -83,6 +83,17 @@ static inline struct kv__tshard *kv__table_shard(struct kv__table *t, uint64_t h
 }
 
 struct kv__blk *kv__blk_find(struct kv__tshard *ts, uint64_t h, const kv_block_id *id);
+
+/* Starts loading the bucket of h into the cache, without the lock: batch
+ * lookups prefetch a few ids ahead so the misses overlap. buckets and mask
+ * are written with atomic stores (under the lock) for this reader; a stale
+ * pair only makes a useless prefetch, never a fault. */
+static inline void kv__bucket_prefetch(struct kv__tshard *ts, uint64_t h)
+{
+    struct kv__blk **b = __atomic_load_n(&ts->buckets, __ATOMIC_RELAXED);
+    uint32_t m = __atomic_load_n(&ts->mask, __ATOMIC_RELAXED);
+    __builtin_prefetch(&b[h & m]);
+}
 struct kv__sref *kv__blk_sref(struct kv__blk *b, uint32_t index);
 static inline struct kv__sref *kv__blk_srefs(struct kv__blk *b)
 {
