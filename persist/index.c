@@ -104,12 +104,12 @@ static void account(struct kv__sindex *x, const struct kv__sent *e, int sign)
     if (sign > 0) {
         atomic_fetch_add(&x->entries, 1);
         atomic_fetch_add(&x->bytes, e->size);
-        if (e->index == 0)
+        if (e->index == 0 && e->ns == KV_NS_BLOCK)
             atomic_fetch_add(&x->blocks, 1);
     } else {
         atomic_fetch_sub(&x->entries, 1);
         atomic_fetch_sub(&x->bytes, e->size);
-        if (e->index == 0)
+        if (e->index == 0 && e->ns == KV_NS_BLOCK)
             atomic_fetch_sub(&x->blocks, 1);
     }
 }

@@ -71,7 +71,7 @@ struct kv__sishard {
 struct kv__sindex {
     struct kv__sishard *sh;
     uint32_t nshards;        /* a power of two */
-    _Atomic uint64_t entries, blocks, bytes;   /* blocks: entries with index 0 */
+    _Atomic uint64_t entries, blocks, bytes;   /* blocks: KV_NS_BLOCK entries with index 0 */
 };
 
 int  kv__sidx_init(struct kv__sindex *x, uint32_t nshards);

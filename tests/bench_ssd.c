@@ -268,10 +268,18 @@ int main(int argc, char **argv)
             fv->sh.len = (uint32_t)g_size;
             fv->sh.data = block_data(i);
             fv->v.release = fv_release;
+            struct kv__ssd_info in;
+            for (kv__ssd_info(s, &in); in.queued_bytes + g_size > cfg->ssd.spill_queue; kv__ssd_info(s, &in))
+                k.drain(k.ctx, 5);
             k.accept(k.ctx, &fv->v);
         }
         while (k.drain(k.ctx, 1000) > 0)
             ;
+        kv_stats st;
+        memset(&st, 0, sizeof st);
+        kv__ssd_stats(s, &st);
+        printf("open: filled %llu blocks (%llu dropped)\n", (unsigned long long)st.spills,
+               (unsigned long long)st.spill_drops);
         kv__ssd_close(s);
         if (system("sync") != 0)
             return 1;

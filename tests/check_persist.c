@@ -206,7 +206,7 @@ START_TEST(reopen_rebuilds_the_index)
     kv__ssd_close(s);
     s = open_ok(c);
     kv_stats after = stats(s);
-    ck_assert_uint_eq(after.ssd_blocks, 200);
+    ck_assert_uint_eq(after.ssd_blocks, 100);   /* plain keys (odd n) are not blocks */
     ck_assert_uint_eq(after.ssd_used, before.ssd_used);
     for (uint64_t n = 0; n < 200; n++)
         for (uint32_t i = 0; i < 2; i++) {

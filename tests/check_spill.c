@@ -1,0 +1,193 @@
+/*
+ * check_spill.c — the SSD tier behind the public API: dram|ssd spilling
+ * under eviction, the ssd-only pipeline, write-through, reopen.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+static kv_stats stats(kv_engine *e)
+{
+    kv_stats st;
+    memset(&st, 0, sizeof st);
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    return st;
+}
+
+/* Dumps that found no room (KV_ENOSPC, allowed: it is a cache) while
+ * write-back was in flight; retried after a pause, and reported. */
+static unsigned enospc_retries;
+
+static void dump_n(kv_engine *e, uint64_t from, uint64_t to, size_t len)
+{
+    uint8_t *b = malloc(len);
+    for (uint64_t n = from; n < to; n++) {
+        tu_fill(b, len, n);
+        int rc;
+        for (int tries = 0; (rc = tu_dump1(e, tu_id(n, 3), 0, b, len)) == KV_ENOSPC && tries < 100; tries++) {
+            enospc_retries++;
+            usleep(2000);
+        }
+        ck_assert_msg(rc == KV_OK, "dump %llu: %s", (unsigned long long)n, kv_strerror(rc));
+    }
+    free(b);
+    if (enospc_retries)
+        fprintf(stderr, "spill: %u dumps refused with ENOSPC during write-back, retried\n",
+                enospc_retries);
+}
+
+static void load_n(kv_engine *e, uint64_t from, uint64_t to, size_t len)
+{
+    uint8_t *b = malloc(len);
+    for (uint64_t n = from; n < to; n++) {
+        memset(b, 0, len);
+        int rc = tu_load1(e, tu_id(n, 3), 0, b, len);
+        ck_assert_msg(rc == KV_OK, "block %llu: %s", (unsigned long long)n, kv_strerror(rc));
+        ck_assert_msg(tu_check_fill(b, len, n), "block %llu: wrong bytes", (unsigned long long)n);
+    }
+    free(b);
+}
+
+START_TEST(dram_ssd_spills_and_loads_everything)
+{
+    char *dir = tu_mkdtemp();
+    /* 4 MiB of DRAM, 16 MiB of blocks: most must spill to SSD. */
+    kv_engine *e = tu_open_yamlf("pipeline: dram|ssd\n"
+                                 "dram: {capacity: 4MiB, hugepages: off}\n"
+                                 "ssd: {path: \"%s/ssd\", compression: none, promote: false}\n",
+                                 dir);
+    const size_t len = 65536;
+    const uint64_t n = 256;
+    dump_n(e, 0, n, len);
+    kv_stats st = stats(e);
+    ck_assert_uint_gt(st.evictions, 0);
+    ck_assert_uint_gt(st.spills, 0);
+    ck_assert_uint_eq(st.spill_drops, 0);
+    /* Every block is still there: lookup hits them all, load reads them. */
+    kv_block_id ids[256];
+    uint8_t hit[256];
+    for (uint64_t i = 0; i < n; i++)
+        ids[i] = tu_id(i, 3);
+    ck_assert_int_eq(kv_lookup(e, ids, n, hit), KV_OK);
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_msg(hit[i], "block %llu missing", (unsigned long long)i);
+    load_n(e, 0, n, len);
+    st = stats(e);
+    ck_assert_uint_gt(st.hits_ssd, 0);
+    ck_assert_uint_gt(st.ssd_blocks, 0);
+    ck_assert_uint_eq(st.checksum_failures, 0);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(ssd_pipeline_alone)
+{
+    char *dir = tu_mkdtemp();
+    kv_engine *e = tu_open_yamlf("pipeline: ssd\nssd: {path: \"%s/ssd\", sync: wal}\n", dir);
+    dump_n(e, 0, 50, 20000);
+    kv_stats st = stats(e);
+    ck_assert_uint_eq(st.ssd_blocks, 50);
+    ck_assert_uint_eq(st.ssd_used, 50 * 20000);
+    load_n(e, 0, 50, 20000);
+    ck_assert_uint_eq(stats(e).hits_ssd, 50);
+    uint8_t b[10];
+    ck_assert_int_eq(tu_load1(e, tu_id(999, 3), 0, b, sizeof b), KV_ENOTFOUND);
+    /* Plain keys reach the SSD tier too. */
+    ck_assert_int_eq(kv_put(e, "k", 1, "value", 5), KV_OK);
+    char v[16];
+    size_t vl = 0;
+    ck_assert_int_eq(kv_get(e, "k", 1, v, sizeof v, &vl), KV_OK);
+    ck_assert_uint_eq(vl, 5);
+    ck_assert_mem_eq(v, "value", 5);
+    kv_close(e);
+    /* Reopen keeps blocks and keys. */
+    e = tu_open_yamlf("pipeline: ssd\nssd: {path: \"%s/ssd\"}\n", dir);
+    ck_assert_uint_eq(stats(e).ssd_blocks, 50);
+    load_n(e, 0, 50, 20000);
+    ck_assert_int_eq(kv_exists(e, "k", 1), 1);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(write_through_persists_every_dump)
+{
+    char *dir = tu_mkdtemp();
+    kv_engine *e = tu_open_yamlf("pipeline: dram|ssd\n"
+                                 "dram: {capacity: 64MiB, hugepages: off}\n"
+                                 "ssd: {path: \"%s/ssd\", write_through: true, sync: wal}\n",
+                                 dir);
+    dump_n(e, 0, 40, 30000);
+    kv_stats st = stats(e);
+    ck_assert_uint_eq(st.ssd_blocks, 40);   /* on SSD with no eviction at all */
+    ck_assert_uint_eq(st.evictions, 0);
+    load_n(e, 0, 40, 30000);
+    ck_assert_uint_eq(stats(e).hits_ssd, 0);   /* served from DRAM */
+    kv_close(e);
+    /* A new engine (empty DRAM) finds them all on SSD. */
+    e = tu_open_yamlf("pipeline: dram|ssd\n"
+                      "dram: {capacity: 64MiB, hugepages: off}\n"
+                      "ssd: {path: \"%s/ssd\"}\n", dir);
+    load_n(e, 0, 40, 30000);
+    ck_assert_uint_eq(stats(e).hits_ssd, 40);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(reopen_keeps_spilled_blocks)
+{
+    char *dir = tu_mkdtemp();
+    const char *yaml = "pipeline: dram|ssd\n"
+                       "dram: {capacity: 4MiB, hugepages: off}\n"
+                       "ssd: {path: \"%s/ssd\", compression: lz4}\n";
+    kv_engine *e = tu_open_yamlf(yaml, dir);
+    dump_n(e, 0, 200, 65536);
+    uint64_t spilled = stats(e).spills;
+    ck_assert_uint_gt(spilled, 0);
+    kv_close(e);   /* DRAM contents are gone; spilled blocks are not */
+    e = tu_open_yamlf(yaml, dir);
+    kv_stats st = stats(e);
+    ck_assert_uint_ge(st.ssd_blocks, spilled);
+    /* The oldest blocks were the ones evicted. */
+    load_n(e, 0, 20, 65536);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(second_engine_on_the_same_path_is_refused)
+{
+    char *dir = tu_mkdtemp();
+    kv_engine *e = tu_open_yamlf("pipeline: ssd\nssd: {path: \"%s/ssd\"}\n", dir);
+    kv_config *cfg = NULL;
+    char yaml[512], err[256];
+    snprintf(yaml, sizeof yaml, "pipeline: ssd\nssd: {path: \"%s/ssd\"}\n", dir);
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_parse(cfg, yaml, strlen(yaml), err, sizeof err), KV_OK);
+    kv_engine *e2 = (kv_engine *)1;
+    ck_assert_int_eq(kv_open(cfg, &e2), KV_EBUSY);
+    ck_assert_ptr_null(e2);
+    kv_config_free(cfg);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+Suite *spill_suite(void)
+{
+    Suite *s = suite_create("spill");
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, dram_ssd_spills_and_loads_everything);
+    tcase_add_test(tc, ssd_pipeline_alone);
+    tcase_add_test(tc, write_through_persists_every_dump);
+    tcase_add_test(tc, reopen_keeps_spilled_blocks);
+    tcase_add_test(tc, second_engine_on_the_same_path_is_refused);
+    suite_add_tcase(s, tc);
+    return s;
+}
