@@ -104,10 +104,13 @@ static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m)
 {
     for (struct peer *p = c->peers; p; p = p->next)
         if (strcmp(p->id, m->id) == 0) {
+            pthread_mutex_lock(&p->lock);
             if (strcmp(p->addr, m->addr) != 0) {   /* restarted elsewhere */
-                peer_drain(c, p);
+                while (p->npool)
+                    c->ops->close(p->pool[--p->npool]);
                 snprintf(p->addr, sizeof p->addr, "%s", m->addr);
             }
+            pthread_mutex_unlock(&p->lock);
             return p;
         }
     struct peer *p = calloc(1, sizeof *p);
@@ -411,13 +414,15 @@ static void run_peer(struct kv__cluster *c, struct peer *p, struct kv__op *ops, 
     }
     atomic_fetch_add(&c->remote_ops, n);
     struct kv__conn *conn = NULL;
-    pthread_mutex_lock(&p->lock);
+    char addr[sizeof p->addr];
+    pthread_mutex_lock(&p->lock);   /* the address may change with the view */
     if (p->npool)
         conn = p->pool[--p->npool];
+    memcpy(addr, p->addr, sizeof addr);
     pthread_mutex_unlock(&p->lock);
     int rc = KV_OK;
     if (!conn)
-        rc = c->ops->connect(c->t, p->addr, &conn);
+        rc = c->ops->connect(c->t, addr, &conn);
     if (rc == KV_OK)
         rc = c->ops->batch(conn, ops, n);
     if (rc == KV_OK) {
@@ -438,7 +443,7 @@ static void run_peer(struct kv__cluster *c, struct peer *p, struct kv__op *ops, 
         /* Other pooled connections to it are likely dead too. */
         atomic_store(&p->down_until_ms, kv__now_ms() + PEER_DOWN_MS);
         peer_drain(c, p);
-        KV_WARN("cluster: %s: %s; failing over", p->addr, kv_strerror(rc));
+        KV_WARN("cluster: %s: %s; failing over", addr, kv_strerror(rc));
     }
     for (size_t i = 0; i < n; i++)
         ops[i].result = rc;

@@ -261,6 +261,7 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
     struct sockaddr_in sa;
     if (!cfg || !stop)
         return KV_EINVAL;
+    kv__log_set_level(cfg->log.level);
     if (kv__net_parse_addr(cfg->cluster.master, &sa)) {
         kv__errf(err, errlen, "cluster.master: bad address '%s'", cfg->cluster.master);
         return KV_ECONFIG;
