@@ -11,6 +11,7 @@
  * falling back to touching a byte per page on kernels without it.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -76,12 +77,35 @@ static int map_plain(struct kv__segment *s, size_t len, bool thp)
     return 0;
 }
 
+/* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
+            break;
+    fclose(f);
+    return (uint64_t)kib * 1024;
+}
+
 int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
     if (len == 0) {
         s->pages = "none";
         return KV_OK;
+    }
+    /* Faulting in more than the machine has gets the process OOM-killed
+     * instead of an error: refuse up front. */
+    uint64_t avail = mem_available();
+    if (avail && len > avail) {
+        kv__errf(err, errlen, "dram.capacity: %zu bytes is more than the %llu bytes of memory available",
+                 len, (unsigned long long)avail);
+        return KV_ENOMEM;
     }
     uint64_t t0 = kv__now_ns();
     bool done = false;

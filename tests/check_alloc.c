@@ -124,6 +124,23 @@ START_TEST(segment_of_zero_maps_nothing_and_huge_off_works)
 }
 END_TEST
 
+START_TEST(a_segment_larger_than_memory_is_refused)
+{
+    char err[256] = "";
+    struct kv__segment s;
+    ck_assert_int_eq(kv__segment_map(&s, (size_t)255 << 30, KV_HUGE_AUTO, err, sizeof err), KV_ENOMEM);
+    ck_assert_msg(strstr(err, "dram.capacity") && strstr(err, "available"), "%s", err);
+    kv_config *cfg;
+    kv_engine *e = (kv_engine *)1;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", "255GiB"), KV_OK);
+    ck_assert_int_eq(kv_open(cfg, &e), KV_ENOMEM);
+    ck_assert_ptr_null(e);
+    kv_config_free(cfg);
+}
+END_TEST
+
 Suite *alloc_suite(void)
 {
     Suite *s = suite_create("alloc");
@@ -133,6 +150,7 @@ Suite *alloc_suite(void)
     tcase_add_test(tc, freed_memory_is_reused_by_other_sizes);
     tcase_add_test(tc, values_do_not_overlap);
     tcase_add_test(tc, segment_of_zero_maps_nothing_and_huge_off_works);
+    tcase_add_test(tc, a_segment_larger_than_memory_is_refused);
     suite_add_tcase(s, tc);
     return s;
 }
