@@ -647,7 +647,7 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         if (e->has_dram)
             e->sink = kv__ssd_sink(e->ssd);
     }
-    rc = kv__pool_start(&e->pool, cfg->io.threads,
+    rc = kv__pool_start(&e->pool, cfg->io.threads, cfg->io.timeout_ms,
                         (struct kv__pool_ops){ e, run_chunk, finish_task });
     if (rc != KV_OK) {
         snprintf(err, sizeof err, "cannot start %u io threads", cfg->io.threads);

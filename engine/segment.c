@@ -117,8 +117,12 @@ int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err,
         return KV_ENOMEM;
     }
     s->len = len;
-    if (hugepages == KV_HUGE_ON && strcmp(s->pages, "4k") == 0)
-        KV_WARN("dram.hugepages is on but neither hugetlb nor THP is available; using 4 KiB pages");
+    if (hugepages == KV_HUGE_ON && strcmp(s->pages, "4k") == 0) {
+        kv__errf(err, errlen, "dram.hugepages is on but neither reserved huge pages nor "
+                 "transparent huge pages are available (set it to auto or off)");
+        kv__segment_unmap(s);
+        return KV_ENOTSUP;
+    }
     int e = strcmp(s->pages, "hugetlb") != 0 ? prefault(s->base, len) : 0;
     if (e != 0) {
         kv__errf(err, errlen, "dram.capacity: cannot fault in %zu bytes: %s", len, strerror(e));

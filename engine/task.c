@@ -30,6 +30,7 @@ struct stripe {
 
 struct kv__pool {
     struct kv__pool_ops ops;
+    uint64_t timeout_ns;
     pthread_mutex_t qlock;
     pthread_cond_t qcv;
     struct kv__task *qhead, *qtail;
@@ -129,7 +130,8 @@ static void work_on(struct kv__pool *p, struct kv__task *t)
         if (begin >= t->n)
             return;
         size_t end = begin + t->chunk < t->n ? begin + t->chunk : t->n;
-        if (atomic_load(&t->cancelled))
+        if (atomic_load(&t->cancelled) ||
+            (p->timeout_ns && kv__now_ns() - t->submit_ns > p->timeout_ns))
             kv__task_fail(t, KV_ETIMEDOUT);
         else
             p->ops.run(p->ops.ctx, t, begin, end);
@@ -171,13 +173,15 @@ static void *worker(void *arg)
     return NULL;
 }
 
-int kv__pool_start(struct kv__pool **out, unsigned threads, struct kv__pool_ops ops)
+int kv__pool_start(struct kv__pool **out, unsigned threads, uint64_t timeout_ms,
+                   struct kv__pool_ops ops)
 {
     *out = NULL;
     struct kv__pool *p = calloc(1, sizeof *p);
     if (!p)
         return KV_ENOMEM;
     p->ops = ops;
+    p->timeout_ns = timeout_ms * 1000000u;
     pthread_mutex_init(&p->qlock, NULL);
     pthread_cond_init(&p->qcv, NULL);
     atomic_init(&p->next_id, 1);

@@ -46,7 +46,10 @@ struct kv__pool_ops {
     void (*finish)(void *ctx, struct kv__task *t);
 };
 
-int  kv__pool_start(struct kv__pool **out, unsigned threads, struct kv__pool_ops ops);
+/* timeout_ms (io.timeout_ms): a task not finished that long after it was
+ * submitted fails its remaining items with KV_ETIMEDOUT; 0 = no limit. */
+int  kv__pool_start(struct kv__pool **out, unsigned threads, uint64_t timeout_ms,
+                    struct kv__pool_ops ops);
 /* Runs every queued task to completion, joins the workers, frees all tasks
  * (including finished ones nobody waited for). */
 void kv__pool_stop(struct kv__pool *p);

@@ -263,6 +263,30 @@ START_TEST(wait_timeout_cancels_and_drains)
 }
 END_TEST
 
+START_TEST(io_timeout_fails_tasks_that_cannot_start_in_time)
+{
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 256MiB }\n"
+                                "io: { threads: 1, timeout_ms: 1 }\n");
+    enum { N = 96, SZ = 1 << 20 };
+    uint8_t *big = malloc(SZ);
+    tu_fill(big, SZ, 5);
+    kv_iov iov = { big, SZ };
+    kv_shard s[N];
+    for (int i = 0; i < N; i++)
+        s[i] = (kv_shard){ tu_id((uint64_t)i, 41), 0, &iov, 1 };
+    kv_task t1, t2;
+    /* The first task outlives the 1 ms too (its later shards fail). */
+    ck_assert_int_eq(kv_dump(e, s, N, &t1), KV_OK);
+    kv_shard late = { tu_id(999, 41), 0, &iov, 1 };
+    ck_assert_int_eq(kv_dump(e, &late, 1, &t2), KV_OK);
+    usleep(5000);
+    ck_assert_int_eq(kv_wait(e, t2, 0), KV_ETIMEDOUT);
+    ck_assert_int_eq(kv_wait(e, t1, 0), KV_ETIMEDOUT);
+    kv_close(e);
+    free(big);
+}
+END_TEST
+
 START_TEST(bad_arguments_are_einval)
 {
     kv_engine *e = open_dram();
@@ -388,6 +412,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, lookup_prefix_is_the_last_hit_of_the_leading_run);
     tcase_add_test(tc, two_dumps_of_one_shard_both_succeed_and_one_copy_is_kept);
     tcase_add_test(tc, wait_timeout_cancels_and_drains);
+    tcase_add_test(tc, io_timeout_fails_tasks_that_cannot_start_in_time);
     tcase_add_test(tc, bad_arguments_are_einval);
     tcase_add_test(tc, close_finishes_tasks_in_flight);
     tcase_add_test(tc, stats_count_what_is_stored);
