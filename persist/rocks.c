@@ -91,6 +91,7 @@ void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
     t->bg_jobs = 2;
     t->batch_bytes = 4ull << 20;
     t->wal_when_none = false;
+    t->no_disk_precheck = false;
 }
 
 /* ---- values ---------------------------------------------------------------- */
@@ -199,7 +200,7 @@ int kv__ssd_delete_keys(struct kv__ssd *s, const struct kv__sent *ents, size_t n
  * capacity written: at 10% that is a sort per ~10% turnover, cheap next to
  * the I/O it stands for. Deleting only writes tombstones; the space comes
  * back when compaction drops them and blob GC retires the blob files, which
- * the writer thread triggers with a full compaction when idle.
+ * the maintenance thread triggers with a full compaction.
  */
 struct gc_block {
     uint64_t stamp, bytes;
@@ -273,10 +274,10 @@ static int gc_run(struct kv__ssd *s, uint64_t need)
             (unsigned long long)freed, rc == KV_OK ? "" : " from the index; the deletes failed");
     atomic_fetch_add(&s->gc_runs, 1);
     atomic_fetch_add(&s->gc_blocks, nblocks);
+    pthread_mutex_lock(&s->mmu);
     atomic_store(&s->compact_wanted, true);
-    pthread_mutex_lock(&s->qmu);
-    pthread_cond_signal(&s->qcv);
-    pthread_mutex_unlock(&s->qmu);
+    pthread_cond_signal(&s->mcv);
+    pthread_mutex_unlock(&s->mmu);
     free(del);
     free(blk);
     free(ents);
@@ -307,7 +308,7 @@ int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
         if (atomic_load(&s->idx.bytes) + extra > s->capacity)
             return KV_ENOSPC;
     }
-    if (disk) {
+    if (disk && !s->tune.no_disk_precheck) {
         /* Refuse before RocksDB hits ENOSPC itself: a failed WAL or flush
          * write puts the whole DB into a read-only error state, while a
          * refusal here costs one write. The memtable's bytes are counted
@@ -342,10 +343,21 @@ static void compact_with_blob_gc(struct kv__ssd *s)
         rocks_err(e, "disabling blob GC");
 }
 
-void kv__ssd_compact_if_wanted(struct kv__ssd *s)
+static void *maint_main(void *arg)
 {
-    if (atomic_exchange(&s->compact_wanted, false))
-        compact_with_blob_gc(s);
+    struct kv__ssd *s = arg;
+    pthread_mutex_lock(&s->mmu);
+    while (!s->mstop) {
+        if (atomic_exchange(&s->compact_wanted, false)) {
+            pthread_mutex_unlock(&s->mmu);
+            compact_with_blob_gc(s);
+            pthread_mutex_lock(&s->mmu);
+            continue;
+        }
+        pthread_cond_wait(&s->mcv, &s->mmu);
+    }
+    pthread_mutex_unlock(&s->mmu);
+    return NULL;
 }
 
 int kv__ssd_gc_now(struct kv__ssd *s)
@@ -358,6 +370,18 @@ int kv__ssd_gc_now(struct kv__ssd *s)
     atomic_store(&s->compact_wanted, false);
     compact_with_blob_gc(s);
     return rc;
+}
+
+static void stop_maint(struct kv__ssd *s)
+{
+    if (!s->mrunning)
+        return;
+    pthread_mutex_lock(&s->mmu);
+    s->mstop = true;
+    pthread_cond_signal(&s->mcv);
+    pthread_mutex_unlock(&s->mmu);
+    pthread_join(s->mthread, NULL);
+    s->mrunning = false;
 }
 
 /* ---- open / close --------------------------------------------------------- */
@@ -522,6 +546,8 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     s->gc_bytes = (uint64_t)((double)s->capacity * ratio);
     s->qcap = cfg->ssd.spill_queue ? cfg->ssd.spill_queue : 256ull << 20;
     pthread_mutex_init(&s->gc_mu, NULL);
+    pthread_mutex_init(&s->mmu, NULL);
+    pthread_cond_init(&s->mcv, NULL);
     pthread_mutex_init(&s->qmu, NULL);
     pthread_cond_init(&s->qcv, NULL);
     pthread_condattr_t ca;
@@ -579,13 +605,17 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
 
     if ((rc = rebuild_index(s, err, errlen)) != KV_OK)
         goto fail_scan;
-    if ((rc = kv__spill_start(s)) != KV_OK) {
-        kv__errf(err, errlen, "cannot start the spill writer thread");
-        goto fail_scan;
+    s->mrunning = pthread_create(&s->mthread, NULL, maint_main, s) == 0;
+    if (!s->mrunning || (rc = kv__spill_start(s)) != KV_OK) {
+        kv__errf(err, errlen, "cannot start the SSD tier's threads");
+        rc = KV_ENOMEM;
+        goto fail_thr;
     }
     *out = s;
     return KV_OK;
 
+fail_thr:
+    stop_maint(s);
 fail_scan:
     rocksdb_readoptions_destroy(s->ro);
     rocksdb_writeoptions_destroy(s->wo);
@@ -596,6 +626,8 @@ fail_db:
 fail_dirs:
     kv__sidx_destroy(&s->idx);
 fail_idx:
+    pthread_cond_destroy(&s->mcv);
+    pthread_mutex_destroy(&s->mmu);
     pthread_cond_destroy(&s->dcv);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->qmu);
@@ -609,12 +641,15 @@ void kv__ssd_close(struct kv__ssd *s)
     if (!s)
         return;
     kv__spill_stop(s);
+    stop_maint(s);
     rocksdb_readoptions_destroy(s->ro);
     rocksdb_writeoptions_destroy(s->wo);
     rocksdb_close(s->db);   /* flushes the memtable when the WAL was off */
     rocksdb_options_destroy(s->opts);
     close(s->lockfd);
     kv__sidx_destroy(&s->idx);
+    pthread_cond_destroy(&s->mcv);
+    pthread_mutex_destroy(&s->mmu);
     pthread_cond_destroy(&s->dcv);
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->qmu);

@@ -149,18 +149,10 @@ static void *writer_main(void *arg)
     struct kv__ssd *s = arg;
     pthread_mutex_lock(&s->qmu);
     for (;;) {
-        /* In-flight items sit at the head of the queue; find the first one
-         * not yet taken. Only this thread takes items, so after a batch is
-         * retired there are none in flight. */
-        while (!s->qhead && !s->closing) {
-            if (atomic_load(&s->compact_wanted)) {
-                pthread_mutex_unlock(&s->qmu);
-                kv__ssd_compact_if_wanted(s);
-                pthread_mutex_lock(&s->qmu);
-                continue;
-            }
+        /* Only this thread takes items, and it retires a batch before taking
+         * the next, so the queue's head is never in flight here. */
+        while (!s->qhead && !s->closing)
             pthread_cond_wait(&s->qcv, &s->qmu);
-        }
         if (!s->qhead)
             break;   /* closing and drained */
         struct kv__sq_item *first = s->qhead, *last = NULL;

@@ -71,6 +71,7 @@ struct kv__ssd_tuning {
     int bg_jobs;                /* RocksDB background flushes + compactions */
     uint64_t batch_bytes;       /* spill writer: bytes per WriteBatch, at most */
     bool wal_when_none;         /* use the WAL (unsynced) in sync: none */
+    bool no_disk_precheck;      /* tests: let RocksDB itself hit ENOSPC */
 };
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t);
 int  kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning *t,

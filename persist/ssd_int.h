@@ -8,6 +8,7 @@
  * one of its table-shard locks, see engine/internal.h):
  *
  *   gc_mu  >  spill queue lock (qmu)  >  index shard lock
+ *   gc_mu  >  maintenance lock (mmu)
  *
  * - An index shard lock is a leaf: held only for a probe, an insert or a
  *   delete in one shard's table, never across I/O.
@@ -131,6 +132,13 @@ struct kv__ssd {
 
     pthread_mutex_t gc_mu;
 
+    /* The maintenance thread: runs the compaction that reclaims space after
+     * a GC round, off the write paths (it can take seconds). mmu is a leaf. */
+    pthread_mutex_t mmu;
+    pthread_cond_t mcv;
+    bool mstop, mrunning;
+    pthread_t mthread;
+
     /* spill queue, all under qmu */
     pthread_mutex_t qmu;
     pthread_cond_t qcv;              /* the writer waits here for work */
@@ -152,8 +160,6 @@ int  kv__ssd_delete_keys(struct kv__ssd *s, const struct kv__sent *ents, size_t 
 /* Capacity: makes room for 'extra' bytes not yet counted in the index, then
  * checks the disk has room for 'disk' bytes; KV_OK or KV_ENOSPC. */
 int  kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk);
-/* The writer thread compacts when idle after GC (reclaims blob space). */
-void kv__ssd_compact_if_wanted(struct kv__ssd *s);
 
 /* spill.c, for rocks.c */
 int  kv__spill_start(struct kv__ssd *s);

@@ -647,6 +647,50 @@ static void full_disk(int sync)
     tu_rmdir(dir);
 }
 
+/* The same, with the tier's free-space check off so that RocksDB itself
+ * fails the WAL append with "No space left on device". */
+START_TEST(full_disk_inside_rocksdb)
+{
+    char *dir = tu_mkdtemp();
+    if (mount("tmpfs", dir, "tmpfs", 0, "size=8m") != 0) {
+        fprintf(stderr, "persist: full-disk test skipped (mount tmpfs: %s)\n", strerror(errno));
+        tu_rmdir(dir);
+        return;
+    }
+    char sub[200];
+    snprintf(sub, sizeof sub, "%.150s/store", dir);
+    kv_config *c = cfg_for(sub);
+    struct kv__ssd_tuning t;
+    kv__ssd_tuning_defaults(&t);
+    t.no_disk_precheck = true;
+    struct kv__ssd *s = NULL;
+    char err[256];
+    ck_assert_int_eq(kv__ssd_open_tuned(c, &t, &s, err, sizeof err), KV_OK);
+    const size_t len = 262144;
+    int rc = KV_OK;
+    uint64_t n = 0;
+    for (; n < 100 && (rc = put(s, KV_NS_BLOCK, n, 0, len)) == KV_OK; n++)
+        ;
+    ck_assert_int_eq(rc, KV_ENOSPC);
+    ck_assert(!has(s, KV_NS_BLOCK, n, 0));
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, i, 0, len), KV_OK);
+    /* Further writes fail cleanly (RocksDB stays in its error state). */
+    rc = put(s, KV_NS_BLOCK, 500, 0, len);
+    ck_assert(rc == KV_ENOSPC || rc == KV_EIO);
+    kv__ssd_close(s);
+    /* Nothing acknowledged was damaged: all back after a reopen. */
+    s = open_ok(c);
+    for (uint64_t i = 0; i < n; i++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, i, 0, len), KV_OK);
+    ck_assert_uint_eq(stats(s).checksum_failures, 0);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    umount2(dir, MNT_DETACH);
+    tu_rmdir(dir);
+}
+END_TEST
+
 START_TEST(full_disk_wal) { full_disk(KV_SYNC_WAL); }
 END_TEST
 START_TEST(full_disk_no_wal) { full_disk(KV_SYNC_NONE); }
@@ -679,6 +723,7 @@ Suite *persist_suite(void)
     tcase_add_test(tc, corrupt_blob_file);
     tcase_add_test(tc, full_disk_wal);
     tcase_add_test(tc, full_disk_no_wal);
+    tcase_add_test(tc, full_disk_inside_rocksdb);
     suite_add_tcase(s, tc);
     return s;
 }
