@@ -26,8 +26,12 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "testutil.h"
+#include "transport.h"
+#include "proto.h"
 
 /* ---- fixtures ------------------------------------------------------------ */
 
@@ -554,6 +558,392 @@ START_TEST(wrong_psn_or_gone_peer_exhausts_retries)
 }
 END_TEST
 
+
+/* ---- the transport (net/rdma.c) ---------------------------------------- */
+
+#define TOKEN "rdma-test-token"
+#define T (&kv__rdma_transport)
+
+void kv__rdma_test_bad_rkeys(int n);   /* net/rdma.c's test hook */
+
+static struct kv__net_opts opts(const char *token)
+{
+    struct kv__net_opts o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.token, sizeof o.token, "%s", token);
+    o.timeout_ms = 5000;
+    o.threads = 1;
+    return o;
+}
+
+/* The child: an engine's DRAM (or a memstore) served over rdma until the
+ * parent closes the pipe. Writes its bound address, or "" on failure. */
+static int serve_transport(int wfd, int rfd, int use_engine)
+{
+    struct kv__backend ebe, *be = NULL;
+    kv_engine *e = NULL;
+    if (use_engine) {
+        static const char yaml[] = "pipeline: dram\ndram: { capacity: 8MiB, shards: 4 }\n"
+                                   "io: { threads: 1 }\n";
+        kv_config *cfg = NULL;
+        if (kv_config_new(&cfg) || kv_config_parse(cfg, yaml, strlen(yaml), NULL, 0) ||
+            kv_open(cfg, &e))
+            return 20;
+        kv_config_free(cfg);
+        kv__backend_engine(e, &ebe);
+        be = &ebe;
+    } else {
+        be = kv__memstore_new(0);
+    }
+    struct kv__net_opts o = opts(TOKEN);
+    struct kv__transport *t = NULL;
+    char bound[64] = "";
+    int rc = T->create(&o, be, &t, NULL, 0);
+    if (rc == KV_OK)
+        rc = T->listen(t, "127.0.0.1:0", bound, sizeof bound, NULL, 0);
+    if (xwrite(wfd, bound, sizeof bound))
+        return 21;
+    char c;
+    while (read(rfd, &c, 1) > 0)
+        ;
+    if (t)
+        T->destroy(t);
+    if (e)
+        kv_close(e);
+    else
+        kv__memstore_free(be);
+    return rc == KV_OK ? 0 : 22;
+}
+
+static int ctl_fd = -1;     /* the parent's end of the pipe that keeps the server up */
+
+/* Forks a serving child; returns its address. */
+static void start_server(int use_engine, char *addr)
+{
+    int up[2], down[2];
+    ck_assert_int_eq(pipe(up), 0);
+    ck_assert_int_eq(pipe(down), 0);
+    pid_t parent = getpid();
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        alarm(30);
+        close(up[0]);
+        close(down[1]);
+        _exit(serve_transport(up[1], down[0], use_engine));
+    }
+    close(up[1]);
+    close(down[0]);
+    ctl_fd = down[1];
+    ck_assert_int_eq(xread(up[0], addr, 64), 0);
+    close(up[0]);
+    ck_assert_msg(addr[0], "the server did not start");
+}
+
+static void stop_server(void)
+{
+    close(ctl_fd);
+    ctl_fd = -1;
+    int st = 0;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    child = -1;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server status %#x", st);
+}
+
+static void tsetup(void)
+{
+    setup();
+    signal(SIGPIPE, SIG_IGN);
+    /* Regions of 1 MiB: the 8 MiB segment is 8 of them, and values of a
+     * few MiB straddle their boundaries. */
+    setenv("SOFTVERBS_MAX_MR_SIZE", "1M", 1);
+}
+
+static void tteardown(void)
+{
+    if (ctl_fd >= 0)
+        close(ctl_fd);
+    ctl_fd = -1;
+    teardown();
+}
+
+static struct kv__op op(uint8_t kind, uint64_t n, uint32_t index, kv_iov *iov, uint32_t iovcnt)
+{
+    struct kv__op o = { .kind = kind, .ns = KV_NS_BLOCK, .index = index, .id = tu_id(n, 9),
+                        .iov = iov, .iovcnt = iovcnt, .result = 12345 };
+    return o;
+}
+
+START_TEST(transport_no_device)
+{
+    struct kv__net_opts o = opts(TOKEN);
+    if (standin_loaded())
+        setenv("SOFTVERBS_NO_DEVICE", "1", 1);   /* play the real library without a device */
+    else if (have_device())
+        return;                                   /* real hardware: nothing to check here */
+    ck_assert_int_eq(T->probe(&o), 0);
+    struct kv__transport *t = (void *)1;
+    char err[256] = "";
+    ck_assert_int_eq(T->create(&o, NULL, &t, err, sizeof err), KV_ENOTSUP);
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(err, "no RDMA device") != NULL, "err: %s", err);
+    const struct kv__transport_ops *pick = NULL;
+    ck_assert_int_eq(kv__transport_pick(KV_PROTO_AUTO, &o, &pick), KV_OK);
+    ck_assert_ptr_eq(pick, &kv__tcp_transport);
+    ck_assert_int_eq(kv__transport_pick(KV_PROTO_RDMA, &o, &pick), KV_ENOTSUP);
+    unsetenv("SOFTVERBS_NO_DEVICE");
+}
+END_TEST
+
+/* Sizes that straddle 1 MiB regions, a tiny one and an empty one. */
+static const size_t sizes[] = { 100, 65536, (3u << 20) / 2, 3u << 20, 0, 4096 };
+#define NV (sizeof sizes / sizeof sizes[0])
+
+static void roundtrip(int use_engine)
+{
+    struct kv__net_opts o = opts(TOKEN);
+    char addr[64];
+    start_server(use_engine, addr);
+    struct kv__transport *t = NULL;
+    ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(t, addr, &c), KV_OK);
+
+    /* Sources: the even ones in a registered buffer, the odd ones not (the
+     * bounce path), the 3 MiB one in two iovecs. */
+    size_t total = 0;
+    for (size_t i = 0; i < NV; i++)
+        total += sizes[i];
+    uint8_t *reg = malloc(total), *plain = malloc(total);
+    ck_assert_int_eq(T->register_buffer(t, reg, total), KV_OK);
+    ck_assert_int_eq(T->register_buffer(t, reg + 10, 10), KV_EBUSY);
+    kv_iov src[NV + 1], dst[NV + 1];
+    struct kv__op ops[NV];
+    size_t off = 0, k = 0;
+    for (size_t i = 0; i < NV; i++) {
+        uint8_t *p = (i % 2 ? plain : reg) + off;
+        tu_fill(p, sizes[i], 100 + i);
+        size_t first = sizes[i] == (3u << 20) ? 1000 : sizes[i];
+        src[k] = (kv_iov){ p, first };
+        uint32_t cnt = 1;
+        if (first != sizes[i]) {
+            src[k + 1] = (kv_iov){ p + first, sizes[i] - first };
+            cnt = 2;
+        }
+        ops[i] = op(KV_OP_DUMP, i, 0, &src[k], cnt);
+        k += cnt;
+        off += sizes[i];
+    }
+    ck_assert_int_eq(T->batch(c, ops, NV), KV_OK);
+    for (size_t i = 0; i < NV; i++)
+        ck_assert_msg(ops[i].result == KV_OK, "dump %zu: %s", i, kv_strerror(ops[i].result));
+    /* Again: already present, skipped, still OK. */
+    ck_assert_int_eq(T->batch(c, ops, NV), KV_OK);
+    for (size_t i = 0; i < NV; i++)
+        ck_assert_int_eq(ops[i].result, KV_OK);
+
+    /* lookup, size, miss */
+    struct kv__op q[3] = { op(KV_OP_LOOKUP, 2, 0, NULL, 0), op(KV_OP_SIZE, 3, 0, NULL, 0),
+                           op(KV_OP_LOOKUP, 999, 0, NULL, 0) };
+    ck_assert_int_eq(T->batch(c, q, 3), KV_OK);
+    ck_assert_int_eq(q[0].result, KV_OK);
+    ck_assert_int_eq(q[0].hit, 1);
+    ck_assert_int_eq(q[1].result, KV_OK);
+    ck_assert_uint_eq(q[1].len, sizes[3]);
+    ck_assert_int_eq(q[2].hit, 0);
+
+    /* Loads into the other kind of memory than they came from. */
+    uint8_t *reg2 = malloc(total), *plain2 = malloc(total);
+    memset(reg2, 0, total);
+    memset(plain2, 0, total);
+    ck_assert_int_eq(T->register_buffer(t, reg2, total), KV_OK);
+    struct kv__op lo[NV + 2];
+    off = 0;
+    for (size_t i = 0; i < NV; i++) {
+        dst[i] = (kv_iov){ (i % 2 ? reg2 : plain2) + off, sizes[i] };
+        lo[i] = op(KV_OP_LOAD, i, 0, &dst[i], 1);
+        off += sizes[i];
+    }
+    uint8_t small[64];
+    kv_iov wrong = { small, 64 }, miss = { small, 32 };
+    lo[NV] = op(KV_OP_LOAD, 0, 0, &wrong, 1);       /* stored 100 bytes, asks 64 */
+    lo[NV + 1] = op(KV_OP_LOAD, 777, 0, &miss, 1);
+    memset(small, 0xEE, sizeof small);
+    ck_assert_int_eq(T->batch(c, lo, NV + 2), KV_OK);
+    off = 0;
+    for (size_t i = 0; i < NV; i++) {
+        ck_assert_msg(lo[i].result == KV_OK, "load %zu: %s", i, kv_strerror(lo[i].result));
+        ck_assert_msg(tu_check_fill(dst[i].base, sizes[i], 100 + i), "bytes of %zu", i);
+    }
+    ck_assert_int_eq(lo[NV].result, KV_EINVAL);
+    ck_assert_int_eq(lo[NV + 1].result, KV_ENOTFOUND);
+    for (size_t i = 0; i < sizeof small; i++)
+        ck_assert_int_eq(small[i], 0xEE);
+
+    if (use_engine) {
+        /* One corrupted rkey: that item fails, the others arrive, and the
+         * connection carries on with a fresh queue pair. */
+        memset(reg2, 0, total);
+        memset(plain2, 0, total);
+        kv__rdma_test_bad_rkeys(1);
+        ck_assert_int_eq(T->batch(c, lo, NV), KV_OK);
+        int failed = 0;
+        for (size_t i = 0; i < NV; i++) {
+            if (lo[i].result == KV_EIO) {
+                failed++;
+                continue;
+            }
+            ck_assert_msg(lo[i].result == KV_OK, "load %zu: %s", i, kv_strerror(lo[i].result));
+            ck_assert(tu_check_fill(dst[i].base, sizes[i], 100 + i));
+        }
+        ck_assert_int_eq(failed, 1);
+        ck_assert_int_eq(T->batch(c, lo, NV), KV_OK);
+        for (size_t i = 0; i < NV; i++) {
+            ck_assert_int_eq(lo[i].result, KV_OK);
+            ck_assert(tu_check_fill(dst[i].base, sizes[i], 100 + i));
+        }
+        /* A dump whose WRITE fails is aborted: not stored, not half-stored. */
+        uint8_t v[5000];
+        tu_fill(v, sizeof v, 55);
+        kv_iov vi = { v, sizeof v };
+        struct kv__op d = op(KV_OP_DUMP, 4242, 0, &vi, 1);
+        kv__rdma_test_bad_rkeys(1);
+        ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+        ck_assert_int_eq(d.result, KV_EIO);
+        struct kv__op l = op(KV_OP_LOOKUP, 4242, 0, NULL, 0);
+        ck_assert_int_eq(T->batch(c, &l, 1), KV_OK);
+        ck_assert_int_eq(l.hit, 0);
+        ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+        ck_assert_int_eq(d.result, KV_OK);
+        struct kv__segdesc sd[4];
+        ck_assert_int_eq(T->segments(t, sd, 4), 0);   /* a client serves nothing */
+    }
+
+    ck_assert_int_eq(T->unregister_buffer(t, reg), KV_OK);
+    ck_assert_int_eq(T->unregister_buffer(t, reg), KV_ENOTFOUND);
+    ck_assert_int_eq(T->unregister_buffer(t, reg2), KV_OK);
+    T->close(c);
+    T->destroy(t);
+    stop_server();
+    free(reg);
+    free(plain);
+    free(reg2);
+    free(plain2);
+    assert_registry_gone();
+}
+
+START_TEST(transport_roundtrip_over_engine_segment)
+{
+    if (!have_device())
+        return;
+    roundtrip(1);
+}
+END_TEST
+
+START_TEST(transport_roundtrip_memstore_falls_back_inline)
+{
+    if (!have_device())
+        return;
+    roundtrip(0);
+}
+END_TEST
+
+START_TEST(transport_wrong_token_and_hostile_frames)
+{
+    if (!have_device())
+        return;
+    char addr[64];
+    start_server(1, addr);
+    struct kv__net_opts bad = opts("not-the-token"), good = opts(TOKEN);
+    struct kv__transport *t = NULL;
+    ck_assert_int_eq(T->create(&bad, NULL, &t, NULL, 0), KV_OK);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(t, addr, &c), KV_EPERM);
+    ck_assert_ptr_null(c);
+    T->destroy(t);
+
+    /* Raw frames: a RELEASE of a handle never handed out, a PREP before
+     * HELLO, a frame with a bad magic. Each closes that connection only. */
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(addr, &sa), KV_OK);
+    for (int k = 0; k < 3; k++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+        struct timeval tv = { .tv_sec = 3 };
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        uint8_t b[256];
+        struct kv__hdr h = { .type = KV_MSG_HELLO, .req_id = 1 };
+        if (k == 0) {
+            int n = kv__hello_encode(TOKEN, "raw", b + KV_PROTO_HDR_LEN, 200);
+            ck_assert_int_gt(n, 0);
+            h.body_len = (uint32_t)n;
+            kv__hdr_encode(&h, b);
+            ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
+            ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN), 0);   /* HELLO_OK */
+            h = (struct kv__hdr){ .type = KV_MSG_RDMA_FIRST + 4, .req_id = 2, .body_len = 12 };
+            kv__hdr_encode(&h, b);
+            kv__put32(b + KV_PROTO_HDR_LEN, 1);
+            kv__put64(b + KV_PROTO_HDR_LEN + 4, 0x300000007ull);
+            ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + 12), 0);
+        } else {
+            h = (struct kv__hdr){ .type = KV_MSG_RDMA_FIRST + 2, .req_id = 1 };
+            kv__hdr_encode(&h, b);
+            if (k == 2)
+                b[0] ^= 0xff;
+            ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN), 0);
+        }
+        ck_assert_int_eq(read(fd, b, 1), 0);   /* closed by the server */
+        close(fd);
+    }
+    ck_assert_int_eq(T->create(&good, NULL, &t, NULL, 0), KV_OK);
+    ck_assert_int_eq(T->connect(t, addr, &c), KV_OK);
+    uint8_t v[3000], w[3000];
+    tu_fill(v, sizeof v, 1);
+    kv_iov vi = { v, sizeof v }, wi = { w, sizeof w };
+    struct kv__op d = op(KV_OP_DUMP, 1, 3, &vi, 1), l = op(KV_OP_LOAD, 1, 3, &wi, 1);
+    ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+    ck_assert_int_eq(d.result, KV_OK);
+    ck_assert_int_eq(T->batch(c, &l, 1), KV_OK);
+    ck_assert_int_eq(l.result, KV_OK);
+    ck_assert(memcmp(v, w, sizeof v) == 0);
+    T->close(c);
+    T->destroy(t);
+    stop_server();
+    assert_registry_gone();
+}
+END_TEST
+
+START_TEST(transport_server_gone_is_a_connection_error)
+{
+    if (!have_device())
+        return;
+    char addr[64];
+    start_server(1, addr);
+    struct kv__net_opts o = opts(TOKEN);
+    o.timeout_ms = 2000;
+    struct kv__transport *t = NULL;
+    ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(t, addr, &c), KV_OK);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    child = -1;
+    uint8_t v[100];
+    kv_iov vi = { v, sizeof v };
+    struct kv__op d = op(KV_OP_DUMP, 1, 0, &vi, 1);
+    uint64_t t0 = tu_now_ms();
+    int rc = T->batch(c, &d, 1);
+    ck_assert_msg(rc == KV_ENET || rc == KV_ETIMEDOUT, "batch: %s", kv_strerror(rc));
+    ck_assert_uint_lt(tu_now_ms() - t0, 2500);
+    T->close(c);
+    T->destroy(t);
+    assert_registry_gone();
+}
+END_TEST
+
 Suite *rdma_suite(void)
 {
     Suite *s = suite_create("rdma");
@@ -568,6 +958,16 @@ Suite *rdma_suite(void)
     tcase_add_test(tc, missing_qp_access_flag_is_a_remote_access_error);
     tcase_add_test(tc, qp_transitions_need_their_attributes);
     tcase_add_test(tc, wrong_psn_or_gone_peer_exhausts_retries);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("transport");
+    tcase_add_checked_fixture(tc, tsetup, tteardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, transport_no_device);
+    tcase_add_test(tc, transport_roundtrip_over_engine_segment);
+    tcase_add_test(tc, transport_roundtrip_memstore_falls_back_inline);
+    tcase_add_test(tc, transport_wrong_token_and_hostile_frames);
+    tcase_add_test(tc, transport_server_gone_is_a_connection_error);
     suite_add_tcase(s, tc);
     return s;
 }
