@@ -55,6 +55,7 @@ struct sconn {
     int fd;
     int state;
     int authed, close_after;
+    uint64_t progress_ms;           /* last time a frame moved (see reap_stalled) */
     uint8_t hdrbuf[KV_PROTO_HDR_LEN];
     size_t got;
     struct kv__hdr h;
@@ -176,6 +177,7 @@ static int try_write(struct sconn *sc)
             return 1;
         }
         size_t left = (size_t)w;
+        sc->progress_ms = kv__now_ms();
         while (left && sc->oidx < sc->oiovcnt) {
             struct iovec *v = &sc->oiov[sc->oidx];
             if (left >= v->iov_len) {
@@ -391,6 +393,7 @@ static int on_data(struct sconn *sc)
                 return 1;
             }
             sc->cur_got += (uint64_t)r;
+            sc->progress_ms = kv__now_ms();
         }
         if (sc->resv_ok) {
             sc->resv_ok = 0;
@@ -416,6 +419,7 @@ static void on_readable(struct sconn *sc)
                 return;
             }
             sc->got += (size_t)r;
+            sc->progress_ms = kv__now_ms();
             if (sc->got < KV_PROTO_HDR_LEN)
                 continue;
             if (kv__hdr_decode(sc->hdrbuf, UINT64_MAX, &sc->h) != KV_OK ||
@@ -444,6 +448,7 @@ static void on_readable(struct sconn *sc)
                     return;
                 }
                 sc->got += (size_t)r;
+                sc->progress_ms = kv__now_ms();
             }
             int rc = sc->h.type == KV_MSG_HELLO ? on_hello(sc) : on_batch(sc);
             if (rc)
@@ -481,6 +486,7 @@ static void accept_all(struct tcp *t)
         sc->fd = fd;
         sc->lp = lp;
         sc->state = S_HDR;
+        sc->progress_ms = kv__now_ms();
         pthread_mutex_lock(&lp->lock);
         sc->next = lp->conns;
         if (lp->conns)
@@ -504,13 +510,50 @@ static void accept_all(struct tcp *t)
     }
 }
 
+/*
+ * A peer that stops halfway through a frame (it died without a FIN, or it
+ * is hostile) must not hold a reservation, pins or a buffer forever: a
+ * connection with a frame in flight and no progress for the transport's
+ * timeout is closed. Idle connections between frames are left alone (the
+ * pool keeps them open on purpose).
+ */
+static void reap_stalled(struct loop *lp)
+{
+    uint64_t now = kv__now_ms(), limit = lp->t->o.timeout_ms;
+    for (;;) {
+        struct sconn *victim = NULL;
+        pthread_mutex_lock(&lp->lock);
+        for (struct sconn *sc = lp->conns; sc; sc = sc->next) {
+            int mid = sc->state != S_HDR || sc->got > 0;
+            if (mid && now - sc->progress_ms > limit) {
+                victim = sc;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&lp->lock);
+        if (!victim)
+            return;
+        KV_WARN("tcp: a peer stalled mid-frame for over %llu ms; closing",
+                (unsigned long long)limit);
+        sconn_close(victim);
+    }
+}
+
 static void *loop_main(void *arg)
 {
     struct loop *lp = arg;
     struct tcp *t = lp->t;
     struct epoll_event ev[64];
+    uint64_t last_reap = kv__now_ms();
     while (!atomic_load(&t->stopping)) {
-        int k = epoll_wait(lp->epfd, ev, 64, 1000);
+        /* Before the wait, never between it and its events: a reaped
+         * connection must not be in ev[]. */
+        uint64_t now = kv__now_ms();
+        if (now - last_reap >= 250) {
+            last_reap = now;
+            reap_stalled(lp);
+        }
+        int k = epoll_wait(lp->epfd, ev, 64, 250);
         for (int i = 0; i < k; i++) {
             void *p = ev[i].data.ptr;
             if (p == lp) {          /* the eventfd: stop */

@@ -124,8 +124,11 @@ static void start_master(void)
         usleep(20000);
 }
 
-/* A kvnode with cap bytes of DRAM and replica_num r; returns its index. */
-static int start_node(const char *cap, unsigned r)
+/* A kvnode with cap bytes of DRAM and replica_num r; returns its index.
+ * ssd: NULL for pipeline dram, else dram|ssd with its store under dir. */
+static int start_node_ssd(const char *cap, unsigned r, int ssd);
+static int start_node(const char *cap, unsigned r) { return start_node_ssd(cap, r, 0); }
+static int start_node_ssd(const char *cap, unsigned r, int ssd)
 {
     int i = nprocs;
     snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", free_port());
@@ -139,9 +142,12 @@ static int start_node(const char *cap, unsigned r)
     snprintf(s[4], sizeof s[4], "cluster.node_ttl_ms=%d", TTL_MS);
     snprintf(s[5], sizeof s[5], "cluster.protocol=%s", protocol());
     snprintf(s[6], sizeof s[6], "cluster.token=%s", TOKEN);
+    snprintf(s[7], sizeof s[7], "ssd.path=%s/node%d", dir, i);
     char *argv[] = { bin, "--set", s[0], "--set", s[1], "--set", s[2], "--set", s[3],
-                     "--set", s[4], "--set", s[5], "--set", s[6], "--set", "pipeline=dram",
-                     "--set", "io.threads=2", NULL };
+                     "--set", s[4], "--set", s[5], "--set", s[6],
+                     "--set", ssd ? "pipeline=dram|ssd" : "pipeline=dram",
+                     "--set", "io.threads=2", "--set", s[7], "--set", "ssd.capacity=256MiB",
+                     NULL };
     spawn(argv, log);
     return i;
 }
@@ -341,6 +347,23 @@ START_TEST(replica_failover)
     ck_assert_int_eq(n, 2);
     /* and after the view changed, everything still loads */
     memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+/* Blocks evicted to a node's SSD tier are served through its bounce path
+ * (not DRAM-resident, so not pinned): still byte-exact. */
+START_TEST(node_serves_from_ssd)
+{
+    start_node_ssd("16MiB", 1, 1);
+    wait_owners(1);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    struct set s = make_set(160, 256 << 10, 8);   /* 40 MiB through 16 MiB of DRAM */
+    for (size_t b = 0; b < s.n; b += 4)
+        ck_assert_int_eq(run_task(client, 1, s.dump + b, 4), KV_OK);
     ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     free_set(&s);
@@ -565,6 +588,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, replica_failover);
     tcase_add_test(tc, wrong_token_refused);
     tcase_add_test(tc, hostile_peer);
+    tcase_add_test(tc, node_serves_from_ssd);
     suite_add_tcase(s, tc);
     return s;
 }

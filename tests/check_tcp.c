@@ -318,6 +318,42 @@ START_TEST(deadline)
 }
 END_TEST
 
+/* A peer that stops mid-frame loses its connection and its reservation
+ * after the server's timeout; the server goes on serving. */
+START_TEST(stalled_peer_reaped)
+{
+    T->destroy(srv);
+    struct kv__net_opts o = { .timeout_ms = 300, .threads = 1 };
+    snprintf(o.token, sizeof o.token, "tok");
+    ck_assert_int_eq(T->create(&o, be, &srv, NULL, 0), KV_OK);
+    ck_assert_int_eq(T->listen(srv, "127.0.0.1:0", addr, sizeof addr, NULL, 0), KV_OK);
+    int fd = raw_hello();
+    uint8_t b[KV_PROTO_HDR_LEN + 64];
+    struct kv__wire_req q = { .kind = KV_OP_DUMP, .id = tu_id(7, 7), .len = 20u << 20 };
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)kv__batch_body_len(1),
+                         .req_id = 2, .data_len = q.len };
+    kv__hdr_encode(&h, b);
+    kv__batch_encode(&q, 1, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + h.body_len);
+    raw_send(fd, b, 40);   /* 40 of the 20 MiB, then silence */
+    uint64_t t0 = tu_now_ms();
+    assert_closed(fd);
+    uint64_t dt = tu_now_ms() - t0;
+    ck_assert_msg(dt >= 250 && dt < 1500, "closed after %llu ms", (unsigned long long)dt);
+    /* the 20 MiB reservation was given back: 30 MiB fit in the 32 MiB store */
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    size_t big = 30u << 20;
+    uint8_t *g = calloc(1, big);
+    kv_iov gi = { g, big };
+    struct kv__op d = op(KV_OP_DUMP, 8, 0, &gi, 1);
+    ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+    ck_assert_int_eq(d.result, KV_OK);
+    free(g);
+    T->close(c);
+}
+END_TEST
+
 struct worker { int id, failures; };
 
 static void *hammer(void *arg)
@@ -367,6 +403,7 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, wrong_token);
     tcase_add_test(tc, malformed_frames);
     tcase_add_test(tc, deadline);
+    tcase_add_test(tc, stalled_peer_reaped);
     tcase_add_test(tc, concurrent_clients);
     suite_add_tcase(s, tc);
     return s;
