@@ -34,6 +34,18 @@
  * is a connection error (the caller closes the conn); the server releases
  * every pin and reservation a connection held when it goes.
  *
+ * Integrity: a value is READ only while the server holds it pinned (from
+ * PREP to RELEASE), and values are never rewritten in place, so a READ
+ * cannot see a torn or recycled value; that pin is what stands in here for
+ * the checksum DESIGN asks of one-sided reads (a lock-free read without the
+ * PREP round trip would need a stored checksum the engine does not expose).
+ * A WRITE lands in a reservation nobody else can see until COMMIT.
+ *
+ * Exposure: the segment is registered once with remote read and write
+ * access, as Mooncake does, so a peer that passed the token check could
+ * RDMA anywhere in it; bounds are enforced by the device against the
+ * region, not per value. Memory windows per reservation would narrow that.
+ *
  * No device: ibv_get_device_list returns NULL (ENOSYS when no RDMA driver
  * is loaded). probe() says 0 and create() returns KV_ENOTSUP, each with a
  * log line, so protocol auto falls back to tcp.
@@ -1625,8 +1637,10 @@ static int batch_chunk(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
         /* The server's address must be exactly the item's size and lie in
          * its advertised regions before a byte moves. */
         int bad = o[i].len != q[i].len || !o[i].rkey || !covered(c, o[i].addr, o[i].len);
-        if (bad)
+        if (bad) {
+            KV_WARN("rdma: the server answered an address outside its regions; item refused");
             item_rc[i] = KV_EPROTO;
+        }
         else if ((rc = cut_item(c, i, op, o[i].addr, op->kind == KV_OP_LOAD, &pv, &np, &pcap)))
             item_rc[i] = rc;
         if (op->kind == KV_OP_LOAD) {

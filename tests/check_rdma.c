@@ -360,6 +360,23 @@ START_TEST(device_or_no_device)
         ck_assert_int_ne(ibv_query_port(ctx, 2, &pa), 0);
         ck_assert(access(registry, F_OK) == 0);
     }
+    /* An optional access flag sends the ibv_reg_mr macro to
+     * ibv_reg_mr_iova2@IBVERBS_1.8; the plain one to ibv_reg_mr@IBVERBS_1.1. */
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    ck_assert_ptr_nonnull(pd);
+    static uint8_t mem[8192];
+    struct ibv_mr *a = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+    struct ibv_mr *b = ibv_reg_mr(pd, mem + 4096, 4096, IBV_ACCESS_LOCAL_WRITE);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_ptr_eq(a->addr, mem);
+    ck_assert_uint_ne(a->lkey, b->lkey);
+    /* REMOTE_WRITE without LOCAL_WRITE is refused, as by the kernel. */
+    ck_assert_ptr_null(ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_REMOTE_WRITE));
+    ck_assert_int_eq(ibv_dealloc_pd(pd) != 0, 1);    /* still has regions */
+    ck_assert_int_eq(ibv_dereg_mr(a), 0);
+    ck_assert_int_eq(ibv_dereg_mr(b), 0);
+    ck_assert_int_eq(ibv_dealloc_pd(pd), 0);
     ck_assert_int_eq(ibv_close_device(ctx), 0);
     ibv_free_device_list(l);
     assert_registry_gone();
@@ -944,6 +961,135 @@ START_TEST(transport_server_gone_is_a_connection_error)
 }
 END_TEST
 
+/* A fake server that speaks net/rdma.c's handshake (message types
+ * KV_MSG_RDMA_FIRST + 0..4: QP, QP_R, PREP, PREP_R, RELEASE) and answers
+ * every PREP item with the address buf + off[i], to see the client refuse
+ * addresses outside the regions the server advertised. */
+static int frame_in(int fd, struct kv__hdr *h, uint8_t *body, size_t cap)
+{
+    uint8_t hb[KV_PROTO_HDR_LEN];
+    if (xread(fd, hb, sizeof hb) || kv__hdr_decode(hb, 0, h) || h->body_len > cap)
+        return -1;
+    return xread(fd, body, h->body_len);
+}
+
+static int frame_out(int fd, uint8_t type, uint64_t id, const uint8_t *body, size_t len)
+{
+    uint8_t hb[KV_PROTO_HDR_LEN];
+    struct kv__hdr h = { .type = type, .req_id = id, .body_len = (uint32_t)len };
+    kv__hdr_encode(&h, hb);
+    return xwrite(fd, hb, sizeof hb) || (len && xwrite(fd, body, len)) ? -1 : 0;
+}
+
+static int fake_server(int lfd, const uint64_t *off, size_t n)
+{
+    int fd = accept(lfd, NULL, NULL);
+    if (fd < 0)
+        return 30;
+    static uint8_t b[65536];
+    struct kv__hdr h;
+    if (frame_in(fd, &h, b, sizeof b) || h.type != KV_MSG_HELLO ||
+        frame_out(fd, KV_MSG_HELLO_OK, h.req_id, NULL, 0))
+        return 31;
+    if (frame_in(fd, &h, b, sizeof b) || h.type != KV_MSG_RDMA_FIRST || h.body_len != 28)
+        return 32;
+    struct wire peer = { .qpn = kv__get32(b), .psn = kv__get32(b + 4), .lid = kv__get16(b + 8) };
+    memcpy(peer.gid, b + 12, 16);
+    struct end e;
+    if (end_open(&e, 4096, RW_ACCESS))
+        return 33;
+    tu_fill(e.buf, 4096, 77);
+    struct wire mine;
+    end_wire(&e, SRV_PSN, &mine);
+    if (end_connect(&e, RW_ACCESS, SRV_PSN, &peer))
+        return 34;
+    kv__put32(b, mine.qpn);
+    kv__put32(b + 4, mine.psn);
+    kv__put16(b + 8, mine.lid);
+    b[10] = IBV_MTU_1024;
+    b[11] = 0;
+    memcpy(b + 12, mine.gid, 16);
+    kv__put32(b + 28, 1);
+    kv__put64(b + 32, mine.addr);
+    kv__put64(b + 40, 4096);
+    kv__put32(b + 48, mine.rkey);
+    if (frame_out(fd, KV_MSG_RDMA_FIRST + 1, h.req_id, b, 52))
+        return 35;
+    if (frame_in(fd, &h, b, sizeof b) || h.type != KV_MSG_RDMA_FIRST + 2)
+        return 36;
+    struct kv__wire_req q[8];
+    struct kv__wire_resp o[8];
+    size_t got = 8;
+    if (kv__batch_decode(b, h.body_len, q, &got) || got != n)
+        return 37;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (struct kv__wire_resp){ .status = KV_OK, .len = q[i].len,
+                                       .addr = mine.addr + off[i], .rkey = mine.rkey,
+                                       .handle = 100 + i };
+    int blen = kv__batch_r_encode(o, n, b, sizeof b);
+    if (blen < 0 || frame_out(fd, KV_MSG_RDMA_FIRST + 3, h.req_id, b, (size_t)blen))
+        return 38;
+    /* Every handle comes back in a RELEASE, the refused ones too. */
+    if (frame_in(fd, &h, b, sizeof b) || h.type != KV_MSG_RDMA_FIRST + 4 ||
+        kv__get32(b) != n)
+        return 39;
+    char c;
+    while (read(fd, &c, 1) > 0)
+        ;
+    close(fd);
+    end_close(&e);
+    return 0;
+}
+
+START_TEST(transport_client_refuses_addresses_outside_the_regions)
+{
+    if (!have_device())
+        return;
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(lfd, 1), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *)&sa, &sl);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", ntohs(sa.sin_port));
+    /* good; one byte past the end; before the start (wraps around) */
+    static const uint64_t off[3] = { 0, 3997, (uint64_t)-8 };
+    child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(20);
+        _exit(fake_server(lfd, off, 3));
+    }
+    close(lfd);
+    struct kv__net_opts o = opts("");
+    struct kv__transport *t = NULL;
+    ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(t, addr, &c), KV_OK);
+    uint8_t dst[3][100];
+    memset(dst, 0xEE, sizeof dst);
+    kv_iov v[3] = { { dst[0], 100 }, { dst[1], 100 }, { dst[2], 100 } };
+    struct kv__op ops[3] = { op(KV_OP_LOAD, 1, 0, &v[0], 1), op(KV_OP_LOAD, 2, 0, &v[1], 1),
+                             op(KV_OP_LOAD, 3, 0, &v[2], 1) };
+    ck_assert_int_eq(T->batch(c, ops, 3), KV_OK);
+    ck_assert_int_eq(ops[0].result, KV_OK);
+    ck_assert(tu_check_fill(dst[0], 100, 77));
+    ck_assert_int_eq(ops[1].result, KV_EPROTO);
+    ck_assert_int_eq(ops[2].result, KV_EPROTO);
+    for (size_t i = 0; i < 100; i++)
+        ck_assert_int_eq(dst[1][i] & dst[2][i], 0xEE);
+    T->close(c);
+    T->destroy(t);
+    int st = 0;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    child = -1;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "fake server status %#x", st);
+    assert_registry_gone();
+}
+END_TEST
+
 Suite *rdma_suite(void)
 {
     Suite *s = suite_create("rdma");
@@ -968,6 +1114,7 @@ Suite *rdma_suite(void)
     tcase_add_test(tc, transport_roundtrip_memstore_falls_back_inline);
     tcase_add_test(tc, transport_wrong_token_and_hostile_frames);
     tcase_add_test(tc, transport_server_gone_is_a_connection_error);
+    tcase_add_test(tc, transport_client_refuses_addresses_outside_the_regions);
     suite_add_tcase(s, tc);
     return s;
 }
