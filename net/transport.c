@@ -37,7 +37,7 @@ int kv__transport_pick(int protocol, const struct kv__net_opts *o,
         *out = rdma_ok ? rdma : &kv__tcp_transport;
         if (!atomic_exchange(&said, 1))
             KV_INFO("cluster.protocol auto: using %s%s", (*out)->name,
-                    rdma_ok ? "" : " (no RDMA device found)");
+                    rdma_ok ? "" : rdma ? " (no RDMA device found)" : " (built without rdma)");
         return KV_OK;
     }
 }
