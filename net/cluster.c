@@ -388,7 +388,11 @@ static void run_local(struct kv__cluster *c, struct kv__op *ops, size_t n)
             break;
         case KV_OP_DUMP: {
             kv__resv r;
-            uint64_t len = kv__iov_len(o->iov, o->iovcnt);
+            uint64_t len = kv__iov_len(o->iov, o->iovcnt), have;
+            if (be->size(be->ctx, o->ns, &o->id, o->index, &have) == KV_OK) {
+                o->result = KV_OK;   /* already stored: skipped, a success */
+                break;
+            }
             o->result = be->reserve(be->ctx, len, &r);
             if (o->result == KV_OK) {
                 uint8_t *d = r.data;
@@ -420,11 +424,20 @@ static void run_peer(struct kv__cluster *c, struct peer *p, struct kv__op *ops, 
         conn = p->pool[--p->npool];
     memcpy(addr, p->addr, sizeof addr);
     pthread_mutex_unlock(&p->lock);
-    int rc = KV_OK;
+    int rc = KV_OK, pooled = conn != NULL;
     if (!conn)
         rc = c->ops->connect(c->t, addr, &conn);
     if (rc == KV_OK)
         rc = c->ops->batch(conn, ops, n);
+    if (rc == KV_ENET && pooled) {
+        /* A pooled connection may be stale (the peer restarted): one fresh
+         * try before calling the peer down. Every op is idempotent. */
+        c->ops->close(conn);
+        conn = NULL;
+        rc = c->ops->connect(c->t, addr, &conn);
+        if (rc == KV_OK)
+            rc = c->ops->batch(conn, ops, n);
+    }
     if (rc == KV_OK) {
         pthread_mutex_lock(&p->lock);
         if (p->npool < POOL_MAX) {

@@ -282,7 +282,11 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
         return KV_ENOMEM;
     }
     ms->cfg = cfg;
-    ms->version = 1;
+    /* Versions start from the wall clock, so a restarted master's views
+     * still read as newer than any its members saw before. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ms->version = ((uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000) << 10;
     KV_INFO("kvmaster: listening on %s, node_ttl_ms %llu%s", cfg->cluster.master,
             (unsigned long long)cfg->cluster.node_ttl_ms,
             cfg->cluster.token[0] ? ", token required" : "");

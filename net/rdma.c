@@ -168,7 +168,8 @@ struct sconn {
     struct ibv_cq *cq;
     struct ibv_qp *qp;
     struct handle *h;
-    uint32_t nh;
+    uint32_t nh, live;      /* slots, and pins + reservations held */
+    uint64_t deadline;      /* for the frame being served */
     uint8_t *discard;
 };
 
@@ -492,6 +493,7 @@ static uint64_t handle_new(struct sconn *sc, uint8_t kind, const struct kv__wire
     }
     struct handle *h = &sc->h[slot];
     h->gen++;
+    sc->live++;
     h->kind = kind;
     h->ns = q->ns;
     h->index = q->index;
@@ -507,7 +509,11 @@ static struct handle *handle_get(struct sconn *sc, uint64_t hv, uint8_t kind)
     return &sc->h[slot];
 }
 
-static void handle_free(struct handle *h) { h->gen++; }
+static void handle_free(struct sconn *sc, struct handle *h)
+{
+    h->gen++;
+    sc->live--;
+}
 
 /* Answers one PREP item: pin / reserve and hand out an address, or say
  * "fall back" (status OK, rkey 0, handle 0). */
@@ -592,7 +598,7 @@ static int on_prep(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bod
         for (size_t i = 0; i < n; i++)
             prep_item(sc, &q[i], &o[i]);
         kv__batch_r_encode(o, n, out, blen);
-        rc = send_frame(sc->fd, MSG_PREP_R, h->req_id, KV_OK, out, blen, 0, UINT64_MAX);
+        rc = send_frame(sc->fd, MSG_PREP_R, h->req_id, KV_OK, out, blen, 0, sc->deadline);
     }
     free(q);
     free(o);
@@ -610,7 +616,7 @@ static int on_release(struct sconn *sc, const struct kv__hdr *h, const uint8_t *
         if (!e)
             return KV_EPROTO;
         sc->r->be->unpin(sc->r->be->ctx, &e->pin);
-        handle_free(e);
+        handle_free(sc, e);
     }
     return KV_OK;
 }
@@ -640,11 +646,11 @@ static int on_commit(struct sconn *sc, const struct kv__hdr *h, const uint8_t *b
                 be->abort(be->ctx, &e->resv);
                 o[i].status = KV_EIO;
             }
-            handle_free(e);
+            handle_free(sc, e);
         }
         if (rc == KV_OK) {
             kv__batch_r_encode(o, n, out, blen);
-            rc = send_frame(sc->fd, MSG_COMMIT_R, h->req_id, KV_OK, out, blen, 0, UINT64_MAX);
+            rc = send_frame(sc->fd, MSG_COMMIT_R, h->req_id, KV_OK, out, blen, 0, sc->deadline);
         }
     }
     free(o);
@@ -691,7 +697,7 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
             void *dst = ok ? (uint8_t *)rv.data + got : sc->discard;
             if (!ok && l > DISCARD_LEN)
                 l = DISCARD_LEN;
-            if ((rc = xfer1(sc->fd, dst, (size_t)l, 0, UINT64_MAX))) {
+            if ((rc = xfer1(sc->fd, dst, (size_t)l, 0, sc->deadline))) {
                 if (ok)
                     be->abort(be->ctx, &rv);
                 goto out;
@@ -742,7 +748,7 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
     kv__hdr_encode(&rh, out);
     kv__batch_r_encode(o, n, out + KV_PROTO_HDR_LEN, blen);
     iov[0] = (struct iovec){ out, KV_PROTO_HDR_LEN + blen };
-    rc = xfer(sc->fd, iov, k, 1, UINT64_MAX);
+    rc = xfer(sc->fd, iov, k, 1, sc->deadline);
 out:
     for (size_t i = 0; i < npins; i++)
         be->unpin(be->ctx, &pins[i]);
@@ -773,7 +779,7 @@ static int on_qp(struct sconn *sc, const struct kv__hdr *h, const uint8_t *body)
     }
     if (rc != KV_OK) {
         qp_destroy(&sc->qp, &sc->cq);
-        return send_frame(sc->fd, MSG_QP_R, h->req_id, rc, NULL, 0, 0, UINT64_MAX);
+        return send_frame(sc->fd, MSG_QP_R, h->req_id, rc, NULL, 0, 0, sc->deadline);
     }
     size_t blen = QPINFO_LEN + 4 + (size_t)r->nseg * SEG_WIRE_LEN;
     uint8_t *out = malloc(blen);
@@ -787,7 +793,7 @@ static int on_qp(struct sconn *sc, const struct kv__hdr *h, const uint8_t *body)
         kv__put64(p + 8, r->seg[i].len);
         kv__put32(p + 16, r->seg[i].rkey);
     }
-    rc = send_frame(sc->fd, MSG_QP_R, h->req_id, KV_OK, out, blen, 0, UINT64_MAX);
+    rc = send_frame(sc->fd, MSG_QP_R, h->req_id, KV_OK, out, blen, 0, sc->deadline);
     free(out);
     return rc;
 }
@@ -817,7 +823,10 @@ static void *sconn_main(void *arg)
     struct rdma *r = sc->r;
     struct kv__hdr h;
     uint8_t *body = NULL;
-    int rc = recv_frame(sc->fd, 0, 2 * (KV_PROTO_ID_MAX + 2), &h, &body, UINT64_MAX);
+    /* A frame, once begun, must arrive and be answered within the timeout:
+     * a stalled peer is dropped and what it held is given back. */
+    sc->deadline = kv__now_ms() + r->o.timeout_ms;
+    int rc = recv_frame(sc->fd, 0, 2 * (KV_PROTO_ID_MAX + 2), &h, &body, sc->deadline);
     char token[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1] = "?";
     if (rc == KV_OK && (h.type != KV_MSG_HELLO ||
                         kv__hello_decode(body, h.body_len, token, sizeof token, id, sizeof id)))
@@ -825,13 +834,22 @@ static void *sconn_main(void *arg)
     free(body);
     if (rc == KV_OK && strcmp(token, r->o.token) != 0) {
         KV_WARN("rdma: refused a connection from '%s': wrong cluster token", id);
-        send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_EPERM, NULL, 0, 0, UINT64_MAX);
+        send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_EPERM, NULL, 0, 0, sc->deadline);
         rc = KV_EPERM;
     } else if (rc == KV_OK) {
-        rc = send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_OK, NULL, 0, 0, UINT64_MAX);
+        rc = send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_OK, NULL, 0, 0, sc->deadline);
     }
     while (rc == KV_OK && !atomic_load(&r->stopping)) {
-        rc = recv_frame(sc->fd, UINT64_MAX, KV_PROTO_BODY_MAX, &h, &body, UINT64_MAX);
+        /* An idle pooled connection may wait for ever; one holding pins or
+         * reservations must finish its batch (RELEASE / COMMIT) in time. */
+        rc = wait_fd(sc->fd, POLLIN, sc->live ? kv__now_ms() + 2ull * r->o.timeout_ms
+                                              : UINT64_MAX);
+        if (rc == KV_ETIMEDOUT)
+            KV_WARN("rdma: '%s' went quiet holding %u pins/reservations; closing", id, sc->live);
+        if (rc)
+            break;
+        sc->deadline = kv__now_ms() + r->o.timeout_ms;
+        rc = recv_frame(sc->fd, UINT64_MAX, KV_PROTO_BODY_MAX, &h, &body, sc->deadline);
         if (rc)
             break;
         switch (h.type) {

@@ -367,8 +367,19 @@ static int on_data(struct sconn *sc)
             return finish_batch(sc) ? 1 : 2;
         struct kv__wire_req *q = &sc->req[sc->cur];
         if (!sc->cur_started) {
-            sc->resv_ok = be->reserve(be->ctx, q->len, &sc->resv) == KV_OK;
-            sc->resp[sc->cur].status = sc->resv_ok ? KV_OK : KV_ENOSPC;
+            /* A shard already stored is skipped (it counts as success):
+             * drain its bytes rather than reserve room, which could evict
+             * other blocks for nothing. Commit still resolves races. */
+            uint64_t have;
+            if (be->size(be->ctx, q->ns, &q->id, q->index, &have) == KV_OK) {
+                sc->resv_ok = 0;
+                sc->resp[sc->cur].status = KV_OK;
+            } else {
+                int rc = be->reserve(be->ctx, q->len, &sc->resv);
+                sc->resv_ok = rc == KV_OK;
+                sc->resp[sc->cur].status = rc == KV_OK ? KV_OK : rc == KV_ENOMEM ? KV_ENOMEM
+                                                                                 : KV_ENOSPC;
+            }
             sc->cur_started = 1;
         }
         while (sc->cur_got < q->len) {

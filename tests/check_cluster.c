@@ -126,12 +126,20 @@ static void start_master(void)
 
 /* A kvnode with cap bytes of DRAM and replica_num r; returns its index.
  * ssd: NULL for pipeline dram, else dram|ssd with its store under dir. */
-static int start_node_ssd(const char *cap, unsigned r, int ssd);
-static int start_node(const char *cap, unsigned r) { return start_node_ssd(cap, r, 0); }
+static int start_node_at(const char *cap, unsigned r, int ssd, const char *at);
+static int start_node(const char *cap, unsigned r) { return start_node_at(cap, r, 0, NULL); }
 static int start_node_ssd(const char *cap, unsigned r, int ssd)
 {
+    return start_node_at(cap, r, ssd, NULL);
+}
+/* at: listen there (a restart), else on a fresh port. */
+static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
+{
     int i = nprocs;
-    snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", free_port());
+    if (at)
+        snprintf(node_addr[i], sizeof node_addr[i], "%s", at);
+    else
+        snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", free_port());
     char bin[512], log[512], s[8][160];
     snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
     snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
@@ -180,6 +188,15 @@ static int open_engine(const char *cap, unsigned r, const char *token, kv_engine
             break;
         }
     return rc;
+}
+
+static struct kv__transport *raw_client_tcp(const char *token)
+{
+    struct kv__net_opts o = { .timeout_ms = 2000, .threads = 1 };
+    snprintf(o.token, sizeof o.token, "%s", token);
+    struct kv__transport *t;
+    ck_assert_int_eq(kv__tcp_transport.create(&o, NULL, &t, NULL, 0), KV_OK);
+    return t;
 }
 
 static void setup(void)
@@ -370,16 +387,38 @@ START_TEST(node_serves_from_ssd)
 }
 END_TEST
 
-/* A raw transport client to a node, with a given token. */
-static struct kv__transport *raw_client(const char *token)
+/* A node that restarts on the same address (its old connections dead, its
+ * view record unchanged) is reached again at once: a stale pooled
+ * connection costs a reconnect, not a failed task. */
+START_TEST(node_restart_same_address)
 {
-    const struct kv__transport_ops *T = &kv__tcp_transport;
-    struct kv__net_opts o = { .timeout_ms = 2000, .threads = 1 };
-    snprintf(o.token, sizeof o.token, "%s", token);
-    struct kv__transport *t;
-    ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
-    return t;
+    int n0 = start_node("16MiB", 1);
+    wait_owners(1);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    struct set s = make_set(8, 64 << 10, 9);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    char at[64];
+    snprintf(at, sizeof at, "%s", node_addr[n0]);
+    kill_proc(n0);
+    start_node_at("16MiB", 1, 0, at);
+    /* ready when a fresh connection gets an answer */
+    struct kv__transport *t = raw_client_tcp(TOKEN);
+    uint64_t t0 = tu_now_ms();
+    struct kv__conn *c = NULL;
+    while (kv__tcp_transport.connect(t, at, &c) != KV_OK && tu_now_ms() - t0 < 8000)
+        usleep(20000);
+    ck_assert_ptr_nonnull(c);
+    kv__tcp_transport.close(c);
+    kv__tcp_transport.destroy(t);
+    /* its DRAM was lost (a miss), and a dump right away succeeds */
+    ck_assert_int_eq(run_task(client, 0, s.load, 1), KV_ENOTFOUND);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
 }
+END_TEST
 
 START_TEST(wrong_token_refused)
 {
@@ -390,7 +429,7 @@ START_TEST(wrong_token_refused)
     ck_assert_ptr_null(e);
     if (strcmp(protocol(), "tcp") == 0) {
         const struct kv__transport_ops *T = &kv__tcp_transport;
-        struct kv__transport *t = raw_client("not-the-token");
+        struct kv__transport *t = raw_client_tcp("not-the-token");
         struct kv__conn *c = NULL;
         ck_assert_int_eq(T->connect(t, node_addr[1], &c), KV_EPERM);
         T->destroy(t);
@@ -444,7 +483,7 @@ START_TEST(hostile_peer)
     }
     /* out of bounds through an authenticated connection */
     const struct kv__transport_ops *T = &kv__tcp_transport;
-    struct kv__transport *t = raw_client(TOKEN);
+    struct kv__transport *t = raw_client_tcp(TOKEN);
     struct kv__conn *c;
     ck_assert_int_eq(T->connect(t, a, &c), KV_OK);
     size_t big = 24u << 20;   /* more than the node's whole segment */
@@ -589,6 +628,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, wrong_token_refused);
     tcase_add_test(tc, hostile_peer);
     tcase_add_test(tc, node_serves_from_ssd);
+    tcase_add_test(tc, node_restart_same_address);
     suite_add_tcase(s, tc);
     return s;
 }
