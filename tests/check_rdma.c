@@ -595,6 +595,8 @@ static struct kv__net_opts opts(const char *token)
 
 /* The child: an engine's DRAM (or a memstore) served over rdma until the
  * parent closes the pipe. Writes its bound address, or "" on failure. */
+static unsigned srv_timeout_ms = 5000;
+
 static int serve_transport(int wfd, int rfd, int use_engine)
 {
     struct kv__backend ebe, *be = NULL;
@@ -613,6 +615,7 @@ static int serve_transport(int wfd, int rfd, int use_engine)
         be = kv__memstore_new(0);
     }
     struct kv__net_opts o = opts(TOKEN);
+    o.timeout_ms = srv_timeout_ms;
     struct kv__transport *t = NULL;
     char bound[64] = "";
     int rc = T->create(&o, be, &t, NULL, 0);
@@ -873,6 +876,7 @@ START_TEST(transport_wrong_token_and_hostile_frames)
     if (!have_device())
         return;
     char addr[64];
+    srv_timeout_ms = 1000;
     start_server(1, addr);
     struct kv__net_opts bad = opts("not-the-token"), good = opts(TOKEN);
     struct kv__transport *t = NULL;
@@ -926,6 +930,38 @@ START_TEST(transport_wrong_token_and_hostile_frames)
     ck_assert_int_eq(T->batch(c, &l, 1), KV_OK);
     ck_assert_int_eq(l.result, KV_OK);
     ck_assert(memcmp(v, w, sizeof v) == 0);
+
+    /* A peer that PREPs a load (the server pins the value) and then goes
+     * quiet is dropped after twice the timeout, and its pin given back. */
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = { .tv_sec = 5 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t b[512];
+    int n = kv__hello_encode(TOKEN, "quiet", b + KV_PROTO_HDR_LEN, 200);
+    struct kv__hdr h = { .type = KV_MSG_HELLO, .req_id = 1, .body_len = (uint32_t)n };
+    kv__hdr_encode(&h, b);
+    ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
+    ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN), 0);
+    struct kv__wire_req item = { .kind = KV_OP_LOAD, .ns = KV_NS_BLOCK, .index = 3,
+                                 .id = tu_id(1, 9), .len = sizeof w };
+    n = kv__batch_encode(&item, 1, b + KV_PROTO_HDR_LEN, 256);
+    h = (struct kv__hdr){ .type = KV_MSG_RDMA_FIRST + 2, .req_id = 2, .body_len = (uint32_t)n };
+    kv__hdr_encode(&h, b);
+    ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
+    ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN + kv__batch_r_body_len(1)), 0);
+    struct kv__wire_resp r;
+    size_t one = 1;
+    ck_assert_int_eq(kv__batch_r_decode(b + KV_PROTO_HDR_LEN, kv__batch_r_body_len(1), &r, &one),
+                     KV_OK);
+    ck_assert_int_eq(r.status, KV_OK);
+    ck_assert_uint_ne(r.handle, 0);                /* pinned for us */
+    uint64_t t0 = tu_now_ms();
+    ck_assert_int_eq(read(fd, b, 1), 0);
+    ck_assert_uint_lt(tu_now_ms() - t0, 4000);
+    close(fd);
+    ck_assert_int_eq(T->batch(c, &l, 1), KV_OK);
+    ck_assert_int_eq(l.result, KV_OK);
     T->close(c);
     T->destroy(t);
     stop_server();
