@@ -308,7 +308,9 @@ int kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__clus
 {
     struct kv__backend be;
     kv__backend_engine(e, &be);
-    int owner = cfg->dram.capacity > 0;
+    /* A store of its own (DRAM, or SSD only) makes an owner; dram.capacity
+     * 0 with a DRAM pipeline is a pure client. */
+    int owner = cfg->dram.capacity > 0 || cfg->pipeline == KV_PIPE_SSD;
     *out = NULL;
     /* The backend lives in the cluster object; start it there. */
     struct kv__cluster *c = calloc(1, sizeof *c);
@@ -391,6 +393,10 @@ static void run_local(struct kv__cluster *c, struct kv__op *ops, size_t n)
             uint64_t len = kv__iov_len(o->iov, o->iovcnt), have;
             if (be->size(be->ctx, o->ns, &o->id, o->index, &have) == KV_OK) {
                 o->result = KV_OK;   /* already stored: skipped, a success */
+                break;
+            }
+            if (be->dump) {   /* one copy either way; no reservation */
+                o->result = be->dump(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
                 break;
             }
             o->result = be->reserve(be->ctx, len, &r);

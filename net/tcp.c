@@ -69,6 +69,7 @@ struct sconn {
     uint64_t cur_got;
     kv__resv resv;
     int resv_ok;
+    void *inbounce;                 /* dump bytes for backend->dump */
     /* the response being written */
     uint8_t *obuf;
     struct iovec *oiov;
@@ -140,6 +141,7 @@ static void sconn_close(struct sconn *sc)
     close(sc->fd);
     if (sc->cur_started && sc->resv_ok)
         lp->t->be->abort(lp->t->be->ctx, &sc->resv);
+    free(sc->inbounce);
     release_response(sc);
     pthread_mutex_lock(&lp->lock);
     if (sc->prev)
@@ -377,6 +379,10 @@ static int on_data(struct sconn *sc)
             } else {
                 int rc = be->reserve(be->ctx, q->len, &sc->resv);
                 sc->resv_ok = rc == KV_OK;
+                /* No segment (SSD only): copy in through a bounce buffer. */
+                if (rc != KV_OK && be->dump && !be->seg_len && q->len <= KV_NET_BOUNCE_MAX &&
+                    (sc->inbounce = malloc(q->len ? q->len : 1)))
+                    rc = KV_OK;
                 sc->resp[sc->cur].status = rc == KV_OK ? KV_OK : rc == KV_ENOMEM ? KV_ENOMEM
                                                                                  : KV_ENOSPC;
             }
@@ -387,6 +393,8 @@ static int on_data(struct sconn *sc)
             void *dst;
             if (sc->resv_ok) {
                 dst = (uint8_t *)sc->resv.data + sc->cur_got;
+            } else if (sc->inbounce) {
+                dst = (uint8_t *)sc->inbounce + sc->cur_got;
             } else {
                 dst = sc->lp->discard;
                 if (left > DISCARD_LEN)
@@ -410,6 +418,11 @@ static int on_data(struct sconn *sc)
             sc->resv_ok = 0;
             sc->resp[sc->cur].status =
                 be->commit(be->ctx, &sc->resv, q->ns, &q->id, q->index);
+        } else if (sc->inbounce) {
+            kv_iov v = { sc->inbounce, q->len };
+            sc->resp[sc->cur].status = be->dump(be->ctx, q->ns, &q->id, q->index, &v, 1);
+            free(sc->inbounce);
+            sc->inbounce = NULL;
         }
         sc->cur++;
         next_dump(sc);

@@ -79,6 +79,8 @@ static int e_size(void *c, int ns, const kv_block_id *id, uint32_t x, uint64_t *
 { return kv__local_size(c, ns, id, x, len); }
 static int e_load(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *v, uint32_t n)
 { return kv__local_load(c, ns, id, x, v, n); }
+static int e_dump(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *v, uint32_t n)
+{ return kv__local_dump(c, ns, id, x, v, n); }
 static int e_pin(void *c, int ns, const kv_block_id *id, uint32_t x, const void **d,
                  uint64_t *len, kv__pin *p)
 { return kv__local_pin(c, ns, id, x, d, len, p); }
@@ -100,5 +102,6 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->reserve = e_reserve;
     out->commit = e_commit;
     out->abort = e_abort;
+    out->dump = e_dump;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
 }

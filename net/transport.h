@@ -58,7 +58,13 @@ struct kv__backend {
      * (for RDMA registration; NULL/0 when there is none). */
     void *seg_base;
     size_t seg_len;
+    /* Copies one shard in (kv__local_dump). Used where there is no segment
+     * to reserve in (an SSD-only node: reserve says KV_ENOSPC), through a
+     * bounce buffer of at most KV_NET_BOUNCE_MAX bytes. NULL = none. */
+    int  (*dump)(void *ctx, int ns, const kv_block_id *id, uint32_t index,
+                 const kv_iov *iov, uint32_t iovcnt);
 };
+#define KV_NET_BOUNCE_MAX (256ull << 20)
 
 /* A backend over an engine's local store (kv__local_*). */
 void kv__backend_engine(kv_engine *e, struct kv__backend *out);

@@ -125,7 +125,7 @@ static void start_master(void)
 }
 
 /* A kvnode with cap bytes of DRAM and replica_num r; returns its index.
- * ssd: NULL for pipeline dram, else dram|ssd with its store under dir. */
+ * ssd: 0 for pipeline dram, 1 for dram|ssd, 2 for ssd (store under dir). */
 static int start_node_at(const char *cap, unsigned r, int ssd, const char *at);
 static int start_node(const char *cap, unsigned r) { return start_node_at(cap, r, 0, NULL); }
 static int start_node_ssd(const char *cap, unsigned r, int ssd)
@@ -153,7 +153,7 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
     snprintf(s[7], sizeof s[7], "ssd.path=%s/node%d", dir, i);
     char *argv[] = { bin, "--set", s[0], "--set", s[1], "--set", s[2], "--set", s[3],
                      "--set", s[4], "--set", s[5], "--set", s[6],
-                     "--set", ssd ? "pipeline=dram|ssd" : "pipeline=dram",
+                     "--set", ssd == 2 ? "pipeline=ssd" : ssd ? "pipeline=dram|ssd" : "pipeline=dram",
                      "--set", "io.threads=2", "--set", s[7], "--set", "ssd.capacity=256MiB",
                      NULL };
     spawn(argv, log);
@@ -381,6 +381,22 @@ START_TEST(node_serves_from_ssd)
     struct set s = make_set(160, 256 << 10, 8);   /* 40 MiB through 16 MiB of DRAM */
     for (size_t b = 0; b < s.n; b += 4)
         ck_assert_int_eq(run_task(client, 1, s.dump + b, 4), KV_OK);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+/* An SSD-only node owns blocks too: dumps reach it through the copy-in
+ * path (no segment to reserve in), loads through the bounce path. */
+START_TEST(ssd_only_node)
+{
+    start_node_ssd("0", 1, 2);
+    wait_owners(1);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    struct set s = make_set(12, 100 << 10, 10);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
     ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     free_set(&s);
@@ -629,6 +645,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, hostile_peer);
     tcase_add_test(tc, node_serves_from_ssd);
     tcase_add_test(tc, node_restart_same_address);
+    tcase_add_test(tc, ssd_only_node);
     suite_add_tcase(s, tc);
     return s;
 }
