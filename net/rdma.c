@@ -396,7 +396,10 @@ static int qpinfo_decode(const uint8_t *p, struct qpinfo *q)
 /* INIT -> RTR -> RTS towards the peer. */
 static int qp_connect(struct rdma *r, struct ibv_qp *qp, uint32_t my_psn, const struct qpinfo *peer)
 {
+    /* READs in flight: as responder (rd) and as initiator (ird). */
     int rd = r->dev.max_qp_rd_atom < 1 ? 1 : r->dev.max_qp_rd_atom > 16 ? 16 : r->dev.max_qp_rd_atom;
+    int ird = r->dev.max_qp_init_rd_atom < 1 ? 1 : r->dev.max_qp_init_rd_atom > 16
+                                                   ? 16 : r->dev.max_qp_init_rd_atom;
     struct ibv_qp_attr a = {
         .qp_state = IBV_QPS_RTR,
         .path_mtu = mtu_min(r->port.active_mtu, (enum ibv_mtu)peer->mtu),
@@ -420,7 +423,7 @@ static int qp_connect(struct rdma *r, struct ibv_qp *qp, uint32_t my_psn, const 
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.sq_psn = my_psn;
-        a.max_rd_atomic = (uint8_t)rd;
+        a.max_rd_atomic = (uint8_t)ird;
         e = ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
                                   IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
     }
