@@ -21,7 +21,8 @@
  * closes that connection only.
  *
  * Client: a kv__conn is one socket used by one thread at a time; every
- * wait is a poll() bounded by the batch's deadline (opts.timeout_ms).
+ * wait is a poll() bounded by the call's deadline (struct dl: no progress
+ * for opts.timeout_ms, or the whole call past timeout + bytes at 10 MiB/s).
  */
 #include <errno.h>
 #include <limits.h>
@@ -712,14 +713,36 @@ static int tcp_listen(struct kv__transport *tp, const char *addr, char *bound, s
 
 /* ---- client ------------------------------------------------------------- */
 
-static int wait_fd(int fd, short ev, uint64_t deadline)
+/*
+ * A client call's deadline has two parts: no progress for `idle` ms (the
+ * transport's timeout) fails it, so a dead peer is noticed in one timeout
+ * however large the batch; and the whole call may take at most `end`, set
+ * by the caller from the timeout plus the bytes it moves at a 10 MiB/s
+ * floor, so a peer that trickles cannot hold a task forever either.
+ */
+struct dl {
+    uint64_t end;
+    unsigned idle;
+};
+
+#define DL_FLOOR_BYTES_PER_MS (10u << 10)   /* 10 MiB/s */
+
+static struct dl dl_make(unsigned timeout_ms, uint64_t bytes)
 {
+    return (struct dl){ .end = kv__now_ms() + timeout_ms + bytes / DL_FLOOR_BYTES_PER_MS,
+                        .idle = timeout_ms };
+}
+
+/* Waits for ev on fd; since is when the call last made progress. */
+static int wait_fd(int fd, short ev, const struct dl *d, uint64_t since)
+{
+    uint64_t until = since + d->idle < d->end ? since + d->idle : d->end;
     for (;;) {
         uint64_t now = kv__now_ms();
-        if (now >= deadline)
+        if (now >= until)
             return KV_ETIMEDOUT;
         struct pollfd p = { .fd = fd, .events = ev };
-        int k = poll(&p, 1, (int)(deadline - now));
+        int k = poll(&p, 1, (int)(until - now));
         if (k > 0)
             return KV_OK;
         if (k < 0 && errno != EINTR)
@@ -728,9 +751,10 @@ static int wait_fd(int fd, short ev, uint64_t deadline)
 }
 
 /* Moves all of iov[0..cnt) (which it consumes) through fd. */
-static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline)
+static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, const struct dl *deadline)
 {
     size_t i = 0;
+    uint64_t since = kv__now_ms();
     while (i < cnt && iov[i].iov_len == 0)
         i++;
     while (i < cnt) {
@@ -740,7 +764,7 @@ static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline);
+                int rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline, since);
                 if (rc)
                     return rc;
                 continue;
@@ -749,6 +773,7 @@ static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline
         }
         if (r == 0 && !wr)
             return KV_ENET;     /* the peer closed */
+        since = kv__now_ms();
         size_t left = (size_t)r;
         while (i < cnt && left >= iov[i].iov_len) {
             left -= iov[i].iov_len;
@@ -764,7 +789,7 @@ static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline
     return KV_OK;
 }
 
-static int xfer1(int fd, void *p, size_t len, int wr, uint64_t deadline)
+static int xfer1(int fd, void *p, size_t len, int wr, const struct dl *deadline)
 {
     struct iovec v = { p, len };
     return xfer(fd, &v, 1, wr, deadline);
@@ -772,7 +797,7 @@ static int xfer1(int fd, void *p, size_t len, int wr, uint64_t deadline)
 
 /* Reads a response header and checks it answers req_id with type. */
 static int read_hdr(int fd, uint8_t type, uint64_t req_id, uint64_t max_data,
-                    struct kv__hdr *h, uint64_t deadline)
+                    struct kv__hdr *h, const struct dl *deadline)
 {
     uint8_t b[KV_PROTO_HDR_LEN];
     int rc = xfer1(fd, b, sizeof b, 0, deadline);
@@ -790,7 +815,7 @@ static int tcp_connect(struct kv__transport *tp, const char *addr, struct kv__co
     *out = NULL;
     if (kv__net_parse_addr(addr, &sa))
         return KV_EINVAL;
-    uint64_t deadline = kv__now_ms() + t->o.timeout_ms;
+    struct dl d = dl_make(t->o.timeout_ms, 0), *deadline = &d;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return kv__err_from_errno(errno);
@@ -803,7 +828,7 @@ static int tcp_connect(struct kv__transport *tp, const char *addr, struct kv__co
         }
         int soerr = 0;
         socklen_t sl = sizeof soerr;
-        if ((rc = wait_fd(fd, POLLOUT, deadline)))
+        if ((rc = wait_fd(fd, POLLOUT, deadline, kv__now_ms())))
             goto fail;
         getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
         if (soerr) {
@@ -857,7 +882,7 @@ static void tcp_close(struct kv__conn *cp)
 }
 
 /* One frame's worth of a batch (n <= KV_PROTO_BATCH_MAX). */
-static int batch_chunk(struct tcp_conn *c, struct kv__op *ops, size_t n, uint64_t deadline)
+static int batch_chunk(struct tcp_conn *c, struct kv__op *ops, size_t n)
 {
     size_t blen = kv__batch_body_len(n), rlen = kv__batch_r_body_len(n);
     size_t niov = 1, nload_iov = 0;
@@ -871,6 +896,7 @@ static int batch_chunk(struct tcp_conn *c, struct kv__op *ops, size_t n, uint64_
             load_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
         }
     }
+    struct dl d = dl_make(c->t->o.timeout_ms, dump_bytes + load_bytes), *deadline = &d;
     size_t bufsz = KV_PROTO_HDR_LEN + (blen > rlen ? blen : rlen);
     uint8_t *buf = malloc(bufsz);
     struct kv__wire_req *q = malloc(n * sizeof *q);
@@ -954,10 +980,9 @@ out:
 static int tcp_batch(struct kv__conn *cp, struct kv__op *ops, size_t n)
 {
     struct tcp_conn *c = (struct tcp_conn *)cp;
-    uint64_t deadline = kv__now_ms() + c->t->o.timeout_ms;
     for (size_t i = 0; i < n; i += KV_PROTO_BATCH_MAX) {
         size_t m = n - i > KV_PROTO_BATCH_MAX ? KV_PROTO_BATCH_MAX : n - i;
-        int rc = batch_chunk(c, ops + i, m, deadline);
+        int rc = batch_chunk(c, ops + i, m);
         if (rc)
             return rc;
     }
