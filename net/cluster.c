@@ -48,6 +48,28 @@ struct view {
     uint64_t *seeds;
 };
 
+/*
+ * Fan-out: a batch that spans several owners sends to them at once. The
+ * calling thread serves one group; the others go to a few helper threads
+ * (FAN_THREADS), so a batch costs the slowest owner, not their sum.
+ */
+#define FAN_THREADS 4
+
+struct fan_job {
+    struct fan_job *next;
+    struct kv__cluster *c;
+    struct peer *p;
+    struct kv__op *ops;
+    size_t n;
+    struct fan_latch *latch;
+};
+
+struct fan_latch {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    size_t left;
+};
+
 struct kv__cluster {
     struct kv_config cfg;
     struct kv__backend engine_be;
@@ -69,7 +91,15 @@ struct kv__cluster {
     int stopping;
 
     _Atomic uint64_t remote_ops, remote_errors, failovers;
+
+    pthread_mutex_t fanlock;
+    pthread_cond_t fancond;
+    struct fan_job *fanq, **fantail;
+    int fanstop, nfan;
+    pthread_t fan[FAN_THREADS];
 };
+
+static void *fan_main(void *arg);
 
 /* ---- views and peers ---------------------------------------------------- */
 
@@ -205,6 +235,9 @@ static void *hb_main(void *arg)
 
 static int start(struct kv__cluster *c, char *err, size_t errlen)
 {
+    pthread_mutex_init(&c->fanlock, NULL);
+    pthread_cond_init(&c->fancond, NULL);
+    c->fantail = &c->fanq;
     const struct kv_config *cfg = &c->cfg;
     struct kv__net_opts o;
     memset(&o, 0, sizeof o);
@@ -277,6 +310,11 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
         return KV_ENOMEM;
     }
     c->hb_started = 1;
+    for (int i = 0; i < FAN_THREADS; i++) {
+        if (pthread_create(&c->fan[i], NULL, fan_main, c) != 0)
+            break;
+        c->nfan++;
+    }
     KV_INFO("cluster: %s %s over %s, view %llu (%zu owners), replica_num %u",
             c->be ? "serving" : "joined as a pure client", c->be ? c->self.addr : c->self.id,
             c->ops->name, (unsigned long long)version, c->view->n, c->replicas);
@@ -333,6 +371,16 @@ void kv__cluster_stop(struct kv__cluster *c)
 {
     if (!c)
         return;
+    if (c->nfan) {
+        pthread_mutex_lock(&c->fanlock);
+        c->fanstop = 1;
+        pthread_cond_broadcast(&c->fancond);
+        pthread_mutex_unlock(&c->fanlock);
+        for (int i = 0; i < c->nfan; i++)
+            pthread_join(c->fan[i], NULL);
+    }
+    pthread_mutex_destroy(&c->fanlock);
+    pthread_cond_destroy(&c->fancond);
     if (c->hb_started) {
         pthread_mutex_lock(&c->hblock);
         c->stopping = 1;
@@ -468,6 +516,81 @@ static void run_peer(struct kv__cluster *c, struct peer *p, struct kv__op *ops, 
         ops[i].result = rc;
 }
 
+static void *fan_main(void *arg)
+{
+    struct kv__cluster *c = arg;
+    pthread_mutex_lock(&c->fanlock);
+    for (;;) {
+        while (!c->fanq && !c->fanstop)
+            pthread_cond_wait(&c->fancond, &c->fanlock);
+        if (!c->fanq)
+            break;
+        struct fan_job *j = c->fanq;
+        c->fanq = j->next;
+        if (!c->fanq)
+            c->fantail = &c->fanq;
+        pthread_mutex_unlock(&c->fanlock);
+        run_peer(j->c, j->p, j->ops, j->n);
+        struct fan_latch *l = j->latch;
+        pthread_mutex_lock(&l->lock);
+        if (--l->left == 0)
+            pthread_cond_signal(&l->cond);
+        pthread_mutex_unlock(&l->lock);
+        pthread_mutex_lock(&c->fanlock);
+    }
+    pthread_mutex_unlock(&c->fanlock);
+    return NULL;
+}
+
+/* Runs each non-empty group g[start[p]..start[p+1]) on owner p: local and
+ * the first remote group on this thread, other remote groups in parallel. */
+static void run_groups(struct kv__cluster *c, struct view *v, struct kv__op *g,
+                       const size_t *start)
+{
+    size_t remote = 0;
+    for (size_t p = 0; p < v->n; p++)
+        remote += start[p + 1] > start[p] && !v->owners[p]->self;
+    if (remote < 2 || !c->nfan) {
+        for (size_t p = 0; p < v->n; p++)
+            run_peer(c, v->owners[p], g + start[p], start[p + 1] - start[p]);
+        return;
+    }
+    struct fan_job *jobs = calloc(remote, sizeof *jobs);
+    struct fan_latch latch = { .left = 0 };
+    pthread_mutex_init(&latch.lock, NULL);
+    pthread_cond_init(&latch.cond, NULL);
+    size_t k = 0, first = SIZE_MAX;
+    for (size_t p = 0; jobs && p < v->n; p++) {
+        if (start[p + 1] == start[p] || v->owners[p]->self)
+            continue;
+        if (first == SIZE_MAX) {   /* this thread's share */
+            first = p;
+            continue;
+        }
+        jobs[k] = (struct fan_job){ .c = c, .p = v->owners[p], .ops = g + start[p],
+                                    .n = start[p + 1] - start[p], .latch = &latch };
+        k++;
+    }
+    latch.left = k;
+    pthread_mutex_lock(&c->fanlock);
+    for (size_t i = 0; i < k; i++) {
+        *c->fantail = &jobs[i];
+        c->fantail = &jobs[i].next;
+    }
+    pthread_cond_broadcast(&c->fancond);
+    pthread_mutex_unlock(&c->fanlock);
+    for (size_t p = 0; p < v->n; p++)   /* local, then the first remote */
+        if (v->owners[p]->self || p == first || !jobs)
+            run_peer(c, v->owners[p], g + start[p], start[p + 1] - start[p]);
+    pthread_mutex_lock(&latch.lock);
+    while (latch.left)
+        pthread_cond_wait(&latch.cond, &latch.lock);
+    pthread_mutex_unlock(&latch.lock);
+    pthread_mutex_destroy(&latch.lock);
+    pthread_cond_destroy(&latch.cond);
+    free(jobs);
+}
+
 /*
  * Groups ops by their peer (owner index in the view) and runs one batch per
  * peer. owner[i] is the view index of ops[i]'s target. The groups are built
@@ -501,8 +624,7 @@ static int run_grouped(struct kv__cluster *c, struct view *v, struct kv__op *ops
         pos[i] = start[owner[i]] + fill[owner[i]]++;
         g[pos[i]] = ops[i];
     }
-    for (size_t p = 0; p < v->n; p++)
-        run_peer(c, v->owners[p], g + start[p], start[p + 1] - start[p]);
+    run_groups(c, v, g, start);
     for (size_t i = 0; i < n; i++)
         ops[i] = g[pos[i]];
     free(fill);
