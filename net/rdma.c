@@ -34,6 +34,10 @@
  * is a connection error (the caller closes the conn); the server releases
  * every pin and reservation a connection held when it goes.
  *
+ * Deadlines: a batch has io.timeout_ms plus its bytes at a 10 MiB/s floor;
+ * the server gives each frame the same to arrive and be answered, and drops
+ * a connection that sits on pins or reservations for twice the timeout.
+ *
  * Integrity: a value is READ only while the server holds it pinned (from
  * PREP to RELEASE), and values are never rewritten in place, so a READ
  * cannot see a torn or recycled value; that pin is what stands in here for
@@ -250,6 +254,10 @@ static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline
     }
     return KV_OK;
 }
+
+/* Extra time for bytes moved, at a 10 MiB/s floor, so that a large batch on
+ * a slow path is not cut off while a dead peer still fails in one timeout. */
+static uint64_t bytes_ms(uint64_t bytes) { return bytes / ((10u << 20) / 1000u); }
 
 static int xfer1(int fd, void *p, size_t len, int wr, uint64_t deadline)
 {
@@ -772,6 +780,7 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
     kv__hdr_encode(&rh, out);
     kv__batch_r_encode(o, n, out + KV_PROTO_HDR_LEN, blen);
     iov[0] = (struct iovec){ out, KV_PROTO_HDR_LEN + blen };
+    sc->deadline += bytes_ms(data);
     rc = xfer(sc->fd, iov, k, 1, sc->deadline);
 out:
     for (size_t i = 0; i < npins; i++)
@@ -876,6 +885,7 @@ static void *sconn_main(void *arg)
         rc = recv_frame(sc->fd, UINT64_MAX, KV_PROTO_BODY_MAX, &h, &body, sc->deadline);
         if (rc)
             break;
+        sc->deadline += bytes_ms(h.data_len);
         switch (h.type) {
         case MSG_QP:        rc = on_qp(sc, &h, body); break;
         case MSG_PREP:      rc = on_prep(sc, &h, body); break;
@@ -1759,7 +1769,11 @@ out:
 static int rdma_batch(struct kv__conn *cp, struct kv__op *ops, size_t n)
 {
     struct cconn *c = (struct cconn *)cp;
-    uint64_t deadline = kv__now_ms() + c->r->o.timeout_ms;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].kind == KV_OP_LOAD || ops[i].kind == KV_OP_DUMP)
+            bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
+    uint64_t deadline = kv__now_ms() + c->r->o.timeout_ms + bytes_ms(bytes);
     int rc = KV_OK;
     if (!c->qp_ok && (rc = qp_setup(c, deadline)))
         return rc;
