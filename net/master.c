@@ -160,6 +160,9 @@ static int master_serve(struct master *ms, struct mconn *c)
         return 1;
     }
     ssize_t at = find_member(ms, m.id);
+    /* A LEAVE for an id not in the view changes nothing and is answered
+     * with the view like any other: kv_members (net/admin.c) reads the
+     * view that way without joining. Keep it so. */
     if (c->h.type == KV_MSG_LEAVE) {
         if (at >= 0) {
             ms->mem[at] = ms->mem[--ms->n];

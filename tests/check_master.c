@@ -161,6 +161,16 @@ START_TEST(join_leave_versions)
     snprintf(ma.addr, sizeof ma.addr, "127.0.0.1:2");
     ck_assert_int_eq(join(a, &ma, &v4, NULL), 2);
     ck_assert_uint_gt(v4, v3);
+    /* a LEAVE for a stranger is a read-only view query (kv_members) */
+    struct kv__member stranger = who("never-joined", 0);
+    uint64_t vq = 0;
+    struct kv__member *ql = NULL;
+    size_t qn = 0;
+    ck_assert_int_eq(kv__mclient_leave(a, &stranger), KV_OK);
+    ck_assert_int_eq(kv__mclient_join(b, &mb, &vq, &ql, &qn), KV_OK);
+    free(ql);
+    ck_assert_uint_eq(vq, v4);
+    ck_assert_uint_eq(qn, 2);
     /* leave removes at once */
     ck_assert_int_eq(kv__mclient_leave(a, &ma), KV_OK);
     ck_assert_int_eq(join(b, &mb, NULL, "node-a"), 1);
