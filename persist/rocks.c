@@ -10,17 +10,70 @@
  * inline in the SSTs). Opening rebuilds the in-memory index by scanning
  * the meta range only, so it never reads a blob: RocksDB 7.8's iterator
  * resolves blob values eagerly (there is no lazy blob read in this release),
- * and a scan over the data keys would read every byte on the store.
+ * and a scan over the data keys would read every byte on the store
+ * (measured: a keys-only iteration over 1,000 x 256 KiB values read 262 MB
+ * from disk, all of them).
  *
- * TUNING (chosen by measurement; tests/bench_ssd.c, figures in the report
- * of the SSD tier's commit, machine: 2 shared cores, virtio disk, RocksDB
- * 7.8.3 from Debian):
+ * TUNING, chosen by measurement (tests/bench_ssd.c; 2 shared cores, a
+ * shared virtio disk whose speed swung 2-3x between runs minutes apart, so
+ * each figure is the median of 3 interleaved runs of 10,000 x 256 KiB,
+ * blocks/s including the final flush; wamp = bytes written to disk per byte
+ * stored, /proc/self/io write_bytes; RocksDB 7.8.3 from Debian):
  *
- *   see TUNING_NOTES below (filled in from the measurements).
+ *   file per block, no fsync (UCM Posix)        1010 blocks/s  wamp 1.00
+ *   file per block, fsync each                   690            1.00
+ *   here, sync none (WAL off)                   1054 (spill: 1058-1424) 1.00
+ *   here, sync wal  (WAL, unsynced)             1463            1.99
+ *   here, sync fsync (WAL, synced per batch)     864            2.01
+ *   1 MiB blocks (2 runs): files 481, here none 602, spill 623, wal 543
  *
- * DURABILITY, by ssd.sync (what an acknowledged write survives):
+ * - WAL off for sync none: it halves the bytes written (wamp 1.00 vs 1.99);
+ *   a cache can afford to lose its newest unflushed writes on a crash (see
+ *   DURABILITY), and throughput here is bound by bytes to disk.
+ * - Blob GC off except for the compaction after a capacity GC round: left
+ *   on, every L0->L1 compaction relocated the live blobs of the oldest
+ *   quarter of blob files, garbage or not: wamp 1.42-2.60 with nothing
+ *   ever deleted (1,146 vs 2,132 blocks/s back to back).
+ * - write_buffer 32 MiB: 16, 32, 64 and 128 MiB were within the noise
+ *   (medians 1202, 1270, 1054, ~1100); 32 MiB keeps the sync-none loss
+ *   window and memtable memory at 2 x 32 MiB and makes blob files (one per
+ *   flush) 32 MiB, a finer grain for blob GC.
+ * - blob_file_size 256 MiB: never reached; a flush closes its blob file,
+ *   so files are memtable-sized. min_blob_size 4 KiB: the 16-byte meta
+ *   records and small plain-key values stay inline in the SSTs.
+ * - max_background_jobs 2: 1, 2 and 4 gave 1855, 1810 and 1797 blocks/s.
+ * - Spill batches of 4 MiB: 256 KiB to 4 MiB were within the noise with
+ *   the WAL off; with sync fsync a batch is one fdatasync for all its
+ *   victims; 16 MiB batches were slower (the writer idles while a big
+ *   batch fills the memtable and the queue waits).
+ * - lz4 on blobs: random data 1.004 of stored (lz4 gives up on it cheaply:
+ *   0.65 vs 0.61 s CPU for 500 MiB), half-compressible 0.505.
+ * - SSTs uncompressed: they hold keys, blob references and meta records.
+ * - Reads skip the block cache: a value read goes to DRAM (promote) or to
+ *   the caller, not read again from here soon.
  *
- *   see SYNC_NOTES below.
+ * DURABILITY, by ssd.sync (an acknowledged write = kv__ssd_write returned
+ * KV_OK, or a spilled victim was released after its batch was written):
+ *
+ * - none: WAL off. Values wait in the memtable (at most 2 x 32 MiB, the
+ *   newest writes) until a flush writes them to a blob file and an SST,
+ *   which RocksDB syncs. A process crash or a power loss loses what was
+ *   not flushed yet, whole values only (a value and its meta record are in
+ *   one batch and one memtable, so they are lost together); everything
+ *   flushed survives both. kv__ssd_close flushes. (The crash suite's
+ *   "none" rounds show it: killed within half a second, all unflushed
+ *   acknowledged writes are gone, none comes back wrong.)
+ * - wal: WAL on, written before the acknowledgement, not synced. A process
+ *   crash (SIGKILL, abort) loses nothing acknowledged: the WAL is in the
+ *   page cache and is replayed at open (the crash suite checks every
+ *   acknowledged block, 20 rounds). A power loss may lose the last
+ *   seconds of WAL the kernel had not written back; point-in-time
+ *   recovery stops at the first torn record, so nothing comes back torn.
+ * - fsync: WAL on and fdatasync'd before the acknowledgement (one per
+ *   write, one per spill batch). Survives process crash and power loss.
+ * In every mode, bytes that do come back are checked (XXH3 per value,
+ * RocksDB's CRCs per blob record and SST block); a value that fails is
+ * deleted and reads as a miss.
  */
 #define XXH_STATIC_LINKING_ONLY
 #include <errno.h>
@@ -85,7 +138,7 @@ static int rocks_err(char *e, const char *what)
 
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
 {
-    t->write_buffer = 64ull << 20;
+    t->write_buffer = 32ull << 20;
     t->blob_file_size = 256ull << 20;
     t->min_blob_size = 4096;
     t->bg_jobs = 2;
