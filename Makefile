@@ -5,6 +5,7 @@
 #   make bench           the embedded benchmark on the default scenario set
 #   make SANITIZE=address,undefined test    (or SANITIZE=thread)
 #   make install PREFIX=/usr/local
+#   make installcheck    install into a temporary prefix, build examples/ with pkg-config
 #
 # Sources are picked up by folder: engine/, persist/ and net/ make the
 # library; tools/NAME*.c make the program NAME; tests/check_*.c make the one
@@ -33,7 +34,7 @@ CPPFLAGS += -Iinclude -Iengine -Ipersist -Inet -Itests -D_GNU_SOURCE
 CFLAGS   += -std=gnu11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
 # No -lrdmacm: net/rdma.c connects queue pairs over its own TCP handshake,
 # and librdmacm needs libibverbs symbol versions the test stand-in lacks.
-LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -libverbs -lpthread -lm
+LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs -lpthread -lm
 # Pulls net/rdma.o out of the static library, which only a weak reference
 # (transport.h) names; it must come before the archive on the link line.
 LDFLAGS  += -Wl,-u,kv__rdma_transport
@@ -55,7 +56,7 @@ SV_LIB    := $(if $(SV_SRC),$(BUILD)/softverbs/libibverbs.so.1)
 STATIC := $(BUILD)/libkvengine.a
 SHARED := $(BUILD)/libkvengine.so.$(VERSION)
 
-.PHONY: all lib tools test check bench install clean deps crashtest rdmatest
+.PHONY: all lib tools test check bench install installcheck clean deps crashtest rdmatest
 all: lib tools
 
 # Installs missing Debian packages when run as root (see scripts/deps.sh).
@@ -74,8 +75,14 @@ $(STATIC): $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# The shared library does not link jemalloc: nothing in it calls jemalloc's
+# API, and a jemalloc pulled in behind libc by a .so splits the process's
+# allocator (operator new bound to jemalloc, delete to libc: RocksDB's static
+# constructors abort with "free(): invalid pointer" in any program linked
+# with plain -lkvengine). A program that wants jemalloc links it itself, as
+# the tools do; the static library's users get it from Libs.private.
 $(SHARED): $(LIB_OBJ)
-	$(CC) -shared -Wl,-soname,libkvengine.so.$(SONAME_MAJOR) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) -shared -Wl,-soname,libkvengine.so.$(SONAME_MAJOR) $(LDFLAGS) -o $@ $^ $(filter-out -ljemalloc,$(LDLIBS))
 	ln -sf libkvengine.so.$(VERSION) $(BUILD)/libkvengine.so.$(SONAME_MAJOR)
 	ln -sf libkvengine.so.$(SONAME_MAJOR) $(BUILD)/libkvengine.so
 
@@ -92,7 +99,7 @@ $(BUILD)/tests/check_kvengine: $(TEST_OBJ) $(STATIC)
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS) -lcheck -lsubunit -lrt -lm
 
-$(BUILD)/softverbs/libibverbs.so.1: $(SV_SRC) tests/softverbs/softverbs.map
+$(BUILD)/softverbs/libibverbs.so.1: $(SV_SRC) $(wildcard tests/softverbs/*.h) tests/softverbs/softverbs.map
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O1 -g -fPIC -shared -Wall -Wextra -Werror -D_GNU_SOURCE \
 	    -Wl,--version-script=tests/softverbs/softverbs.map -Wl,-soname,libibverbs.so.1 \
@@ -117,11 +124,14 @@ crashtest: all $(BUILD)/tests/check_kvengine
 
 # The RDMA transport through the libibverbs stand-in (tests/softverbs):
 # the stand-in is loaded in place of the real library for these suites.
+# A registry of its own per run, removed afterwards (killed nodes cannot).
 rdmatest: all $(BUILD)/tests/check_kvengine $(SV_LIB)
+	reg=/dev/shm/softverbs-rdmatest-$$$$; rc=0; \
 	for s in rdma cluster; do \
-	    LD_LIBRARY_PATH=$(abspath $(BUILD))/softverbs KV_TEST_PROTOCOL=rdma CK_RUN_SUITE=$$s \
-	    KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine || exit 1; \
-	done
+	    SOFTVERBS_REGISTRY=$$reg LD_LIBRARY_PATH=$(abspath $(BUILD))/softverbs \
+	    KV_TEST_PROTOCOL=rdma CK_RUN_SUITE=$$s KV_BUILD=$(abspath $(BUILD)) \
+	    $(BUILD)/tests/check_kvengine || { rc=1; break; }; \
+	done; rm -f $$reg; exit $$rc
 
 bench: all
 	$(BUILD)/kvctl bench
@@ -137,6 +147,33 @@ install: all
 	install -m 755 $(TOOL_BINS) $(DESTDIR)$(PREFIX)/bin/
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' kvengine.pc.in \
 	    > $(DESTDIR)$(PREFIX)/lib/pkgconfig/kvengine.pc
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 644 man/kvctl.1 man/kvmaster.1 man/kvnode.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 644 man/kvengine.yaml.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+
+# Installs into a fresh temporary prefix, then builds every examples/*.c
+# against it the way a user would (cc app.c $$(pkg-config --cflags --libs
+# kvengine), the shared library) and runs it; checks the soname link, the
+# programs and the man pages landed. What CI runs: make installcheck
+installcheck: all
+	@set -e; tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/kvengine-installcheck.XXXXXX"); \
+	trap 'rm -rf "$$tmp"' EXIT; p=$$tmp/prefix; \
+	$(MAKE) --no-print-directory install PREFIX=$$p DESTDIR= >/dev/null; \
+	test -L $$p/lib/libkvengine.so && test -L $$p/lib/libkvengine.so.$(SONAME_MAJOR); \
+	test -f $$p/lib/libkvengine.so.$(VERSION) && test -f $$p/lib/libkvengine.a; \
+	for m in man1/kvctl.1 man1/kvmaster.1 man1/kvnode.1 man5/kvengine.yaml.5; do \
+	    test -f $$p/share/man/$$m; done; \
+	export PKG_CONFIG_PATH=$$p/lib/pkgconfig; \
+	pkg-config --exists --print-errors kvengine; \
+	for src in examples/*.c; do \
+	    exe=$$tmp/$$(basename $$src .c); \
+	    echo "installcheck: $(CC) $$src \$$(pkg-config --cflags --libs kvengine)"; \
+	    $(CC) -std=gnu11 -Wall -Wextra -Werror -o $$exe $$src $$(pkg-config --cflags --libs kvengine); \
+	    readelf -d $$exe | grep -q 'NEEDED.*libkvengine.so.$(SONAME_MAJOR)'; \
+	    LD_LIBRARY_PATH=$$p/lib $$exe; \
+	done; \
+	for t in $(TOOLS); do $$p/bin/$$t --help >/dev/null; done; \
+	echo "installcheck: ok (prefix $$p)"
 
 clean:
 	rm -rf build
