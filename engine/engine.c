@@ -16,6 +16,7 @@
 #include <stdlib.h>
 
 #include "cluster.h"
+#include "metrics.h"
 #include "ssd.h"
 #include "store.h"
 
@@ -394,6 +395,9 @@ static void finish_task(void *ctx, struct kv__task *t)
     int rc = atomic_load(&t->result);
     double wait_ms = (double)(t->start_ns > t->submit_ns ? t->start_ns - t->submit_ns : 0) / 1e6;
     double cost_ms = (double)(t->done_ns - t->submit_ns) / 1e6;
+    if (t->kind != TASK_PREFETCH)
+        kv__metrics_task(e->metrics, t->kind == TASK_DUMP ? KV__OP_DUMP : KV__OP_LOAD,
+                         t->done_ns - t->submit_ns, rc == KV_OK);
     if (t->kind == TASK_DUMP) {
         atomic_fetch_add(rc == KV_OK ? &e->ct.dumps_ok : &e->ct.dumps_failed, 1);
         KV_DEBUG("task(%llu) dump done, shards=%zu, wait=%.3fms, cost=%.3fms%s%s",
@@ -586,6 +590,8 @@ static void free_value(void *ctx, uint32_t off64, uint32_t len)
 /* Tears down whatever kv_open built, in reverse order. */
 static void teardown(kv_engine *e)
 {
+    /* The metrics server reads the engine: it stops first. */
+    kv__metrics_close(e->metrics);
     kv__cluster_stop(e->cluster);
     kv__pool_stop(e->pool);
     /* The SSD tier flushes its spill queue, releasing victims (which frees
@@ -658,6 +664,9 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         if (rc != KV_OK)
             goto fail;
     }
+    rc = kv__metrics_open(e, cfg, &e->metrics, err, sizeof err);
+    if (rc != KV_OK)
+        goto fail;
     e->open_ns = kv__now_ns() - t0;
     KV_INFO("engine open: pipeline=%s dram=%llu bytes (%s pages, faulted in %.1f ms) shards=%u "
             "threads=%u%s in %.1f ms",

@@ -13,6 +13,7 @@
 
 struct kv__ssd;
 struct kv__cluster;
+struct kv__metrics;
 
 struct kv__counters {
     _Atomic uint64_t hits_dram, hits_ssd, misses;
@@ -40,6 +41,7 @@ struct kv_engine {
 
     struct kv__ssd *ssd;           /* NULL without an SSD tier */
     struct kv__cluster *cluster;   /* NULL unless cluster.enabled */
+    struct kv__metrics *metrics;   /* histograms, and the /metrics server (metrics.c) */
     struct kv__pool *pool;
     atomic_bool closing;
     struct kv__counters ct;

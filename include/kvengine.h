@@ -304,6 +304,122 @@ KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
  */
 KV_EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen);
 
+/*
+ * ADMIN
+ *
+ * What an operator's tool (kvctl) and a monitoring system need beyond the
+ * data path: walking and checking the SSD tier, the Prometheus metrics of an
+ * engine, serving metrics from any process, and the cluster view as kvmaster
+ * holds it. None of these is on the data path; all are safe to call while
+ * the engine serves, from any thread.
+ *
+ * kv_ssd_entry: one value stored on the SSD tier. ns is KV_SSD_NS_BLOCK for
+ *   a block shard (id, index) or KV_SSD_NS_KEY for a plain key (id is the
+ *   key's 16-byte hash: plain keys cannot be listed by name; index is 0).
+ *   size is the value's length in bytes. seq counts entries from 0 and total
+ *   is how many the walk will visit, for progress displays. status is KV_OK,
+ *   or for a scrub KV_ECORRUPT when the value failed its checksum (or is
+ *   gone from disk although indexed), KV_EIO when it could not be read.
+ * kv_ssd_cb: called once per entry on the calling thread; the entry is
+ *   valid only during the call. Return 0 to go on, nonzero to stop the walk
+ *   (the function then returns KV_OK with what it counted so far).
+ * kv_ssd_scan: visits every value the SSD tier holds (including values
+ *   queued for write-back), from its in-memory index: no I/O. KV_ENOTSUP
+ *   when the engine has no SSD tier, KV_ENOMEM.
+ * kv_ssd_scrub: reads every value on disk and verifies its checksum; cb
+ *   (NULL allowed) sees each with its status. A bad value is left as it is
+ *   unless repair is nonzero: then it is deleted (and counted in
+ *   checksum_failures), as a load that met it would. *checked and *bad
+ *   (either may be NULL) receive the counts. KV_ENOTSUP without an SSD tier.
+ * kv_ssd_compact: a full compaction with blob garbage collection, so the
+ *   space of deleted values is given back to the file system. Blocks until
+ *   done (seconds on a large store). KV_ENOTSUP without an SSD tier.
+ */
+#define KV_SSD_NS_BLOCK 0
+#define KV_SSD_NS_KEY   1
+typedef struct kv_ssd_entry {
+    int         ns;
+    kv_block_id id;
+    uint32_t    index;
+    uint64_t    size;
+    uint64_t    seq, total;
+    int         status;
+} kv_ssd_entry;
+typedef int (*kv_ssd_cb)(void *ctx, const kv_ssd_entry *ent);
+
+KV_EXPORT int kv_ssd_scan(kv_engine *e, kv_ssd_cb cb, void *ctx);
+KV_EXPORT int kv_ssd_scrub(kv_engine *e, int repair, kv_ssd_cb cb, void *ctx,
+                           uint64_t *checked, uint64_t *bad);
+KV_EXPORT int kv_ssd_compact(kv_engine *e);
+
+/*
+ * kv_shard_size: the stored length of shard (id, index) wherever the engine
+ *   finds it (DRAM, SSD, or its owner in a cluster), so that a caller can
+ *   size the buffers of a kv_load. KV_ENOTFOUND when absent.
+ * kv_ssd_remove: deletes every shard of block id from the SSD tier (DRAM
+ *   copies are left alone: a tool opens the store offline with no DRAM
+ *   tier). KV_ENOTFOUND when the tier holds none, KV_ENOTSUP without one.
+ */
+KV_EXPORT int kv_shard_size(kv_engine *e, const kv_block_id *id, uint32_t index, uint64_t *len);
+KV_EXPORT int kv_ssd_remove(kv_engine *e, const kv_block_id *id);
+
+/*
+ * Metrics.
+ *
+ * kv_metrics_render: the engine's figures in the Prometheus text format
+ *   (version 0.0.4): every name starts with kvengine_ — capacity, used
+ *   bytes and blocks per tier, hits and misses per tier, evictions, spills,
+ *   spill drops, checksum failures, tasks, task latency histograms
+ *   (kvengine_task_duration_seconds{op="dump"|"load"}), and in a cluster the
+ *   members of the view. *text is malloc'd and NUL-terminated (free() it),
+ *   *len its length without the NUL. KV_ENOMEM.
+ * An engine whose config sets `metrics.listen` serves this at
+ *   http://LISTEN/metrics, and "ok" at /health, from kv_open to kv_close
+ *   (kv_open fails with KV_ENET when it cannot listen there).
+ *
+ * kv_metrics_serve: serves whatever fn renders at /metrics, and /health,
+ *   over HTTP on listen ("host:port", IPv4) from a thread of its own, until
+ *   kv_metrics_stop. fn is called on that thread for every scrape and must
+ *   set *text to a malloc'd buffer of *len bytes (the server frees it) and
+ *   return KV_OK; an error is answered with HTTP 500. KV_ECONFIG for a bad
+ *   address, KV_ENET when it cannot listen (err says why when non-NULL).
+ *   What kvmaster uses; any program may.
+ * kv_metrics_port: the TCP port the server listens on.
+ * kv_metrics_stop: stops serving and frees; waits for a scrape in progress.
+ *   NULL is allowed.
+ */
+typedef struct kv_metrics_server kv_metrics_server;   /* opaque */
+typedef int (*kv_metrics_fn)(void *ctx, char **text, size_t *len);
+
+KV_EXPORT int  kv_metrics_render(kv_engine *e, char **text, size_t *len);
+KV_EXPORT int  kv_metrics_serve(const char *listen, kv_metrics_fn fn, void *ctx,
+                                kv_metrics_server **out, char *err, size_t errlen);
+KV_EXPORT int  kv_metrics_port(const kv_metrics_server *s);
+KV_EXPORT void kv_metrics_stop(kv_metrics_server *s);
+
+/*
+ * Cluster view.
+ *
+ * kv_members: asks the kvmaster at cfg's `cluster.master` (presenting
+ *   `cluster.token`) for its current view, without joining it. *members is
+ *   a malloc'd array of *n entries (free() it; NULL when *n is 0), *version
+ *   the view's version. owner is 1 for a member that stores blocks, 0 for a
+ *   pure client; segments and segment_bytes describe the DRAM it registered.
+ *   KV_ENET when the master does not answer (connection refused),
+ *   KV_ETIMEDOUT when it does not answer within `io.timeout_ms` (2 s when
+ *   0), KV_EPERM when it refuses the token, KV_EPROTO for a malformed answer.
+ */
+typedef struct kv_member_info {
+    char     id[129];
+    char     addr[129];
+    int      owner;
+    uint32_t segments;
+    uint64_t segment_bytes;
+} kv_member_info;
+
+KV_EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_info **members,
+                         size_t *n);
+
 #ifdef __cplusplus
 }
 #endif

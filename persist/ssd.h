@@ -98,4 +98,12 @@ int  kv__ssd_gc_now(struct kv__ssd *s);
 int  kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
                            const void *data, uint32_t len, uint32_t flip);
 
+/* ---- admin (persist/admin.c): what kvctl ssd ls | scrub | compact run ----
+ * Same contracts as kv_ssd_scan / kv_ssd_scrub / kv_ssd_compact in
+ * kvengine.h, on the tier itself. */
+int kv__ssd_scan(struct kv__ssd *s, kv_ssd_cb cb, void *ctx);
+int kv__ssd_scrub(struct kv__ssd *s, bool repair, kv_ssd_cb cb, void *ctx, uint64_t *checked,
+                  uint64_t *bad);
+int kv__ssd_compact(struct kv__ssd *s);
+
 #endif

@@ -1,0 +1,29 @@
+/*
+ * metrics.h — the engine's side of metrics: task latency histograms and the
+ * /metrics server started by kv_open when metrics.listen is set.
+ *
+ * The engine (engine.c) makes three calls: open after the workers start,
+ * close first thing in teardown (the server's scrapes read the engine), and
+ * one record per finished dump or load task.
+ */
+#ifndef KV_ENGINE_METRICS_H
+#define KV_ENGINE_METRICS_H
+
+#include "internal.h"
+
+enum { KV__OP_DUMP = 0, KV__OP_LOAD = 1, KV__OP_COUNT = 2 };
+
+struct kv__metrics;
+
+/* Allocates the histograms and, when cfg->metrics.listen is set, starts
+ * serving /metrics and /health there. KV_ENET when it cannot listen,
+ * KV_ENOMEM. *out NULL on failure. */
+int  kv__metrics_open(kv_engine *e, const struct kv_config *cfg, struct kv__metrics **out,
+                      char *err, size_t errlen);
+/* Stops the server (waiting for a scrape in progress) and frees. NULL ok. */
+void kv__metrics_close(struct kv__metrics *m);
+/* Records one finished task of op (KV__OP_*) that took ns from submit to
+ * done. Lock-free: a few relaxed atomic adds. m NULL is a no-op. */
+void kv__metrics_task(struct kv__metrics *m, int op, uint64_t ns, bool ok);
+
+#endif

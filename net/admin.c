@@ -1,0 +1,170 @@
+/*
+ * admin.c — kv_members: the cluster view as kvmaster holds it, for kvctl
+ * members and for kvmaster's own /metrics.
+ *
+ * Key design choice: the query is a LEAVE for an id that is not a member.
+ * The master answers every JOIN and LEAVE with its current view, and a
+ * LEAVE for an unknown id changes nothing (no version bump, no log line),
+ * so a read-only query needs no new message type and no change to the
+ * master: an old master answers it too. The token travels as in a JOIN,
+ * so a master with a token refuses a query without it (KV_EPERM).
+ */
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "proto.h"
+
+#define QUERY_TIMEOUT_MS 2000u
+
+static int wait_fd(int fd, short ev, uint64_t deadline)
+{
+    for (;;) {
+        uint64_t now = kv__now_ms();
+        if (now >= deadline)
+            return KV_ETIMEDOUT;
+        struct pollfd pf = { .fd = fd, .events = ev };
+        int k = poll(&pf, 1, (int)(deadline - now));
+        if (k > 0)
+            return KV_OK;
+        if (k < 0 && errno != EINTR)
+            return KV_ENET;
+    }
+}
+
+static int io_all(int fd, void *p, size_t len, bool wr, uint64_t deadline)
+{
+    uint8_t *b = p;
+    while (len) {
+        ssize_t r = wr ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
+        if (r > 0) {
+            b += r;
+            len -= (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return KV_ENET;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK)
+            return KV_ENET;
+        int rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline);
+        if (rc != KV_OK)
+            return rc;
+    }
+    return KV_OK;
+}
+
+static int connect_to(const struct sockaddr_in *sa, uint64_t deadline, int *out)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return kv__err_from_errno(errno);
+    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) != 0) {
+        if (errno != EINPROGRESS) {
+            close(fd);
+            return KV_ENET;
+        }
+        int rc = wait_fd(fd, POLLOUT, deadline);
+        int soerr = 0;
+        socklen_t sl = sizeof soerr;
+        if (rc == KV_OK && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr))
+            rc = KV_ENET;
+        if (rc != KV_OK) {
+            close(fd);
+            return rc;
+        }
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    *out = fd;
+    return KV_OK;
+}
+
+static void to_info(const struct kv__member *m, kv_member_info *out)
+{
+    memset(out, 0, sizeof *out);
+    snprintf(out->id, sizeof out->id, "%s", m->id);
+    snprintf(out->addr, sizeof out->addr, "%s", m->addr);
+    out->owner = (m->flags & KV_MEMBER_OWNER) != 0;
+    out->segments = m->nseg;
+    for (uint32_t i = 0; i < m->nseg && i < KV_PROTO_SEG_MAX; i++)
+        out->segment_bytes += m->seg[i].len;
+}
+
+KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_info **members,
+                          size_t *n)
+{
+    if (members)
+        *members = NULL;
+    if (n)
+        *n = 0;
+    if (version)
+        *version = 0;
+    if (!cfg || !members || !n)
+        return KV_EINVAL;
+    struct sockaddr_in sa;
+    if (kv__net_parse_addr(cfg->cluster.master, &sa) != KV_OK)
+        return KV_ECONFIG;
+    uint64_t deadline = kv__now_ms() + (cfg->io.timeout_ms ? cfg->io.timeout_ms : QUERY_TIMEOUT_MS);
+
+    /* An id no node uses: nodes name themselves by address. */
+    struct kv__member q;
+    memset(&q, 0, sizeof q);
+    snprintf(q.id, sizeof q.id, "kv_members-query-%ld-%llu", (long)getpid(),
+             (unsigned long long)kv__now_ns());
+    uint8_t body[2 * (KV_PROTO_ID_MAX + 2) + 64 + KV_CFG_STR];
+    int blen = kv__join_encode(cfg->cluster.token, &q, body, sizeof body);
+    if (blen < 0)
+        return blen;
+
+    int fd = -1;
+    int rc = connect_to(&sa, deadline, &fd);
+    if (rc != KV_OK)
+        return rc;
+    uint8_t h[KV_PROTO_HDR_LEN];
+    struct kv__hdr hd = { .type = KV_MSG_LEAVE, .req_id = 1, .body_len = (uint32_t)blen };
+    kv__hdr_encode(&hd, h);
+    rc = io_all(fd, h, sizeof h, true, deadline);
+    if (rc == KV_OK)
+        rc = io_all(fd, body, (size_t)blen, true, deadline);
+    if (rc == KV_OK)
+        rc = io_all(fd, h, sizeof h, false, deadline);
+    uint8_t *vb = NULL;
+    if (rc == KV_OK && (kv__hdr_decode(h, 0, &hd) != KV_OK || hd.type != KV_MSG_VIEW))
+        rc = KV_EPROTO;
+    if (rc == KV_OK && hd.status != KV_OK)
+        rc = kv__status_valid(hd.status) ? hd.status : KV_EPROTO;
+    if (rc == KV_OK && !(vb = malloc(hd.body_len ? hd.body_len : 1)))
+        rc = KV_ENOMEM;
+    if (rc == KV_OK)
+        rc = io_all(fd, vb, hd.body_len, false, deadline);
+    close(fd);
+    struct kv__member *list = NULL;
+    size_t cnt = 0;
+    uint64_t ver = 0;
+    if (rc == KV_OK && kv__view_decode(vb, hd.body_len, &ver, &list, &cnt) != KV_OK)
+        rc = KV_EPROTO;
+    free(vb);
+    if (rc != KV_OK)
+        return rc;
+    kv_member_info *out = NULL;
+    if (cnt && !(out = calloc(cnt, sizeof *out))) {
+        free(list);
+        return KV_ENOMEM;
+    }
+    for (size_t i = 0; i < cnt; i++)
+        to_info(&list[i], &out[i]);
+    free(list);
+    *members = out;
+    *n = cnt;
+    if (version)
+        *version = ver;
+    return KV_OK;
+}
