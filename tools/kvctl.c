@@ -30,9 +30,20 @@ static void usage(FILE *f)
             "                      the effective config it gives, as YAML\n"
             "  config show         print the effective config (defaults, then --config,\n"
             "                      then --set)\n"
+            "  stats               figures of a store (offline) or of a running node\n"
+            "                      (--node HOST:PORT, its /metrics)\n"
+            "  members             the cluster view kept by kvmaster\n"
+            "  lookup ID|KEY...    whether block ids (hex) or plain keys are stored\n"
+            "  put ID|KEY [FILE]   store a file (or stdin) under a key or block id\n"
+            "  get ID|KEY          print a value (or -o FILE)\n"
+            "  rm ID|KEY...        remove plain keys, or blocks from the SSD tier\n"
+            "  ssd ls|scrub|compact  list, verify or compact the SSD tier\n"
             "  bench               run the embedded benchmark (kvctl bench --help)\n"
             "  version             print the library version\n"
             "  help [COMMAND]      show this help, or a command's\n"
+            "\n"
+            "Every command takes --help. Commands that open a store open the one the\n"
+            "config describes, offline (see kvctl stats --help).\n"
             "\n"
             "Options (also accepted after the command):\n"
             "%s  -V, --version          print the library version\n"
@@ -177,6 +188,20 @@ int main(int argc, char **argv)
         rc = cmd_config(&common, cargc, cargv);
     } else if (strcmp(cmd, "bench") == 0) {
         rc = kvctl_bench_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "stats") == 0) {
+        rc = kvctl_stats_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "members") == 0) {
+        rc = kvctl_members_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "lookup") == 0) {
+        rc = kvctl_lookup_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "put") == 0) {
+        rc = kvctl_put_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "get") == 0) {
+        rc = kvctl_get_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "rm") == 0) {
+        rc = kvctl_rm_main(&common, cargc, cargv);
+    } else if (strcmp(cmd, "ssd") == 0) {
+        rc = kvctl_ssd_main(&common, cargc, cargv);
     } else if (strcmp(cmd, "version") == 0) {
         printf("kvctl (libkvengine %s)\n", kv_version());
         rc = KVCTL_EXIT_OK;
@@ -187,6 +212,8 @@ int main(int argc, char **argv)
         } else if (cargc > 1 && strcmp(cargv[1], "bench") == 0) {
             char *hargv[] = { "bench", "--help", NULL };
             rc = kvctl_bench_main(&common, 2, hargv);
+        } else if (cargc > 1 && kvctl_admin_usage(cargv[1], stdout)) {
+            rc = KVCTL_EXIT_OK;
         } else if (cargc > 1) {
             fprintf(stderr, "kvctl: no command '%s'\n\n", cargv[1]);
             usage(stderr);

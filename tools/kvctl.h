@@ -24,6 +24,7 @@ enum {
     KVCTL_EXIT_OK = 0,      /* success */
     KVCTL_EXIT_FAIL = 1,    /* runtime failure, including verify failures */
     KVCTL_EXIT_USAGE = 2,   /* bad usage or configuration */
+    KVCTL_EXIT_NOTFOUND = 3,/* get/rm of an absent key, lookup with a miss */
 };
 
 /* ---- common options (kvctl.c, kvctl_util.c) ------------------------------ */
@@ -214,9 +215,43 @@ void kvctl_jobs_reset(struct kvctl_jobs *j);
 void kvctl_jobs_run(struct kvctl_jobs *j, const struct kvctl_backend *be, void *st,
                     enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out);
 
+/* ---- HTTP (kvctl_http.c) -------------------------------------------------- */
+
+/* GET http://HOSTPORT/PATH (HTTP/1.0). *body is malloc'd (NUL-terminated,
+ * free() it), *status the HTTP status. On failure why says what happened in
+ * words (an address that is not HOST:PORT, a node that does not answer...):
+ * KV_EINVAL, KV_ENET (refused), KV_ETIMEDOUT, KV_EPROTO (not HTTP). */
+int kvctl_http_get(const char *hostport, const char *path, unsigned timeout_ms, char **body,
+                   size_t *len, int *status, char *why, size_t whylen);
+
+/* ---- plots (kvctl_plot.c) ------------------------------------------------- */
+
+/* Draws the report as a PNG with gnuplot (run as a program): throughput and
+ * latency percentiles per phase, and the comparison ratios when a
+ * comparison ran. KV_OK, or KV_EIO after printing why (gnuplot missing,
+ * failed). */
+int kvctl_plot(const char *png, const struct kvctl_report *r);
+
 /* ---- commands ------------------------------------------------------------ */
 
 /* kvctl bench (kvctl_bench.c): argv[0] is "bench". Returns an exit code. */
 int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv);
+
+/* The admin commands (kvctl_admin.c): argv[0] is the command's name.
+ * kvctl_admin_usage prints a command's help and returns false when there is
+ * no such admin command. */
+int  kvctl_stats_main(struct kvctl_common *c, int argc, char **argv);
+int  kvctl_members_main(struct kvctl_common *c, int argc, char **argv);
+int  kvctl_lookup_main(struct kvctl_common *c, int argc, char **argv);
+int  kvctl_put_main(struct kvctl_common *c, int argc, char **argv);
+int  kvctl_get_main(struct kvctl_common *c, int argc, char **argv);
+int  kvctl_rm_main(struct kvctl_common *c, int argc, char **argv);
+int  kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv);
+bool kvctl_admin_usage(const char *cmd, FILE *f);
+
+/* JSON output helpers (kvctl_report.c): a string with escapes, a number
+ * (null when not finite). */
+void kvctl_jstr(FILE *f, const char *s);
+void kvctl_jnum(FILE *f, double v);
 
 #endif

@@ -38,7 +38,7 @@ struct bench_opts {
     double runtime;                     /* < 0: not given */
     int pattern;
     bool verify;
-    const char *summary_json, *compare, *posix_dir;
+    const char *summary_json, *compare, *posix_dir, *plot;
 };
 
 static void usage(FILE *f)
@@ -79,11 +79,15 @@ static void usage(FILE *f)
             "                           (UCM's file-per-block layout) and print the ratios\n"
             "      --posix-dir DIR      parent of the posix backend's temporary directory\n"
             "                           (default: $TMPDIR or /tmp)\n"
+            "      --plot FILE.png      draw throughput and latency percentiles per phase\n"
+            "                           (and the --compare ratios) with gnuplot\n"
             "%s"
             "\n"
             "Engine config: the defaults, then --config, then --set. Unless you set them,\n"
             "the bench uses pipeline: dram, sizes dram.capacity to the data set (x1.3, at\n"
             "least 256MiB), and gives an SSD tier a temporary ssd.path, removed afterwards.\n"
+            "Against a cluster: --set cluster.enabled=true --set cluster.master=HOST:PORT\n"
+            "--set dram.capacity=0 (a pure client: every block goes to the nodes).\n"
             "\n"
             "Figures per phase: ops (objects, or ids for lookup, attempted), MiB moved,\n"
             "seconds, MiB/s, kvs/s (successful objects or ids per second), task latency\n"
@@ -101,7 +105,7 @@ static int bad(const char *opt, const char *arg, const char *why)
 
 enum {
     O_SCENARIO = 256, O_VALUE_SIZE, O_NR_OBJECTS, O_NUMJOBS, O_BATCH, O_RUNTIME, O_RWMIX,
-    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR,
+    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT,
 };
 
 /* Returns -1 to go on, or an exit code. */
@@ -122,6 +126,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         { "summary-json", required_argument, NULL, O_JSON },
         { "compare", required_argument, NULL, O_COMPARE },
         { "posix-dir", required_argument, NULL, O_POSIX_DIR },
+        { "plot", required_argument, NULL, O_PLOT },
         { NULL, 0, NULL, 0 },
     };
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
@@ -191,6 +196,9 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             break;
         case O_POSIX_DIR:
             o->posix_dir = optarg;
+            break;
+        case O_PLOT:
+            o->plot = optarg;
             break;
         default:
             usage(stderr);
@@ -365,6 +373,8 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
     }
     kvctl_report_print(stdout, &r);
     if (o.summary_json && kvctl_report_json(o.summary_json, &r) != KV_OK)
+        goto out;
+    if (o.plot && kvctl_plot(o.plot, &r) != KV_OK)
         goto out;
     rc = KVCTL_EXIT_OK;
     for (int i = 0; i < r.nruns; i++)

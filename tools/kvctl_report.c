@@ -180,7 +180,7 @@ void kvctl_report_print(FILE *f, const struct kvctl_report *r)
 
 /* ---- JSON ---------------------------------------------------------------- */
 
-static void jstr(FILE *f, const char *s)
+void kvctl_jstr(FILE *f, const char *s)
 {
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -198,13 +198,16 @@ static void jstr(FILE *f, const char *s)
     fputc('"', f);
 }
 
-static void jnum(FILE *f, double v)
+void kvctl_jnum(FILE *f, double v)
 {
     if (isfinite(v))
         fprintf(f, "%.6g", v);
     else
         fputs("null", f);
 }
+
+#define jstr kvctl_jstr
+#define jnum kvctl_jnum
 
 static void jkey(FILE *f, const char *k)
 {

@@ -29,7 +29,8 @@ const char kvctl_exit_help[] =
     "Exit status:\n"
     "  0  success\n"
     "  1  runtime failure (engine error, failed operations, verify failures)\n"
-    "  2  usage or configuration error\n";
+    "  2  usage or configuration error\n"
+    "  3  not found (get or rm of an absent key; lookup with a miss)\n";
 
 /* ---- common options ------------------------------------------------------ */
 
@@ -177,6 +178,8 @@ static const struct { const char *key, *a, *b; } probes[] = {
     { "pipeline", "dram", "ssd" },
     { "dram.capacity", "3GiB", "5GiB" },
     { "ssd.path", "/kvctl-probe-a", "/kvctl-probe-b" },
+    { "log.level", "error", "debug" },
+    { "ssd.write_through", "false", "true" },
 };
 
 bool kvctl_user_set(const struct kvctl_common *c, const char *key)

@@ -4,9 +4,15 @@
  * Keeps the view of a kvengine cluster: nodes register and heartbeat, a node
  * silent past cluster.node_ttl_ms leaves. Not on the data path. Uses only
  * the public header (kv_master_run).
+ *
+ * With metrics.listen set it also serves Prometheus text at /metrics (the
+ * members in the view, by role, and the view's version) and /health. A
+ * scrape asks the master for its view over its own protocol (kv_members),
+ * exactly as kvctl members does, so the figures are the ones nodes get.
  */
 #include <getopt.h>
 #include <signal.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +25,38 @@ static void on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
+}
+
+/* Renders the master's figures for /metrics (kv_metrics_fn). */
+static int render(void *ctx, char **text, size_t *len)
+{
+    const kv_config *cfg = ctx;
+    uint64_t version = 0;
+    kv_member_info *m = NULL;
+    size_t n = 0, owners = 0;
+    int rc = kv_members(cfg, &version, &m, &n);
+    for (size_t i = 0; i < n; i++)
+        owners += m[i].owner != 0;
+    free(m);
+    *len = 0;
+    int w = asprintf(text,
+                     "# HELP kvengine_master_up Whether the master answered its own view query.\n"
+                     "# TYPE kvengine_master_up gauge\n"
+                     "kvengine_master_up %d\n"
+                     "# HELP kvengine_members Members in the view kvmaster keeps, by role.\n"
+                     "# TYPE kvengine_members gauge\n"
+                     "kvengine_members{role=\"owner\"} %zu\n"
+                     "kvengine_members{role=\"client\"} %zu\n"
+                     "# HELP kvengine_view_version Version of the view (grows on every change).\n"
+                     "# TYPE kvengine_view_version gauge\n"
+                     "kvengine_view_version %" PRIu64 "\n",
+                     rc == KV_OK, owners, n - owners, version);
+    if (w < 0) {
+        *text = NULL;
+        return KV_ENOMEM;
+    }
+    *len = (size_t)w;
+    return KV_OK;
 }
 
 static void usage(FILE *f, const kv_config *cfg)
@@ -40,7 +78,10 @@ static void usage(FILE *f, const kv_config *cfg)
             "  cluster.master       %s\n"
             "  cluster.node_ttl_ms  %s\n"
             "  cluster.token        \"\" (members must present it when set)\n"
-            "  log.level            %s\n",
+            "  metrics.listen       \"\" (host:port: serve /metrics and /health there)\n"
+            "  log.level            %s\n"
+            "\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot serve, 2 bad usage.\n",
             master, ttl, level);
 }
 
@@ -105,7 +146,16 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    char listen[256] = "";
+    kv_metrics_server *ms = NULL;
+    if (kv_config_get(cfg, "metrics.listen", listen, sizeof listen) == KV_OK && listen[0] &&
+        (rc = kv_metrics_serve(listen, render, cfg, &ms, err, sizeof err)) != KV_OK) {
+        fprintf(stderr, "kvmaster: %s\n", err[0] ? err : kv_strerror(rc));
+        kv_config_free(cfg);
+        return 1;
+    }
     rc = kv_master_run(cfg, &stop_flag, err, sizeof err);
+    kv_metrics_stop(ms);
     if (rc != KV_OK)
         fprintf(stderr, "kvmaster: %s\n", err[0] ? err : kv_strerror(rc));
     kv_config_free(cfg);

@@ -27,7 +27,7 @@ static void usage(FILE *f, const kv_config *cfg)
 {
     static const char *keys[] = { "cluster.master", "cluster.listen", "cluster.protocol",
                                   "cluster.replica_num", "dram.capacity", "pipeline",
-                                  "ssd.path", "log.level" };
+                                  "ssd.path", "metrics.listen", "log.level" };
     fprintf(f,
             "usage: kvnode [--config FILE] [--set KEY=VALUE]...\n"
             "\n"

@@ -1,0 +1,939 @@
+/*
+ * kvctl_admin.c — the operator's commands: stats, members, lookup, put, get,
+ * rm, and ssd ls | scrub | compact.
+ *
+ *     kvctl [--config FILE] [--set K=V]... stats [--json] [--node HOST:PORT]
+ *     kvctl ... members [--json]
+ *     kvctl ... lookup|put|get|rm ...
+ *     kvctl ... ssd ls|scrub|compact
+ *
+ * Key design choices:
+ * - A command that needs data opens the store the config describes, through
+ *   the public API, as any program would ("offline": the store must not be
+ *   held by a running engine; a running node is reached with --node). Unless
+ *   the user chose dram.capacity, no DRAM segment is mapped and faulted in
+ *   just to answer one question: a store with an SSD tier is opened as
+ *   pipeline ssd (the same files), so every put goes straight to disk and
+ *   is still there after kvctl exits, and in a cluster (cluster.enabled)
+ *   kvctl is a pure client (dram.capacity 0) that stores nothing itself.
+ * - A store that does not exist is an error, not a fresh empty one: only
+ *   put may create it. A block id is 32 hex digits; anything else is a plain
+ *   key (--key and --block force one reading).
+ * - Data goes to stdout, everything else to stderr; --json prints one JSON
+ *   document on stdout. Long walks (scrub, compact) show a progress line on
+ *   a terminal only.
+ */
+#include "kvctl.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NODE_TIMEOUT_MS 3000u
+
+/* ---- help ------------------------------------------------------------------ */
+
+static const struct {
+    const char *cmd, *text;
+} helps[] = {
+    { "stats",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... stats [--json] [--prometheus]\n"
+      "       kvctl stats --node HOST:PORT [--json] [--timeout MS]\n"
+      "\n"
+      "Without --node: opens the store the config describes (offline: no running\n"
+      "engine may hold it) and prints its figures: capacity, used bytes and blocks\n"
+      "per tier, hits, misses, evictions, spills, checksum failures.\n"
+      "With --node: fetches http://HOST:PORT/metrics from a running kvnode, kvmaster\n"
+      "or engine (its metrics.listen) and prints its samples.\n"
+      "\n"
+      "  -j, --json             one JSON object on stdout\n"
+      "      --prometheus       the offline store's figures in the Prometheus text\n"
+      "                         format, as /metrics would serve them\n"
+      "  -n, --node HOST:PORT   a running process's metrics.listen address\n"
+      "  -t, --timeout MS       how long to wait for the node (default: 3000)\n" },
+    { "members",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... members [--json]\n"
+      "\n"
+      "Asks the kvmaster at cluster.master (with cluster.token) for its view and\n"
+      "prints its version and members: id, address, role (owner or client) and\n"
+      "registered DRAM. Does not join the view.\n"
+      "\n"
+      "  -j, --json             one JSON object on stdout\n" },
+    { "lookup",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... lookup [--json] [--key|--block] ID|KEY...\n"
+      "\n"
+      "Says for each argument whether the store holds it: a block id (32 hex digits)\n"
+      "hits when its shard 0 is in some tier; anything else is a plain key.\n"
+      "Exit status 3 when any of them misses.\n"
+      "\n"
+      "  -k, --key              every argument is a plain key\n"
+      "  -b, --block            every argument is a block id in hex\n"
+      "  -j, --json             one JSON object on stdout\n" },
+    { "put",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... put [--key|--block] [--index N] ID|KEY [FILE]\n"
+      "\n"
+      "Stores FILE's bytes (standard input when FILE is absent or '-') under a plain\n"
+      "key, or as shard N of a block id given in hex. A shard already present is\n"
+      "left as it is (the store never rewrites a shard); a plain key is replaced.\n"
+      "Creates the store when it does not exist.\n"
+      "\n"
+      "  -k, --key              the name is a plain key\n"
+      "  -b, --block            the name is a block id in hex\n"
+      "  -i, --index N          the shard index of a block (default: 0)\n" },
+    { "get",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... get [--key|--block] [--index N] [-o FILE] ID|KEY\n"
+      "\n"
+      "Writes the value of a plain key, or of shard N of a block, to standard output\n"
+      "or FILE. Exit status 3 when it is absent.\n"
+      "\n"
+      "  -o, --output FILE      write the value to FILE instead of standard output\n"
+      "  -k, --key, -b, --block, -i, --index N   as for put\n" },
+    { "rm",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... rm [--key|--block] ID|KEY...\n"
+      "\n"
+      "Removes plain keys, or every shard of blocks from the SSD tier. Exit status 3\n"
+      "when any of them was absent (the others are still removed).\n"
+      "\n"
+      "  -k, --key, -b, --block  as for put\n" },
+    { "ssd",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... ssd ls [--json]\n"
+      "       kvctl ... ssd scrub [--repair] [--json]\n"
+      "       kvctl ... ssd compact\n"
+      "\n"
+      "The SSD tier of the store the config describes (offline).\n"
+      "  ls       list every value: kind (block or key), id in hex (a plain key's is\n"
+      "           the hash of its name), shard index, size; from the index, no I/O\n"
+      "  scrub    read every value and verify its checksum; lists the bad ones and\n"
+      "           exits 1 when there are any\n"
+      "  compact  full compaction with blob garbage collection: gives the space of\n"
+      "           deleted values back to the file system\n"
+      "\n"
+      "  -r, --repair           scrub: delete the bad values (a load would too)\n"
+      "  -j, --json             one JSON object on stdout\n" },
+};
+
+bool kvctl_admin_usage(const char *cmd, FILE *f)
+{
+    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
+        if (strcmp(helps[i].cmd, cmd) == 0) {
+            fprintf(f, "%s\nCommon options:\n%s\n%s", helps[i].text, kvctl_common_help,
+                    kvctl_exit_help);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- options ---------------------------------------------------------------- */
+
+struct aopts {
+    bool json, repair, key, block, prom;
+    const char *node, *output;
+    uint64_t index, timeout_ms;
+};
+
+/* Parses the options `allowed` names (short letters); -1 to go on, or an
+ * exit code. The arguments left start at optind. */
+static int parse(struct kvctl_common *c, int argc, char **argv, const char *allowed,
+                 struct aopts *o)
+{
+    static const struct option longopts[] = {
+        KVCTL_COMMON_LONGOPTS,
+        { "help", no_argument, NULL, 'h' },
+        { "json", no_argument, NULL, 'j' },
+        { "node", required_argument, NULL, 'n' },
+        { "timeout", required_argument, NULL, 't' },
+        { "output", required_argument, NULL, 'o' },
+        { "repair", no_argument, NULL, 'r' },
+        { "key", no_argument, NULL, 'k' },
+        { "block", no_argument, NULL, 'b' },
+        { "index", required_argument, NULL, 'i' },
+        { "prometheus", no_argument, NULL, 'p' },
+        { NULL, 0, NULL, 0 },
+    };
+    *o = (struct aopts){ .timeout_ms = NODE_TIMEOUT_MS };
+    const char *cmd = argv[0];
+    int opt;
+    optind = 0;
+    opterr = 1;
+    while ((opt = getopt_long(argc, argv, "c:s:hjn:t:o:rkbi:p", longopts, NULL)) != -1) {
+        int r = kvctl_common_opt(c, opt, optarg);
+        if (r < 0)
+            return -r;
+        if (r > 0)
+            continue;
+        if (opt == 'h') {
+            kvctl_admin_usage(cmd, stdout);
+            return KVCTL_EXIT_OK;
+        }
+        if (opt == '?' || !strchr(allowed, opt)) {
+            if (opt != '?')
+                fprintf(stderr, "kvctl %s: option '%s' does not apply here\n", cmd,
+                        argv[optind - 1]);
+            fprintf(stderr, "(see kvctl %s --help)\n", cmd);
+            return KVCTL_EXIT_USAGE;
+        }
+        switch (opt) {
+        case 'j': o->json = true; break;
+        case 'n': o->node = optarg; break;
+        case 'o': o->output = optarg; break;
+        case 'r': o->repair = true; break;
+        case 'k': o->key = true; break;
+        case 'b': o->block = true; break;
+        case 'p': o->prom = true; break;
+        case 't':
+            if (kvctl_parse_u64(optarg, 1, 3600000, &o->timeout_ms) != KV_OK) {
+                fprintf(stderr, "kvctl %s: --timeout '%s': want milliseconds, 1..3600000\n",
+                        cmd, optarg);
+                return KVCTL_EXIT_USAGE;
+            }
+            break;
+        case 'i':
+            if (kvctl_parse_u64(optarg, 0, UINT32_MAX, &o->index) != KV_OK) {
+                fprintf(stderr, "kvctl %s: --index '%s': want a shard index, 0..4294967295\n",
+                        cmd, optarg);
+                return KVCTL_EXIT_USAGE;
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    if (o->key && o->block) {
+        fprintf(stderr, "kvctl %s: --key and --block exclude each other\n", cmd);
+        return KVCTL_EXIT_USAGE;
+    }
+    return -1;
+}
+
+static int want_args(const char *cmd, int have, int lo, int hi)
+{
+    if (have >= lo && have <= hi)
+        return -1;
+    if (have < lo)
+        fprintf(stderr, "kvctl %s: missing argument (see kvctl %s --help)\n", cmd, cmd);
+    else
+        fprintf(stderr, "kvctl %s: too many arguments (see kvctl %s --help)\n", cmd, cmd);
+    return KVCTL_EXIT_USAGE;
+}
+
+/* ---- names: block ids and plain keys ---------------------------------------- */
+
+static int hexval(int ch)
+{
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    ch = tolower(ch);
+    return ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : -1;
+}
+
+static bool parse_hex_id(const char *s, kv_block_id *id)
+{
+    if (strlen(s) != 2 * KV_BLOCK_ID_LEN)
+        return false;
+    for (int i = 0; i < KV_BLOCK_ID_LEN; i++) {
+        int hi = hexval((unsigned char)s[2 * i]), lo = hexval((unsigned char)s[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return false;
+        id->bytes[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return true;
+}
+
+static void fmt_id(const kv_block_id *id, char out[2 * KV_BLOCK_ID_LEN + 1])
+{
+    for (int i = 0; i < KV_BLOCK_ID_LEN; i++)
+        snprintf(out + 2 * i, 3, "%02x", id->bytes[i]);
+}
+
+struct name {
+    bool block;
+    kv_block_id id;
+    const char *key;
+    size_t klen;
+};
+
+/* -1 to go on, or an exit code after saying why. */
+static int parse_name(const char *cmd, const struct aopts *o, const char *arg, struct name *n)
+{
+    memset(n, 0, sizeof *n);
+    if (!o->key && parse_hex_id(arg, &n->id)) {
+        n->block = true;
+        return -1;
+    }
+    if (o->block) {
+        fprintf(stderr, "kvctl %s: '%s' is not a block id (32 hex digits)\n", cmd, arg);
+        return KVCTL_EXIT_USAGE;
+    }
+    n->key = arg;
+    n->klen = strlen(arg);
+    if (n->klen == 0 || n->klen > KV_KEY_MAX) {
+        fprintf(stderr, "kvctl %s: a plain key is 1..%d bytes, '%s' is %zu\n", cmd, KV_KEY_MAX,
+                arg, n->klen);
+        return KVCTL_EXIT_USAGE;
+    }
+    return -1;
+}
+
+/* ---- opening the store ---------------------------------------------------------- */
+
+static bool cfg_is(const kv_config *cfg, const char *key, const char *want)
+{
+    char v[512] = "";
+    return kv_config_get(cfg, key, v, sizeof v) == KV_OK && strcmp(v, want) == 0;
+}
+
+/* Opens the store the config describes. create: put may make a new one.
+ * Returns an exit code; on success *out is the engine. */
+static int open_store(struct kvctl_common *c, const char *cmd, bool create, kv_engine **out)
+{
+    *out = NULL;
+    kv_config *cfg = NULL;
+    int rc = kvctl_build_config(c, &cfg);
+    if (rc != KVCTL_EXIT_OK)
+        return rc;
+    rc = KVCTL_EXIT_USAGE;
+    char pipeline[64] = "", path[1024] = "";
+    kv_config_get(cfg, "pipeline", pipeline, sizeof pipeline);
+    kv_config_get(cfg, "ssd.path", path, sizeof path);
+    bool cluster = cfg_is(cfg, "cluster.enabled", "true");
+    bool has_ssd = strstr(pipeline, "ssd") != NULL;
+    bool sized = kvctl_user_set(c, "dram.capacity");
+    /* No DRAM unless asked for: a cluster member becomes a pure client, a
+     * store with an SSD tier is opened as pipeline ssd (the same files on
+     * disk; every put lands there at once). */
+    if (!sized && cluster && kv_config_set(cfg, "dram.capacity", "0") != KV_OK)
+        goto out;
+    if (!sized && !cluster && has_ssd && kv_config_set(cfg, "pipeline", "ssd") != KV_OK)
+        goto out;
+    if (!kvctl_user_set(c, "log.level"))
+        kv_config_set(cfg, "log.level", "error");
+    if (!cluster && !has_ssd && !sized) {
+        fprintf(stderr,
+                "kvctl %s: pipeline '%s' keeps nothing between runs, so there is no store to\n"
+                "open offline; give the config of an SSD store (pipeline dram|ssd or ssd), a\n"
+                "cluster (cluster.enabled: true), or --node HOST:PORT for a running node's stats\n",
+                cmd, pipeline);
+        goto out;
+    }
+    if (!cluster && has_ssd && !create) {
+        struct stat st;
+        char current[1100];
+        snprintf(current, sizeof current, "%s/CURRENT", path);
+        if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode) || stat(current, &st) != 0) {
+            fprintf(stderr, "kvctl %s: no store at %s (ssd.path): %s\n", cmd, path,
+                    errno == ENOENT ? "it does not exist" : strerror(errno));
+            rc = KVCTL_EXIT_FAIL;
+            goto out;
+        }
+    }
+    rc = KVCTL_EXIT_FAIL;
+    int err = kv_open(cfg, out);
+    if (err != KV_OK) {
+        if (err == KV_EBUSY)
+            fprintf(stderr,
+                    "kvctl %s: the store at %s is in use by another engine (a running node?\n"
+                    "use kvctl stats --node HOST:PORT for its figures)\n", cmd, path);
+        else if (cluster && (err == KV_ENET || err == KV_ETIMEDOUT))
+            fprintf(stderr, "kvctl %s: cannot join the cluster: kvmaster at %s does not answer\n",
+                    cmd, (kv_config_get(cfg, "cluster.master", path, sizeof path), path));
+        else
+            fprintf(stderr, "kvctl %s: cannot open the store: %s (%s)\n", cmd, kv_strerror(err),
+                    kv_err_name(err));
+        goto out;
+    }
+    rc = KVCTL_EXIT_OK;
+out:
+    kv_config_free(cfg);
+    return rc;
+}
+
+/* ---- stats ------------------------------------------------------------------------ */
+
+static void print_stats_json(const kv_stats *s)
+{
+    static const char *const names[] = {
+        "dram_capacity", "dram_used", "dram_blocks", "ssd_capacity", "ssd_used", "ssd_blocks",
+        "hits_dram", "hits_ssd", "misses", "evictions", "spills", "spill_drops",
+        "checksum_failures", "tasks_inflight", "dram_shards", "dram_index_bytes",
+        "promotions", "keys", "dumps_ok", "dumps_failed", "loads_ok", "loads_failed",
+        "enospc", "open_ns",
+    };
+    const uint64_t v[] = {
+        s->dram_capacity, s->dram_used, s->dram_blocks, s->ssd_capacity, s->ssd_used,
+        s->ssd_blocks, s->hits_dram, s->hits_ssd, s->misses, s->evictions, s->spills,
+        s->spill_drops, s->checksum_failures, s->tasks_inflight, s->dram_shards,
+        s->dram_index_bytes, s->promotions, s->keys, s->dumps_ok, s->dumps_failed,
+        s->loads_ok, s->loads_failed, s->enospc, s->open_ns,
+    };
+    printf("{\"source\":\"store\"");
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        printf(",\"%s\":%" PRIu64, names[i], v[i]);
+    printf("}\n");
+}
+
+static void print_stats_text(const kv_stats *s)
+{
+    char a[32], b[32];
+    printf("%-5s %12s %12s %10s %10s\n", "tier", "capacity", "used", "blocks", "hits");
+    printf("%-5s %12s %12s %10" PRIu64 " %10" PRIu64 "\n", "dram",
+           kvctl_fmt_size(s->dram_capacity, a, sizeof a), kvctl_fmt_size(s->dram_used, b, sizeof b),
+           s->dram_blocks, s->hits_dram);
+    printf("%-5s %12s %12s %10" PRIu64 " %10" PRIu64 "\n", "ssd",
+           kvctl_fmt_size(s->ssd_capacity, a, sizeof a), kvctl_fmt_size(s->ssd_used, b, sizeof b),
+           s->ssd_blocks, s->hits_ssd);
+    printf("misses %" PRIu64 ", evictions %" PRIu64 ", spills %" PRIu64 ", spill drops %" PRIu64
+           ", checksum failures %" PRIu64 ", plain keys in dram %" PRIu64 "\n",
+           s->misses, s->evictions, s->spills, s->spill_drops, s->checksum_failures, s->keys);
+}
+
+/* Prints a /metrics body: samples only as text, or one JSON object. */
+static int print_node_metrics(const char *node, char *body, bool json)
+{
+    size_t nsamples = 0;
+    if (json) {
+        printf("{\"source\":");
+        kvctl_jstr(stdout, node);
+        printf(",\"metrics\":{");
+    }
+    for (char *line = strtok(body, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#' || line[0] == '\0')
+            continue;
+        char *sp = strrchr(line, ' ');
+        if (!sp)
+            continue;
+        *sp = '\0';
+        char *end = NULL;
+        double v = strtod(sp + 1, &end);
+        if (json) {
+            printf("%s", nsamples ? "," : "");
+            kvctl_jstr(stdout, line);
+            putchar(':');
+            kvctl_jnum(stdout, v);
+        } else {
+            printf("%s %s\n", line, sp + 1);
+        }
+        nsamples++;
+    }
+    if (json)
+        printf("}}\n");
+    if (nsamples == 0) {
+        fprintf(stderr, "kvctl stats: %s served no samples\n", node);
+        return KVCTL_EXIT_FAIL;
+    }
+    return KVCTL_EXIT_OK;
+}
+
+int kvctl_stats_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "jnpt", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("stats", argc - optind, 0, 0)) >= 0)
+        return rc;
+    if (o.node) {
+        char *body = NULL, why[512] = "";
+        size_t len = 0;
+        int status = 0;
+        int err = kvctl_http_get(o.node, "/metrics", (unsigned)o.timeout_ms, &body, &len,
+                                 &status, why, sizeof why);
+        if (err != KV_OK) {
+            fprintf(stderr, "kvctl stats: %s\n", why);
+            return err == KV_EINVAL ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
+        }
+        if (status != 200) {
+            fprintf(stderr, "kvctl stats: %s answered HTTP %d to /metrics\n", o.node, status);
+            free(body);
+            return KVCTL_EXIT_FAIL;
+        }
+        rc = print_node_metrics(o.node, body, o.json);
+        free(body);
+        return rc;
+    }
+    kv_engine *e = NULL;
+    if ((rc = open_store(c, "stats", false, &e)) != KVCTL_EXIT_OK)
+        return rc;
+    kv_stats s;
+    int err;
+    if (o.prom) {
+        char *text = NULL;
+        size_t len = 0;
+        err = kv_metrics_render(e, &text, &len);
+        if (err == KV_OK)
+            fwrite(text, 1, len, stdout);
+        free(text);
+    } else if ((err = kv_stats_get(e, &s)) == KV_OK) {
+        if (o.json)
+            print_stats_json(&s);
+        else
+            print_stats_text(&s);
+    }
+    kv_close(e);
+    if (err != KV_OK) {
+        fprintf(stderr, "kvctl stats: %s\n", kv_strerror(err));
+        return KVCTL_EXIT_FAIL;
+    }
+    return KVCTL_EXIT_OK;
+}
+
+/* ---- members ------------------------------------------------------------------------ */
+
+int kvctl_members_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "j", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("members", argc - optind, 0, 0)) >= 0)
+        return rc;
+    kv_config *cfg = NULL;
+    if ((rc = kvctl_build_config(c, &cfg)) != KVCTL_EXIT_OK)
+        return rc;
+    char master[256] = "?";
+    kv_config_get(cfg, "cluster.master", master, sizeof master);
+    uint64_t version = 0;
+    kv_member_info *m = NULL;
+    size_t n = 0;
+    int err = kv_members(cfg, &version, &m, &n);
+    kv_config_free(cfg);
+    if (err != KV_OK) {
+        if (err == KV_ENET || err == KV_ETIMEDOUT)
+            fprintf(stderr, "kvctl members: kvmaster at %s (cluster.master) does not answer: %s\n",
+                    master, err == KV_ETIMEDOUT ? "timed out" : "connection refused or reset");
+        else if (err == KV_EPERM)
+            fprintf(stderr, "kvctl members: kvmaster at %s refused cluster.token\n", master);
+        else
+            fprintf(stderr, "kvctl members: %s: %s\n", master, kv_strerror(err));
+        return err == KV_ECONFIG ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
+    }
+    char sz[32];
+    if (o.json) {
+        printf("{\"master\":");
+        kvctl_jstr(stdout, master);
+        printf(",\"version\":%" PRIu64 ",\"members\":[", version);
+        for (size_t i = 0; i < n; i++) {
+            printf("%s{\"id\":", i ? "," : "");
+            kvctl_jstr(stdout, m[i].id);
+            printf(",\"addr\":");
+            kvctl_jstr(stdout, m[i].addr);
+            printf(",\"role\":\"%s\",\"segments\":%u,\"segment_bytes\":%" PRIu64 "}",
+                   m[i].owner ? "owner" : "client", m[i].segments, m[i].segment_bytes);
+        }
+        printf("]}\n");
+    } else {
+        printf("view %" PRIu64 " at %s: %zu member%s\n", version, master, n, n == 1 ? "" : "s");
+        if (n)
+            printf("%-24s %-22s %-7s %12s\n", "id", "address", "role", "dram");
+        for (size_t i = 0; i < n; i++)
+            printf("%-24s %-22s %-7s %12s\n", m[i].id, m[i].addr[0] ? m[i].addr : "-",
+                   m[i].owner ? "owner" : "client",
+                   kvctl_fmt_size(m[i].segment_bytes, sz, sizeof sz));
+    }
+    free(m);
+    return KVCTL_EXIT_OK;
+}
+
+/* ---- lookup ------------------------------------------------------------------------------ */
+
+int kvctl_lookup_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "jkb", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("lookup", argc - optind, 1, 1 << 20)) >= 0)
+        return rc;
+    int nargs = argc - optind;
+    struct name *names = calloc((size_t)nargs, sizeof *names);
+    if (!names)
+        return KVCTL_EXIT_FAIL;
+    for (int i = 0; i < nargs; i++)
+        if ((rc = parse_name("lookup", &o, argv[optind + i], &names[i])) >= 0)
+            goto out;
+    kv_engine *e = NULL;
+    if ((rc = open_store(c, "lookup", false, &e)) != KVCTL_EXIT_OK)
+        goto out;
+    if (o.json)
+        printf("{\"results\":[");
+    bool miss = false;
+    for (int i = 0; i < nargs; i++) {
+        int hit = 0;
+        if (names[i].block) {
+            uint8_t h = 0;
+            int err = kv_lookup(e, &names[i].id, 1, &h);
+            hit = err == KV_OK ? h : err;
+        } else {
+            hit = kv_exists(e, names[i].key, names[i].klen);
+        }
+        if (hit < 0) {
+            fprintf(stderr, "kvctl lookup: %s: %s\n", argv[optind + i], kv_strerror(hit));
+            rc = KVCTL_EXIT_FAIL;
+        }
+        miss |= hit == 0;
+        if (o.json) {
+            printf("%s{\"name\":", i ? "," : "");
+            kvctl_jstr(stdout, argv[optind + i]);
+            printf(",\"kind\":\"%s\",\"hit\":%s}", names[i].block ? "block" : "key",
+                   hit > 0 ? "true" : "false");
+        } else {
+            printf("%s\t%s\t%s\n", argv[optind + i], names[i].block ? "block" : "key",
+                   hit > 0 ? "hit" : hit == 0 ? "miss" : "error");
+        }
+    }
+    if (o.json)
+        printf("]}\n");
+    kv_close(e);
+    if (rc < 0 || rc == KVCTL_EXIT_OK)
+        rc = miss ? KVCTL_EXIT_NOTFOUND : KVCTL_EXIT_OK;
+out:
+    free(names);
+    return rc < 0 ? KVCTL_EXIT_OK : rc;
+}
+
+/* ---- put / get / rm ------------------------------------------------------------------------ */
+
+/* Reads a whole file ('-' or NULL: stdin) into a malloc'd buffer. */
+static int slurp(const char *path, uint8_t **out, size_t *len)
+{
+    *out = NULL;
+    *len = 0;
+    FILE *f = !path || strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kvctl put: %s: %s\n", path, strerror(errno));
+        return KVCTL_EXIT_FAIL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    uint8_t *buf = malloc(cap);
+    int rc = buf ? KVCTL_EXIT_OK : KVCTL_EXIT_FAIL;
+    while (rc == KVCTL_EXIT_OK) {
+        if (n == cap) {
+            uint8_t *nb = cap >= KV_VALUE_MAX ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                fprintf(stderr, "kvctl put: the value is too large (at most %zu bytes)\n",
+                        (size_t)KV_VALUE_MAX);
+                rc = KVCTL_EXIT_FAIL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) {
+                fprintf(stderr, "kvctl put: reading %s: %s\n", path ? path : "stdin",
+                        strerror(errno));
+                rc = KVCTL_EXIT_FAIL;
+            }
+            break;
+        }
+    }
+    if (f != stdin)
+        fclose(f);
+    if (rc != KVCTL_EXIT_OK || n > KV_VALUE_MAX) {
+        free(buf);
+        return KVCTL_EXIT_FAIL;
+    }
+    *out = buf;
+    *len = n;
+    return KVCTL_EXIT_OK;
+}
+
+int kvctl_put_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "kbi", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("put", argc - optind, 1, 2)) >= 0)
+        return rc;
+    struct name n;
+    if ((rc = parse_name("put", &o, argv[optind], &n)) >= 0)
+        return rc;
+    uint8_t *val = NULL;
+    size_t len = 0;
+    if ((rc = slurp(argc - optind == 2 ? argv[optind + 1] : NULL, &val, &len)) != KVCTL_EXIT_OK)
+        return rc;
+    kv_engine *e = NULL;
+    if ((rc = open_store(c, "put", true, &e)) != KVCTL_EXIT_OK) {
+        free(val);
+        return rc;
+    }
+    int err;
+    if (n.block) {
+        kv_iov iov = { val, len };
+        kv_shard s = { .block = n.id, .index = (uint32_t)o.index, .iov = &iov, .iovcnt = 1 };
+        kv_task t = 0;
+        err = kv_dump(e, &s, 1, &t);
+        if (err == KV_OK)
+            err = kv_wait(e, t, 0);
+    } else {
+        err = kv_put(e, n.key, n.klen, val, len);
+    }
+    kv_close(e);
+    free(val);
+    if (err != KV_OK) {
+        fprintf(stderr, "kvctl put: %s: %s\n", argv[optind], kv_strerror(err));
+        return KVCTL_EXIT_FAIL;
+    }
+    return KVCTL_EXIT_OK;
+}
+
+static int write_out(const char *path, const void *p, size_t len)
+{
+    FILE *f = path ? fopen(path, "wb") : stdout;
+    if (!f) {
+        fprintf(stderr, "kvctl get: %s: %s\n", path, strerror(errno));
+        return KVCTL_EXIT_FAIL;
+    }
+    bool ok = fwrite(p, 1, len, f) == len;
+    ok &= (f == stdout ? fflush(f) : fclose(f)) == 0;
+    if (!ok) {
+        fprintf(stderr, "kvctl get: writing %s failed\n", path ? path : "stdout");
+        return KVCTL_EXIT_FAIL;
+    }
+    return KVCTL_EXIT_OK;
+}
+
+int kvctl_get_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "kbio", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("get", argc - optind, 1, 1)) >= 0)
+        return rc;
+    struct name n;
+    if ((rc = parse_name("get", &o, argv[optind], &n)) >= 0)
+        return rc;
+    kv_engine *e = NULL;
+    if ((rc = open_store(c, "get", false, &e)) != KVCTL_EXIT_OK)
+        return rc;
+    uint8_t *buf = NULL;
+    size_t vlen = 0;
+    int err;
+    if (n.block) {
+        uint64_t len = 0;
+        err = kv_shard_size(e, &n.id, (uint32_t)o.index, &len);
+        if (err == KV_OK && !(buf = malloc(len ? len : 1)))
+            err = KV_ENOMEM;
+        if (err == KV_OK) {
+            kv_iov iov = { buf, len };
+            kv_shard s = { .block = n.id, .index = (uint32_t)o.index, .iov = &iov, .iovcnt = 1 };
+            kv_task t = 0;
+            err = kv_load(e, &s, 1, &t);
+            if (err == KV_OK)
+                err = kv_wait(e, t, 0);
+            vlen = len;
+        }
+    } else {
+        err = kv_get(e, n.key, n.klen, NULL, 0, &vlen);
+        if (err == KV_ENOBUFS || (err == KV_OK && vlen == 0)) {
+            buf = malloc(vlen ? vlen : 1);
+            err = buf ? kv_get(e, n.key, n.klen, buf, vlen, &vlen) : KV_ENOMEM;
+        }
+    }
+    kv_close(e);
+    if (err == KV_OK)
+        rc = write_out(o.output, buf, vlen);
+    else if (err == KV_ENOTFOUND)
+        fprintf(stderr, "kvctl get: %s: not found\n", argv[optind]);
+    else
+        fprintf(stderr, "kvctl get: %s: %s\n", argv[optind], kv_strerror(err));
+    free(buf);
+    if (err == KV_ENOTFOUND)
+        return KVCTL_EXIT_NOTFOUND;
+    return err == KV_OK ? rc : KVCTL_EXIT_FAIL;
+}
+
+int kvctl_rm_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "kb", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("rm", argc - optind, 1, 1 << 20)) >= 0)
+        return rc;
+    int nargs = argc - optind;
+    struct name *names = calloc((size_t)nargs, sizeof *names);
+    if (!names)
+        return KVCTL_EXIT_FAIL;
+    for (int i = 0; i < nargs; i++)
+        if ((rc = parse_name("rm", &o, argv[optind + i], &names[i])) >= 0)
+            goto out;
+    kv_engine *e = NULL;
+    if ((rc = open_store(c, "rm", false, &e)) != KVCTL_EXIT_OK)
+        goto out;
+    bool missing = false, failed = false;
+    for (int i = 0; i < nargs; i++) {
+        int err = names[i].block ? kv_ssd_remove(e, &names[i].id)
+                                 : kv_remove(e, names[i].key, names[i].klen);
+        if (err == KV_ENOTFOUND) {
+            fprintf(stderr, "kvctl rm: %s: not found\n", argv[optind + i]);
+            missing = true;
+        } else if (err != KV_OK) {
+            fprintf(stderr, "kvctl rm: %s: %s\n", argv[optind + i],
+                    err == KV_ENOTSUP ? "blocks are removed from the SSD tier; this store has none"
+                                      : kv_strerror(err));
+            failed = true;
+        }
+    }
+    kv_close(e);
+    rc = failed ? KVCTL_EXIT_FAIL : missing ? KVCTL_EXIT_NOTFOUND : KVCTL_EXIT_OK;
+out:
+    free(names);
+    return rc;
+}
+
+/* ---- ssd ------------------------------------------------------------------------------------ */
+
+struct walk {
+    bool json;
+    uint64_t n, bad;
+    struct kvctl_progress prog;
+    bool prog_started;
+};
+
+static void print_entry(struct walk *w, const kv_ssd_entry *ent, bool with_status)
+{
+    char hex[2 * KV_BLOCK_ID_LEN + 1];
+    fmt_id(&ent->id, hex);
+    const char *kind = ent->ns == KV_SSD_NS_KEY ? "key" : "block";
+    if (w->json) {
+        printf("%s{\"kind\":\"%s\",\"id\":\"%s\",\"index\":%u,\"size\":%" PRIu64, w->n ? "," : "",
+               kind, hex, ent->index, ent->size);
+        if (with_status)
+            printf(",\"status\":\"%s\"", ent->status == KV_OK ? "ok" : kv_err_name(ent->status));
+        printf("}");
+    } else if (with_status) {
+        printf("bad\t%s\t%s\t%u\t%" PRIu64 "\t%s\n", kind, hex, ent->index, ent->size,
+               kv_strerror(ent->status));
+    } else {
+        printf("%s\t%s\t%u\t%" PRIu64 "\n", kind, hex, ent->index, ent->size);
+    }
+    w->n++;
+}
+
+static int ls_cb(void *ctx, const kv_ssd_entry *ent)
+{
+    print_entry(ctx, ent, false);
+    return 0;
+}
+
+static int scrub_cb(void *ctx, const kv_ssd_entry *ent)
+{
+    struct walk *w = ctx;
+    if (!w->prog_started) {
+        kvctl_progress_start(&w->prog, "scrub", ent->total, 0, 0);
+        w->prog_started = true;
+    }
+    if (ent->status != KV_OK) {
+        kvctl_progress_end(&w->prog);   /* a bad line must not land inside it */
+        print_entry(w, ent, true);
+        fflush(stdout);
+        kvctl_progress_start(&w->prog, "scrub", ent->total, 0, 0);
+    }
+    kvctl_progress_tick(&w->prog, ent->seq + 1);
+    return 0;
+}
+
+struct ticker {
+    pthread_t th;
+    atomic_bool stop;
+    struct kvctl_progress prog;
+};
+
+/* Compaction says nothing about its progress: show the time it has taken. */
+static void *tick_main(void *arg)
+{
+    struct ticker *t = arg;
+    uint64_t t0 = kvctl_now_ns();
+    while (!atomic_load(&t->stop)) {
+        if (t->prog.on) {
+            fprintf(stderr, "\r[compact] running %.1f s\033[K", (double)(kvctl_now_ns() - t0) / 1e9);
+            fflush(stderr);
+        }
+        usleep(200000);
+    }
+    if (t->prog.on)
+        fputs("\r\033[K", stderr);
+    return NULL;
+}
+
+int kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv)
+{
+    struct aopts o;
+    int rc = parse(c, argc, argv, "jr", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = want_args("ssd", argc - optind, 1, 1)) >= 0)
+        return rc;
+    const char *sub = argv[optind];
+    if (strcmp(sub, "ls") != 0 && strcmp(sub, "scrub") != 0 && strcmp(sub, "compact") != 0) {
+        fprintf(stderr, "kvctl ssd: unknown subcommand '%s' (ls, scrub or compact)\n", sub);
+        return KVCTL_EXIT_USAGE;
+    }
+    if (o.repair && strcmp(sub, "scrub") != 0) {
+        fprintf(stderr, "kvctl ssd %s: --repair applies to scrub only\n", sub);
+        return KVCTL_EXIT_USAGE;
+    }
+    kv_engine *e = NULL;
+    if ((rc = open_store(c, "ssd", false, &e)) != KVCTL_EXIT_OK)
+        return rc;
+    struct walk w = { .json = o.json };
+    int err;
+    uint64_t checked = 0, bad = 0;
+    uint64_t t0 = kvctl_now_ns();
+    if (strcmp(sub, "ls") == 0) {
+        if (o.json)
+            printf("{\"entries\":[");
+        err = kv_ssd_scan(e, ls_cb, &w);
+        if (o.json)
+            printf("],\"count\":%" PRIu64 "}\n", w.n);
+    } else if (strcmp(sub, "scrub") == 0) {
+        if (o.json)
+            printf("{\"bad\":[");
+        err = kv_ssd_scrub(e, o.repair, scrub_cb, &w, &checked, &bad);
+        if (w.prog_started)
+            kvctl_progress_end(&w.prog);
+        double secs = (double)(kvctl_now_ns() - t0) / 1e9;
+        if (o.json)
+            printf("],\"checked\":%" PRIu64 ",\"bad_count\":%" PRIu64 ",\"repaired\":%s,"
+                   "\"seconds\":%.3f}\n", checked, bad, o.repair && bad ? "true" : "false", secs);
+        else
+            fprintf(stderr, "scrub: %" PRIu64 " values checked, %" PRIu64 " bad%s, %.2f s\n",
+                    checked, bad, bad ? (o.repair ? " (deleted)" : " (kept; --repair deletes them)") : "",
+                    secs);
+    } else {
+        struct ticker t = { 0 };
+        kvctl_progress_start(&t.prog, "compact", 0, 0, 0);
+        bool threaded = t.prog.on && pthread_create(&t.th, NULL, tick_main, &t) == 0;
+        err = kv_ssd_compact(e);
+        atomic_store(&t.stop, true);
+        if (threaded)
+            pthread_join(t.th, NULL);
+        double secs = (double)(kvctl_now_ns() - t0) / 1e9;
+        if (o.json)
+            printf("{\"compacted\":%s,\"seconds\":%.3f}\n", err == KV_OK ? "true" : "false", secs);
+        else if (err == KV_OK)
+            fprintf(stderr, "compact: done in %.2f s\n", secs);
+    }
+    kv_close(e);
+    if (err == KV_ENOTSUP) {
+        fprintf(stderr, "kvctl ssd %s: the store has no SSD tier (pipeline dram)\n", sub);
+        return KVCTL_EXIT_USAGE;
+    }
+    if (err != KV_OK) {
+        fprintf(stderr, "kvctl ssd %s: %s\n", sub, kv_strerror(err));
+        return KVCTL_EXIT_FAIL;
+    }
+    return bad ? KVCTL_EXIT_FAIL : KVCTL_EXIT_OK;
+}

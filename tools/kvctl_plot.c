@@ -1,0 +1,124 @@
+/*
+ * kvctl_plot.c — `kvctl bench --plot FILE.png`: the benchmark's figures as
+ * a picture, drawn by gnuplot.
+ *
+ * Key design choice: gnuplot runs as a program (popen), fed one script with
+ * the data inline (gnuplot 5 "$name << EOD" blocks), so kvctl links no
+ * plotting library and the script is plain text a user can read with
+ * KVCTL_PLOT_SCRIPT=FILE (the script is also written there). Panels: MiB/s
+ * per data phase and lookup ids/s (one bar per backend), task latency
+ * percentiles per phase (log scale), and with --compare the kvengine/other
+ * ratios of kvs/s per phase.
+ */
+#include "kvctl.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static double ratio(double a, double b)
+{
+    return b > 0 ? a / b : 0;
+}
+
+static const struct kvctl_phase *find(const struct kvctl_run *run, const char *name)
+{
+    for (int i = 0; i < run->nphases; i++)
+        if (strcmp(run->phases[i].name, name) == 0)
+            return &run->phases[i];
+    return NULL;
+}
+
+static void script(FILE *f, const char *png, const struct kvctl_report *r)
+{
+    const struct kvctl_run *a = &r->runs[0];
+    bool cmp = r->nruns == 2 && r->runs[1].open_error == KV_OK;
+    int panels = cmp ? 3 : 2;
+    char vs[32];
+    fprintf(f, "set terminal pngcairo size 1200,%d font 'sans,10'\n", 330 * panels);
+    fprintf(f, "set output '");
+    for (const char *p = png; *p; p++)   /* gnuplot single quotes: '' is a quote */
+        fprintf(f, *p == '\'' ? "''" : "%c", *p);
+    fprintf(f, "'\n");
+    /* Throughput: data phases in MiB/s, lookup in Mids/s, per backend. */
+    fprintf(f, "$tput << EOD\nphase %s %s\n", a->backend, cmp ? r->runs[1].backend : "-");
+    for (int i = 0; i < a->nphases; i++) {
+        const struct kvctl_phase *p = &a->phases[i], *q = cmp ? find(&r->runs[1], p->name) : NULL;
+        double va = p->lookup ? kvctl_phase_kvs_s(p) / 1e6 : kvctl_phase_mib_s(p);
+        double vb = q ? (q->lookup ? kvctl_phase_kvs_s(q) / 1e6 : kvctl_phase_mib_s(q)) : 0;
+        fprintf(f, "\"%s%s\" %.6g %.6g\n", p->name, p->lookup ? " (M ids/s)" : "", va, vb);
+    }
+    fprintf(f, "EOD\n$lat << EOD\nphase p50 p95 p99\n");
+    for (int i = 0; i < a->nphases; i++) {
+        const struct kvctl_phase *p = &a->phases[i];
+        fprintf(f, "\"%s\" %.6g %.6g %.6g\n", p->name, p->p50_us > 0 ? p->p50_us : 0.01,
+                p->p95_us > 0 ? p->p95_us : 0.01, p->p99_us > 0 ? p->p99_us : 0.01);
+    }
+    fprintf(f, "EOD\n");
+    if (cmp) {
+        fprintf(f, "$ratio << EOD\nphase kvs\n");
+        for (int i = 0; i < a->nphases; i++) {
+            const struct kvctl_phase *p = &a->phases[i], *q = find(&r->runs[1], p->name);
+            if (q)
+                fprintf(f, "\"%s\" %.6g\n", p->name, ratio(kvctl_phase_kvs_s(p), kvctl_phase_kvs_s(q)));
+        }
+        fprintf(f, "EOD\n");
+    }
+    fprintf(f,
+            "set multiplot layout %d,1 title \"kvctl bench: %s, %llu x %s, %u job(s), batch %u, "
+            "pipeline %s\" font ',12'\n"
+            "set style data histograms\nset style histogram clustered gap 1\n"
+            "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset grid ytics\n"
+            "set key top right\nset yrange [0:*]\nset xtics nomirror\n",
+            panels, r->scenario, (unsigned long long)r->nr_objects,
+            kvctl_fmt_size(r->value_size, vs, sizeof vs), r->numjobs, r->batch_size, r->pipeline);
+    fprintf(f, "set title 'Throughput per phase (MiB/s; lookup in M ids/s)'\nset ylabel 'MiB/s'\n");
+    if (cmp)
+        fprintf(f, "plot $tput using 2:xtic(1) title columnheader(2), '' using 3 title columnheader(3)\n");
+    else
+        fprintf(f, "plot $tput using 2:xtic(1) title columnheader(2)\n");
+    fprintf(f, "set title 'Task latency percentiles (%s)'\nset ylabel 'us'\nset logscale y\n"
+               "set yrange [*:*]\n"
+               "plot $lat using 2:xtic(1) title 'p50', '' using 3 title 'p95', '' using 4 title 'p99'\n"
+               "unset logscale y\nset yrange [0:*]\n",
+            a->backend);
+    if (cmp)
+        fprintf(f, "set title '%s / %s: kvs/s per phase (above 1: %s faster)'\n"
+                   "set ylabel 'ratio'\nset arrow 1 from graph 0, first 1 to graph 1, first 1 "
+                   "nohead dt 2 lw 2\n"
+                   "plot $ratio using 2:xtic(1) notitle lc rgb '#4a7ebb'\n",
+                a->backend, r->runs[1].backend, a->backend);
+    fprintf(f, "unset multiplot\n");
+}
+
+int kvctl_plot(const char *png, const struct kvctl_report *r)
+{
+    if (r->nruns < 1 || r->runs[0].open_error != KV_OK || r->runs[0].nphases == 0) {
+        fprintf(stderr, "kvctl bench: --plot: nothing to plot (the run did not happen)\n");
+        return KV_EIO;
+    }
+    const char *keep = getenv("KVCTL_PLOT_SCRIPT");
+    if (keep && *keep) {
+        FILE *k = fopen(keep, "w");
+        if (k) {
+            script(k, png, r);
+            fclose(k);
+        }
+    }
+    /* gnuplot's own complaints go to our stderr; its stdout is silenced. */
+    FILE *g = popen("gnuplot >/dev/null", "w");
+    if (!g) {
+        fprintf(stderr, "kvctl bench: --plot: cannot run gnuplot: %s\n", strerror(errno));
+        return KV_EIO;
+    }
+    script(g, png, r);
+    int st = pclose(g);
+    if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        fprintf(stderr, "kvctl bench: --plot: gnuplot failed%s (is gnuplot installed? "
+                        "Debian: apt-get install gnuplot-nox)\n",
+                WIFEXITED(st) && WEXITSTATUS(st) == 127 ? ": not found" : "");
+        return KV_EIO;
+    }
+    return KV_OK;
+}
