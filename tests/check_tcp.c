@@ -354,6 +354,25 @@ START_TEST(stalled_peer_reaped)
 }
 END_TEST
 
+/* protocol: tcp is tcp; auto is rdma exactly when rdma's probe finds a
+ * device (the stand-in under CI), else tcp; rdma without one is refused. */
+START_TEST(transport_pick)
+{
+    struct kv__net_opts o = { .timeout_ms = 100 };
+    const struct kv__transport_ops *ops = NULL;
+    ck_assert_int_eq(kv__transport_pick(KV_PROTO_TCP, &o, &ops), KV_OK);
+    ck_assert_ptr_eq(ops, &kv__tcp_transport);
+    const struct kv__transport_ops *rdma = &kv__rdma_transport;
+    int have = rdma && (!rdma->probe || rdma->probe(&o) > 0);
+    ck_assert_int_eq(kv__transport_pick(KV_PROTO_AUTO, &o, &ops), KV_OK);
+    ck_assert_ptr_eq(ops, have ? rdma : &kv__tcp_transport);
+    int rc = kv__transport_pick(KV_PROTO_RDMA, &o, &ops);
+    ck_assert_int_eq(rc, have ? KV_OK : KV_ENOTSUP);
+    if (!have)
+        ck_assert_ptr_null(ops);
+}
+END_TEST
+
 struct worker { int id, failures; };
 
 static void *hammer(void *arg)
@@ -405,6 +424,7 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, deadline);
     tcase_add_test(tc, stalled_peer_reaped);
     tcase_add_test(tc, concurrent_clients);
+    tcase_add_test(tc, transport_pick);
     suite_add_tcase(s, tc);
     return s;
 }
