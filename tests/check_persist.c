@@ -275,6 +275,45 @@ START_TEST(capacity_gc_deletes_coldest_whole_blocks)
 }
 END_TEST
 
+/* Capacity GC must give the disk space back, not only shrink the index:
+ * after writing 8x the capacity, the live blob files stay near capacity. */
+START_TEST(capacity_gc_reclaims_disk_space)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir);
+    c->ssd.sync = KV_SYNC_NONE;
+    c->ssd.capacity = 4u << 20;
+    c->ssd.gc_trigger_ratio = 0.9;
+    c->ssd.gc_ratio = 0.3;
+    struct kv__ssd_tuning t;
+    kv__ssd_tuning_defaults(&t);
+    t.write_buffer = 512u << 10;       /* flush often: blob files of ~512 KiB */
+    struct kv__ssd *s = NULL;
+    char err[256];
+    ck_assert_int_eq(kv__ssd_open_tuned(c, &t, &s, err, sizeof err), KV_OK);
+    const size_t len = 65536;
+    for (uint64_t n = 0; n < 8 * 64; n++)
+        ck_assert_int_eq(put(s, KV_NS_BLOCK, n, 0, len), KV_OK);
+    ck_assert_int_eq(kv__ssd_gc_now(s), KV_OK);   /* and its compaction */
+    struct kv__ssd_info in;
+    kv__ssd_info(s, &in);
+    ck_assert_uint_le(in.used, c->ssd.capacity);
+    ck_assert_uint_ge(in.gc_runs, 8);
+    fprintf(stderr, "persist: after writing 8x capacity: %llu bytes in blob files, %llu in SSTs, "
+            "capacity %llu\n", (unsigned long long)in.blob_file_bytes,
+            (unsigned long long)in.sst_bytes, (unsigned long long)c->ssd.capacity);
+    ck_assert_msg(in.blob_file_bytes <= 2 * c->ssd.capacity,
+                  "blob files hold %llu bytes for a %llu-byte capacity",
+                  (unsigned long long)in.blob_file_bytes, (unsigned long long)c->ssd.capacity);
+    /* The newest blocks are all intact. */
+    for (uint64_t n = 8 * 64 - 10; n < 8 * 64; n++)
+        ck_assert_int_eq(get(s, KV_NS_BLOCK, n, 0, len), KV_OK);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
 /* ---- the spill sink ------------------------------------------------------- */
 
 static _Atomic int released;
@@ -705,6 +744,7 @@ Suite *persist_suite(void)
     tcase_add_test(tc, checksum_failure_is_a_miss);
     tcase_add_test(tc, reopen_rebuilds_the_index);
     tcase_add_test(tc, capacity_gc_deletes_coldest_whole_blocks);
+    tcase_add_test(tc, capacity_gc_reclaims_disk_space);
     suite_add_tcase(s, tc);
     tc = tcase_create("spill");
     tcase_set_timeout(tc, 60);
