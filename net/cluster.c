@@ -243,7 +243,11 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     memset(&o, 0, sizeof o);
     snprintf(o.token, sizeof o.token, "%s", cfg->cluster.token);
     snprintf(o.device_name, sizeof o.device_name, "%s", cfg->cluster.device_name);
-    o.timeout_ms = cfg->io.timeout_ms ? (unsigned)cfg->io.timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
+    /* io.timeout_ms bounds a whole task; a remote call gets half of it so
+     * that a shard whose first owner hangs still has time to fail over. */
+    o.timeout_ms = !cfg->io.timeout_ms ? KV_NET_DEFAULT_TIMEOUT_MS
+                   : cfg->io.timeout_ms / 2 < 50 ? 50
+                   : (unsigned)(cfg->io.timeout_ms / 2);
     o.threads = cfg->io.threads ? cfg->io.threads : 1;
     c->replicas = cfg->cluster.replica_num < 1 ? 1
                   : cfg->cluster.replica_num > KV_PLACE_MAX ? KV_PLACE_MAX

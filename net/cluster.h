@@ -18,8 +18,10 @@
  * - lookup asks each owner once per batch; a block hits when any owner has
  *   it.
  * - This node serves its own blocks through kv__local_* without the network.
- * - Every remote call has a deadline. Let T be io.timeout_ms, or
- *   KV_NET_DEFAULT_TIMEOUT_MS (5 s) when that is 0: a call fails with
+ * - Every remote call has a deadline. Let T be half of io.timeout_ms (the
+ *   engine's task timeout: half leaves a hung owner's shards time to fail
+ *   over within it; at least 50 ms), or KV_NET_DEFAULT_TIMEOUT_MS (5 s)
+ *   when io.timeout_ms is 0 (no task timeout): a call fails with
  *   KV_ETIMEDOUT when no byte moves for T, or when it has run for T plus
  *   100 ms per MiB it moves (a 10 MiB/s floor), whichever comes first; the
  *   shard then fails over like any other network error. A server closes a

@@ -161,7 +161,14 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
 }
 
 /* An engine in this process: cap "0" is a pure client. */
+static int open_engine_t(const char *cap, unsigned r, const char *token, const char *timeout,
+                         kv_engine **out);
 static int open_engine(const char *cap, unsigned r, const char *token, kv_engine **out)
+{
+    return open_engine_t(cap, r, token, "3000", out);
+}
+static int open_engine_t(const char *cap, unsigned r, const char *token, const char *timeout,
+                         kv_engine **out)
 {
     kv_config *cfg;
     char v[160];
@@ -178,7 +185,7 @@ static int open_engine(const char *cap, unsigned r, const char *token, kv_engine
     ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", protocol()), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", "1000"), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "io.threads", "2"), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", "3000"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", timeout), KV_OK);
     *out = NULL;
     int rc = kv_open(cfg, out);
     kv_config_free(cfg);
@@ -436,6 +443,41 @@ START_TEST(node_restart_same_address)
 }
 END_TEST
 
+/* A hung node (SIGSTOP: its sockets stay open, nothing answers) costs one
+ * remote timeout (half of io.timeout_ms), then its shards fail over: no
+ * task hangs, none fails. */
+START_TEST(hung_node_times_out)
+{
+    /* two owners, two replicas: the hung node owns every block, and comes
+     * first for about half of them */
+    for (int i = 0; i < 2; i++)
+        start_node("32MiB", 2);
+    wait_owners(2);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine_t("0", 2, TOKEN, "400", &client), KV_OK);
+    struct set s = make_set(32, 32 << 10, 11);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);   /* pools warm */
+    ck_assert_int_eq(kill(procs[2], SIGSTOP), 0);
+    uint64_t worst = 0;
+    for (size_t b = 0; b < s.n; b += 4) {
+        memset(s.dst + b * s.len, 0, 4 * s.len);
+        uint64_t t0 = tu_now_ms();
+        ck_assert_int_eq(run_task(client, 0, s.load + b, 4), KV_OK);
+        uint64_t dt = tu_now_ms() - t0;
+        worst = dt > worst ? dt : worst;
+        if (getenv("KV_TEST_VERBOSE")) fprintf(stderr, "batch %zu: %llu ms\n", b, (unsigned long long)dt);
+        ck_assert(memcmp(s.src + b * s.len, s.dst + b * s.len, 4 * s.len) == 0);
+    }
+    /* the first batch that met the hung node waited one remote timeout
+     * (half of io.timeout_ms), then failed over within the task's time */
+    ck_assert_msg(worst >= 180 && worst < 400, "worst load took %llu ms",
+                  (unsigned long long)worst);
+    kill(procs[2], SIGCONT);
+    free_set(&s);
+}
+END_TEST
+
 START_TEST(wrong_token_refused)
 {
     start_node("16MiB", 1);
@@ -646,6 +688,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, node_serves_from_ssd);
     tcase_add_test(tc, node_restart_same_address);
     tcase_add_test(tc, ssd_only_node);
+    tcase_add_test(tc, hung_node_times_out);
     suite_add_tcase(s, tc);
     return s;
 }
