@@ -880,10 +880,24 @@ int kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr)
 
 void kv__cluster_stats(struct kv__cluster *c, kv_stats *out)
 {
-    /* kv_stats has no cluster fields yet; the counters are logged at stop
-     * (see the report: net_remote_ops, net_errors, net_failovers). */
+    /* kv_stats has no cluster fields yet: see kv__cluster_counters. */
     (void)c;
     (void)out;
+}
+
+void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!c)
+        return;
+    out->remote_items = atomic_load(&c->remote_ops);
+    out->remote_errors = atomic_load(&c->remote_errors);
+    out->failovers = atomic_load(&c->failovers);
+    struct view *v = view_get(c);
+    out->view_version = v->version;
+    out->members = v->nmembers;
+    out->owners = v->n;
+    view_put(v);
 }
 
 const char *kv__cluster_addr(struct kv__cluster *c)

@@ -64,6 +64,17 @@ int  kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr);
  * left alone). */
 void kv__cluster_stats(struct kv__cluster *c, kv_stats *out);
 
+/* The cluster's own counters (since start), for kv_stats / metrics once
+ * they grow fields for them. */
+struct kv__cluster_counters {
+    uint64_t remote_items;      /* items sent to other nodes */
+    uint64_t remote_errors;     /* of those, failed by a connection error */
+    uint64_t failovers;         /* load items retried on a next owner */
+    uint64_t view_version;
+    uint64_t members, owners;   /* in the view last seen */
+};
+void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out);
+
 /* For tests and tools: the address this node serves on ("" for a pure
  * client), and the view version and live member count it last saw. */
 const char *kv__cluster_addr(struct kv__cluster *c);

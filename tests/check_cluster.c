@@ -667,6 +667,13 @@ START_TEST(net_layer_without_engine)
     bad.iovcnt = 1;
     ck_assert_int_eq(kv__cluster_load(c, KV_NS_BLOCK, &bad, 1, res), KV_OK);
     ck_assert_int_eq(res[0], KV_EINVAL);
+    struct kv__cluster_counters k;
+    kv__cluster_counters(c, &k);
+    ck_assert_uint_eq(k.owners, 2);
+    ck_assert_uint_ge(k.members, 3);
+    ck_assert_uint_ge(k.remote_items, 60);   /* 20 dumps x 2 + 20 loads + ... */
+    ck_assert_uint_eq(k.remote_errors, 0);
+    ck_assert_uint_eq(k.view_version, ver);
     ck_assert_int_eq(kv__cluster_register_buffer(c, s.dst, 4096), KV_OK);
     ck_assert_int_eq(kv__cluster_unregister_buffer(c, s.dst), KV_OK);
     kv__cluster_stop(c);
