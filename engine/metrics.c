@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "cluster.h"
 #include "metrics.h"
@@ -221,6 +222,7 @@ struct kv_metrics_server {
     struct MHD_Daemon *d;
     kv_metrics_fn fn;
     void *ctx;
+    int lfd;
     int port;
 };
 
@@ -296,39 +298,54 @@ static int parse_listen(const char *listen, struct sockaddr_in *sa)
     return KV_OK;
 }
 
-KV__EXPORT int kv_metrics_serve(const char *listen, kv_metrics_fn fn, void *ctx,
+KV__EXPORT int kv_metrics_serve(const char *addr, kv_metrics_fn fn, void *ctx,
                                 kv_metrics_server **out, char *err, size_t errlen)
 {
     if (out)
         *out = NULL;
-    if (!listen || !fn || !out)
+    if (!addr || !fn || !out)
         return KV_EINVAL;
     struct sockaddr_in sa;
-    if (parse_listen(listen, &sa) != KV_OK) {
-        kv__errf(err, errlen, "metrics.listen: bad address '%s' (want host:port)", listen);
+    if (parse_listen(addr, &sa) != KV_OK) {
+        kv__errf(err, errlen, "metrics.listen: bad address '%s' (want host:port)", addr);
         return KV_ECONFIG;
     }
+    /* Our own listening socket, handed to libmicrohttpd: SO_REUSEADDR so a
+     * port whose last connections sit in TIME_WAIT can be bound again at
+     * once, and bind's own errno in the message. */
+    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (lfd < 0)
+        return kv__err_from_errno(errno);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(lfd, 64) != 0) {
+        kv__errf(err, errlen, "metrics.listen %s: cannot listen: %s", addr, strerror(errno));
+        close(lfd);
+        return KV_ENET;
+    }
+    socklen_t sl = sizeof sa;
+    getsockname(lfd, (struct sockaddr *)&sa, &sl);
     struct kv_metrics_server *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        close(lfd);
         return KV_ENOMEM;
+    }
     s->fn = fn;
     s->ctx = ctx;
+    s->lfd = lfd;
+    s->port = ntohs(sa.sin_port);
     /* Few connections and a short idle timeout: scrapers are few, and a
      * stuck one must not pin a slot. */
-    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, ntohs(sa.sin_port), NULL, NULL,
-                            handle, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+    s->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL, handle, s,
+                            MHD_OPTION_LISTEN_SOCKET, lfd,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)16,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
-                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!s->d) {
-        int e = errno;
-        kv__errf(err, errlen, "metrics.listen %s: cannot listen: %s", listen,
-                 e ? strerror(e) : "libmicrohttpd refused");
+        kv__errf(err, errlen, "metrics.listen %s: libmicrohttpd would not start", addr);
+        close(lfd);
         free(s);
         return KV_ENET;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = info ? (int)info->port : ntohs(sa.sin_port);
     *out = s;
     return KV_OK;
 }
@@ -342,7 +359,12 @@ KV__EXPORT void kv_metrics_stop(kv_metrics_server *s)
 {
     if (!s)
         return;
+    /* Quiesce first: it hands the listening socket back, so it is closed
+     * here exactly once whatever libmicrohttpd's version does at stop. */
+    int fd = MHD_quiesce_daemon(s->d);
     MHD_stop_daemon(s->d);
+    if (fd >= 0)
+        close(fd);
     free(s);
 }
 

@@ -378,7 +378,7 @@ KV_EXPORT int kv_ssd_remove(kv_engine *e, const kv_block_id *id);
  *   (kv_open fails with KV_ENET when it cannot listen there).
  *
  * kv_metrics_serve: serves whatever fn renders at /metrics, and /health,
- *   over HTTP on listen ("host:port", IPv4) from a thread of its own, until
+ *   over HTTP on addr ("host:port", IPv4) from a thread of its own, until
  *   kv_metrics_stop. fn is called on that thread for every scrape and must
  *   set *text to a malloc'd buffer of *len bytes (the server frees it) and
  *   return KV_OK; an error is answered with HTTP 500. KV_ECONFIG for a bad
@@ -392,7 +392,7 @@ typedef struct kv_metrics_server kv_metrics_server;   /* opaque */
 typedef int (*kv_metrics_fn)(void *ctx, char **text, size_t *len);
 
 KV_EXPORT int  kv_metrics_render(kv_engine *e, char **text, size_t *len);
-KV_EXPORT int  kv_metrics_serve(const char *listen, kv_metrics_fn fn, void *ctx,
+KV_EXPORT int  kv_metrics_serve(const char *addr, kv_metrics_fn fn, void *ctx,
                                 kv_metrics_server **out, char *err, size_t errlen);
 KV_EXPORT int  kv_metrics_port(const kv_metrics_server *s);
 KV_EXPORT void kv_metrics_stop(kv_metrics_server *s);

@@ -5,7 +5,7 @@
 set -eu
 PKGS="build-essential pkg-config librocksdb-dev libibverbs-dev librdmacm-dev \
 liblz4-dev libyaml-dev check libsubunit-dev libjemalloc-dev libxxhash-dev \
-libmicrohttpd-dev"
+libmicrohttpd-dev gnuplot-nox"
 [ $# -gt 0 ] && PKGS="$PKGS $*"
 missing=""
 for p in $PKGS; do

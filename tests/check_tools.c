@@ -7,6 +7,13 @@
  * killed and reaped. The summary JSON is checked with a small parser kept
  * here (a strict one: it rejects anything that is not JSON), so "parses"
  * means parses.
+ *
+ * The admin commands (stats, members, lookup/put/get/rm, ssd) run against
+ * stores made in a temporary directory, against a closed port on
+ * 127.0.0.1 (a node that does not answer), and against a kvmaster and a
+ * kvnode started here with metrics.listen; /metrics is also fetched with a
+ * small socket client. Every daemon a test starts dies with it
+ * (PR_SET_PDEATHSIG) and is killed and reaped at the end of the test.
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -18,10 +25,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "ssd.h"
 #include "testutil.h"
 
 /* ---- running kvctl ------------------------------------------------------- */
@@ -111,10 +123,11 @@ static void out_free(struct out *r)
 }
 
 #define CK_STATUS(r, want)                                                    \
-    ck_assert_msg((r).status == (want), "exit %d, want %d\nstdout:\n%s\nstderr:\n%s", \
+    ck_assert_msg((r).status == (want), "exit %d, want %d\nstdout:\n%.2000s\nstderr:\n%.2000s", \
                   (r).status, (want), (r).out, (r).err)
+/* The text is cut at 2000 bytes in the message: Check's messages are bounded. */
 #define CK_HAS(text, needle)                                                  \
-    ck_assert_msg(strstr((text), (needle)) != NULL, "'%s' not in:\n%s", (needle), (text))
+    ck_assert_msg(strstr((text), (needle)) != NULL, "'%s' not in:\n%.2000s", (needle), (text))
 
 static char *write_file(const char *dir, const char *name, const char *text)
 {
@@ -619,6 +632,569 @@ START_TEST(ssd_pipeline_gets_a_temporary_path)
 }
 END_TEST
 
+/* ---- admin commands -------------------------------------------------------- */
+
+static unsigned free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    socklen_t sl = sizeof sa;
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+/* GET path from 127.0.0.1:port (HTTP/1.0); the whole answer, headers and
+ * all, or NULL when nothing answered within 3 s. */
+static char *http_get(unsigned port, const char *path)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct timeval tv = { .tv_sec = 3 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                              .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        close(fd);
+        return NULL;
+    }
+    char req[256];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\n\r\n", path);
+    ck_assert_int_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    ssize_t r;
+    while ((r = recv(fd, buf + len, cap - len - 1, 0)) > 0) {
+        len += (size_t)r;
+        if (cap - len < 1024) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            ck_assert_ptr_nonnull(buf);
+        }
+    }
+    close(fd);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Daemons of the running test: killed and reaped by stop_all, and killed by
+ * the kernel should the test process die first. */
+static pid_t daemons[4];
+static int ndaemons;
+
+static pid_t spawn_daemon(char *const argv[], const char *log)
+{
+    ck_assert_int_lt(ndaemons, 4);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    daemons[ndaemons++] = pid;
+    return pid;
+}
+
+/* SIGTERM (a clean stop: the node leaves the view), SIGKILL after 3 s. */
+static void stop_all(void)
+{
+    for (int i = ndaemons - 1; i >= 0; i--) {
+        kill(daemons[i], SIGTERM);
+        uint64_t t0 = tu_now_ms();
+        int st;
+        while (waitpid(daemons[i], &st, WNOHANG) == 0) {
+            if (tu_now_ms() - t0 > 3000) {
+                kill(daemons[i], SIGKILL);
+                waitpid(daemons[i], &st, 0);
+                break;
+            }
+            usleep(10000);
+        }
+    }
+    ndaemons = 0;
+}
+
+/* Waits for /health on port to answer (3 s at most). */
+static void wait_health(unsigned port, const char *what, const char *log)
+{
+    uint64_t t0 = tu_now_ms();
+    char *h = NULL;
+    while (tu_now_ms() - t0 < 3000 && !(h = http_get(port, "/health")))
+        usleep(20000);
+    ck_assert_msg(h != NULL, "%s never served /health; its log:\n%s", what, slurp(log));
+    CK_HAS(h, "200 OK");
+    CK_HAS(h, "\r\n\r\nok\n");
+    free(h);
+}
+
+START_TEST(admin_help_and_usage_errors)
+{
+    char *dir = tu_mkdtemp();
+    static const char *const cmds[] = { "stats", "members", "lookup", "put", "get", "rm", "ssd" };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        struct out r = run_kvctl(dir, 10, cmds[i], "--help", NULL);
+        CK_STATUS(r, 0);
+        CK_HAS(r.out, "usage: kvctl");
+        CK_HAS(r.out, cmds[i]);
+        CK_HAS(r.out, "Exit status:");
+        CK_HAS(r.out, "3  not found");
+        out_free(&r);
+        r = run_kvctl(dir, 10, "help", cmds[i], NULL);
+        CK_STATUS(r, 0);
+        CK_HAS(r.out, "usage: kvctl");
+        out_free(&r);
+    }
+    struct out r = run_kvctl(dir, 10, "--help", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "ssd ls|scrub|compact");
+    CK_HAS(r.out, "members");
+    out_free(&r);
+    /* bad arguments: 2, and the cause on stderr */
+    r = run_kvctl(dir, 10, "get", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "missing argument");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "get", "--block", "nothex", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "not a block id");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "lookup", "--key", "--block", "k", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "exclude each other");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "put", "--index", "x", "k", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "--index");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "stats", "--repair", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "does not apply");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "ssd", "defrag", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "unknown subcommand 'defrag'");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "stats", "--node", "nocolon", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "not HOST:PORT");
+    out_free(&r);
+    r = run_kvctl(dir, 10, "--set", "pipeline=dram", "lookup", "k", NULL);
+    CK_STATUS(r, 2);
+    CK_HAS(r.err, "keeps nothing between runs");
+    out_free(&r);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(admin_missing_store_and_silent_node)
+{
+    char *dir = tu_mkdtemp();
+    char *set = NULL;
+    ck_assert(asprintf(&set, "ssd.path=%s/nothing-here", dir) > 0);
+    static const char *const cmds[][2] = { { "stats", NULL }, { "lookup", "k" }, { "get", "k" },
+                                           { "rm", "k" }, { "ssd", "ls" }, { "ssd", "scrub" } };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        struct out r = run_kvctl(dir, 10, "--set", set, cmds[i][0], cmds[i][1], NULL);
+        CK_STATUS(r, 1);
+        CK_HAS(r.err, "no store at");
+        CK_HAS(r.err, "nothing-here");
+        out_free(&r);
+    }
+    struct stat st;
+    char *path = NULL;
+    ck_assert(asprintf(&path, "%s/nothing-here", dir) > 0);
+    ck_assert_int_ne(stat(path, &st), 0);   /* and none was made */
+    /* a closed port: the node and the master do not answer */
+    char node[64], master[64];
+    snprintf(node, sizeof node, "127.0.0.1:%u", free_port());
+    snprintf(master, sizeof master, "cluster.master=127.0.0.1:%u", free_port());
+    struct out r = run_kvctl(dir, 10, "stats", "--node", node, NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, "does not answer");
+    CK_HAS(r.err, node);
+    out_free(&r);
+    r = run_kvctl(dir, 10, "--set", master, "members", NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, "does not answer");
+    out_free(&r);
+    free(path);
+    free(set);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(admin_put_get_lookup_rm)
+{
+    char *dir = tu_mkdtemp();
+    char *yaml = NULL;
+    ck_assert(asprintf(&yaml, "pipeline: dram|ssd\nssd:\n  path: %s/store\n", dir) > 0);
+    char *cfg = write_file(dir, "kv.yaml", yaml);
+    char value[3000];
+    for (size_t i = 0; i < sizeof value - 1; i++)
+        value[i] = (char)('a' + i % 26);
+    value[sizeof value - 1] = '\0';
+    char *vfile = write_file(dir, "value.txt", value);
+    const char *id = "00112233445566778899aabbccddeeff";
+
+    struct out r = run_kvctl(dir, 20, "-c", cfg, "put", "greeting", vfile, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "put", "--index", "1", id, vfile, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "put", id, cfg, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    /* read back, from a fresh process: it went to disk */
+    r = run_kvctl(dir, 20, "-c", cfg, "get", "greeting", NULL);
+    CK_STATUS(r, 0);
+    ck_assert_str_eq(r.out, value);
+    out_free(&r);
+    char *ofile = NULL;
+    ck_assert(asprintf(&ofile, "%s/shard1", dir) > 0);
+    r = run_kvctl(dir, 20, "-c", cfg, "get", id, "--index", "1", "-o", ofile, NULL);
+    CK_STATUS(r, 0);
+    ck_assert_str_eq(r.out, "");
+    char *got = slurp(ofile);
+    ck_assert_str_eq(got, value);
+    free(got);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "get", id, NULL);
+    CK_STATUS(r, 0);
+    ck_assert_str_eq(r.out, yaml);
+    out_free(&r);
+    /* lookup: 0 when all hit, 3 with a miss; JSON */
+    r = run_kvctl(dir, 20, "-c", cfg, "lookup", "greeting", id, NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "greeting\tkey\thit");
+    CK_HAS(r.out, "block\thit");
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "lookup", "--json", "greeting", "absent",
+                  "ffffffffffffffffffffffffffffffff", NULL);
+    CK_STATUS(r, 3);
+    struct jv *v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    const struct jv *res = jget(v, "results", J_ARR);
+    ck_assert_uint_eq(res->n, 3);
+    ck_assert(jget(res->items[0], "hit", J_BOOL)->num == 1);
+    ck_assert(jget(res->items[1], "hit", J_BOOL)->num == 0);
+    ck_assert_str_eq(jget(res->items[2], "kind", J_STR)->str, "block");
+    ck_assert(jget(res->items[2], "hit", J_BOOL)->num == 0);
+    jfree(v);
+    out_free(&r);
+    /* stats of the store */
+    r = run_kvctl(dir, 20, "-c", cfg, "stats", "--json", NULL);
+    CK_STATUS(r, 0);
+    v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    ck_assert_double_eq(jget(v, "ssd_blocks", J_NUM)->num, 1);
+    ck_assert(jget(v, "ssd_used", J_NUM)->num >= 2 * 2999);
+    jfree(v);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "stats", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "ssd");
+    CK_HAS(r.out, "checksum failures 0");
+    out_free(&r);
+    /* rm: 0, then 3 when absent; get of a removed key is 3 */
+    r = run_kvctl(dir, 20, "-c", cfg, "rm", "greeting", id, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "rm", "greeting", NULL);
+    CK_STATUS(r, 3);
+    CK_HAS(r.err, "greeting: not found");
+    out_free(&r);
+    r = run_kvctl(dir, 20, "-c", cfg, "get", id, NULL);
+    CK_STATUS(r, 3);
+    CK_HAS(r.err, "not found");
+    out_free(&r);
+    free(ofile);
+    free(vfile);
+    free(cfg);
+    free(yaml);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* A store at path with n good block values and one whose stored bytes were
+ * flipped (as a silent disk error would), written through the SSD tier. */
+static void make_store(const char *path, int n)
+{
+    kv_config *cfg = NULL;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "ssd"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "ssd.path", path), KV_OK);
+    struct kv__ssd *s = NULL;
+    char err[256] = "";
+    int rc = kv__ssd_open(cfg, &s, err, sizeof err);
+    ck_assert_msg(rc == KV_OK, "kv__ssd_open: %s", err);
+    char buf[5000];
+    for (int i = 0; i < n; i++) {
+        kv_block_id id = tu_id((uint64_t)i, 77);
+        tu_fill(buf, sizeof buf, (uint64_t)i);
+        kv_iov iov = { buf, sizeof buf };
+        ck_assert_int_eq(kv__ssd_write(s, KV_NS_BLOCK, &id, 0, &iov, 1), KV_OK);
+    }
+    kv_block_id bad = tu_id(1000, 77);
+    ck_assert_int_eq(kv__ssd_write_corrupt(s, KV_NS_BLOCK, &bad, 0, buf, sizeof buf, 4000), KV_OK);
+    kv__ssd_close(s);
+    kv_config_free(cfg);
+}
+
+START_TEST(admin_ssd_ls_scrub_repair_compact)
+{
+    char *dir = tu_mkdtemp();
+    char *path = NULL, *set = NULL;
+    ck_assert(asprintf(&path, "%s/store", dir) > 0);
+    ck_assert(asprintf(&set, "ssd.path=%s", path) > 0);
+    make_store(path, 5);
+    struct out r = run_kvctl(dir, 20, "--set", set, "ssd", "ls", "--json", NULL);
+    CK_STATUS(r, 0);
+    struct jv *v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    ck_assert_double_eq(jget(v, "count", J_NUM)->num, 6);
+    const struct jv *e = jget(v, "entries", J_ARR);
+    ck_assert_uint_eq(e->n, 6);
+    ck_assert_str_eq(jget(e->items[0], "kind", J_STR)->str, "block");
+    ck_assert_double_eq(jget(e->items[0], "size", J_NUM)->num, 5000);
+    ck_assert_uint_eq(strlen(jget(e->items[0], "id", J_STR)->str), 32);
+    jfree(v);
+    out_free(&r);
+    /* scrub finds the one bad value, keeps it, exits 1 */
+    r = run_kvctl(dir, 20, "--set", set, "ssd", "scrub", NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.out, "bad\tblock\t");
+    CK_HAS(r.err, "6 values checked, 1 bad (kept");
+    ck_assert_msg(strchr(r.err, '\r') == NULL, "a progress line on a file:\n%s", r.err);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", set, "ssd", "scrub", "--json", "--repair", NULL);
+    CK_STATUS(r, 1);
+    v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    ck_assert_double_eq(jget(v, "checked", J_NUM)->num, 6);
+    ck_assert_double_eq(jget(v, "bad_count", J_NUM)->num, 1);
+    ck_assert_uint_eq(jget(v, "bad", J_ARR)->n, 1);
+    ck_assert_str_eq(jget(jget(v, "bad", J_ARR)->items[0], "status", J_STR)->str, "ECORRUPT");
+    jfree(v);
+    out_free(&r);
+    /* repaired: clean now, five values left */
+    r = run_kvctl(dir, 20, "--set", set, "ssd", "scrub", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.err, "5 values checked, 0 bad");
+    out_free(&r);
+    r = run_kvctl(dir, 30, "--set", set, "ssd", "compact", "--json", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "\"compacted\":true");
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", set, "ssd", "ls", NULL);
+    CK_STATUS(r, 0);
+    int lines = 0;
+    for (const char *p = r.out; (p = strchr(p, '\n')); p++)
+        lines++;
+    ck_assert_int_eq(lines, 5);
+    out_free(&r);
+    free(set);
+    free(path);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* Checks the names a scrape must carry. */
+static void check_engine_metrics(const char *text)
+{
+    static const char *const names[] = {
+        "kvengine_capacity_bytes{tier=\"dram\"}", "kvengine_capacity_bytes{tier=\"ssd\"}",
+        "kvengine_used_bytes{tier=\"dram\"}", "kvengine_blocks{tier=\"dram\"}",
+        "kvengine_hits_total{tier=\"dram\"}", "kvengine_misses_total{tier=\"ssd\"}",
+        "kvengine_evictions_total ", "kvengine_spills_total ", "kvengine_spill_drops_total ",
+        "kvengine_checksum_failures_total ",
+        "kvengine_task_duration_seconds_bucket{op=\"load\",le=\"+Inf\"}",
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        CK_HAS(text, names[i]);
+}
+
+START_TEST(metrics_of_an_engine)
+{
+    unsigned port = free_port();
+    kv_engine *e = tu_open_yamlf("pipeline: dram\ndram: { capacity: 32MiB }\n"
+                                 "metrics: { listen: 127.0.0.1:%u }\n", port);
+    char buf[4096];
+    tu_fill(buf, sizeof buf, 5);
+    ck_assert_int_eq(tu_dump1(e, tu_id(1, 5), 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_load1(e, tu_id(1, 5), 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_load1(e, tu_id(2, 5), 0, buf, sizeof buf), KV_ENOTFOUND);
+    char *m = http_get(port, "/metrics");
+    ck_assert_ptr_nonnull(m);
+    ck_assert_msg(strncmp(m, "HTTP/1.", 7) == 0 && strstr(m, " 200 OK\r\n"), "%.300s", m);
+    CK_HAS(m, "text/plain; version=0.0.4");
+    check_engine_metrics(m);
+    CK_HAS(m, "# TYPE kvengine_task_duration_seconds histogram\n");
+    CK_HAS(m, "# TYPE kvengine_evictions_total counter\n");
+    CK_HAS(m, "kvengine_blocks{tier=\"dram\"} 1\n");
+    CK_HAS(m, "kvengine_hits_total{tier=\"dram\"} 1\n");
+    CK_HAS(m, "kvengine_task_duration_seconds_count{op=\"dump\"} 1\n");
+    CK_HAS(m, "kvengine_task_duration_seconds_count{op=\"load\"} 2\n");
+    CK_HAS(m, "kvengine_tasks_total{op=\"load\",result=\"failed\"} 1\n");
+    free(m);
+    char *h = http_get(port, "/health");
+    ck_assert_ptr_nonnull(h);
+    CK_HAS(h, "\r\n\r\nok\n");
+    free(h);
+    char *nf = http_get(port, "/nope");
+    ck_assert_ptr_nonnull(nf);
+    CK_HAS(nf, " 404 ");
+    free(nf);
+    /* kvctl reads it too */
+    char *dir = tu_mkdtemp(), node[64];
+    snprintf(node, sizeof node, "127.0.0.1:%u", port);
+    struct out r = run_kvctl(dir, 10, "stats", "--node", node, "--json", NULL);
+    CK_STATUS(r, 0);
+    struct jv *v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    const struct jv *mm = jget(v, "metrics", J_OBJ);
+    ck_assert_double_eq(jget(mm, "kvengine_blocks{tier=\"dram\"}", J_NUM)->num, 1);
+    jfree(v);
+    out_free(&r);
+    /* a second engine cannot listen on the same address */
+    kv_config *cfg = NULL;
+    kv_engine *e2 = NULL;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", "8MiB"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "metrics.listen", node), KV_OK);
+    ck_assert_int_eq(kv_open(cfg, &e2), KV_ENET);
+    ck_assert_ptr_null(e2);
+    kv_config_free(cfg);
+    kv_close(e);
+    /* and once closed, nothing answers there */
+    ck_assert_ptr_null(http_get(port, "/health"));
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(cluster_members_metrics_and_bench)
+{
+    char *dir = tu_mkdtemp();
+    unsigned mport = free_port(), mmetrics = free_port(), nport = free_port(),
+             nmetrics = free_port();
+    char bin[512], master[64], s_master[96], s_mm[96], s_listen[96], s_nm[96], mlog[512],
+        nlog[512];
+    snprintf(master, sizeof master, "127.0.0.1:%u", mport);
+    snprintf(s_master, sizeof s_master, "cluster.master=%s", master);
+    snprintf(s_mm, sizeof s_mm, "metrics.listen=127.0.0.1:%u", mmetrics);
+    snprintf(s_listen, sizeof s_listen, "cluster.listen=127.0.0.1:%u", nport);
+    snprintf(s_nm, sizeof s_nm, "metrics.listen=127.0.0.1:%u", nmetrics);
+    snprintf(mlog, sizeof mlog, "%s/kvmaster.log", dir);
+    snprintf(nlog, sizeof nlog, "%s/kvnode.log", dir);
+    snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
+    char *margv[] = { bin, "--set", s_master, "--set", s_mm, "--set", "cluster.token=t0k", NULL };
+    spawn_daemon(margv, mlog);
+    wait_health(mmetrics, "kvmaster", mlog);
+    char nbin[512];
+    snprintf(nbin, sizeof nbin, "%s/kvnode", tu_build_dir());
+    char *nargv[] = { nbin, "--set", s_master, "--set", s_listen, "--set", s_nm,
+                      "--set", "cluster.token=t0k", "--set", "pipeline=dram",
+                      "--set", "dram.capacity=64MiB", "--set", "cluster.protocol=tcp", NULL };
+    spawn_daemon(nargv, nlog);
+    wait_health(nmetrics, "kvnode", nlog);
+
+    /* members: the node, as an owner; a wrong token is refused */
+    struct out r = run_kvctl(dir, 10, "--set", s_master, "--set", "cluster.token=t0k", "members",
+                             "--json", NULL);
+    CK_STATUS(r, 0);
+    struct jv *v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    const struct jv *mem = jget(v, "members", J_ARR);
+    ck_assert_uint_eq(mem->n, 1);
+    ck_assert_str_eq(jget(mem->items[0], "role", J_STR)->str, "owner");
+    CK_HAS(jget(mem->items[0], "addr", J_STR)->str, s_listen + strlen("cluster.listen="));
+    jfree(v);
+    out_free(&r);
+    r = run_kvctl(dir, 10, "--set", s_master, "--set", "cluster.token=wrong", "members", NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, "refused cluster.token");
+    out_free(&r);
+    /* the master's /metrics counts it */
+    char *m = http_get(mmetrics, "/metrics");
+    ck_assert_ptr_nonnull(m);
+    CK_HAS(m, "kvengine_members{role=\"owner\"} 1\n");
+    CK_HAS(m, "kvengine_master_up 1\n");
+    CK_HAS(m, "kvengine_view_version ");
+    free(m);
+
+    /* the bench as a pure client of the cluster */
+    r = run_kvctl(dir, 60, "--set", s_master, "--set", "cluster.token=t0k", "--set",
+                  "cluster.enabled=true", "--set", "dram.capacity=0", "--set",
+                  "cluster.protocol=tcp", "bench", "--scenario", "verify_write", "--nr-objects",
+                  "16", "--value-size", "64KiB", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "dram.capacity 0");
+    ck_assert_msg(strchr(r.err, '\r') == NULL, "a progress line on a file:\n%s", r.err);
+    out_free(&r);
+    /* put/get through the cluster; the node holds the block */
+    char *vfile = write_file(dir, "v", "cluster value\n");
+    const char *id = "0123456789abcdef0123456789abcdef";
+    r = run_kvctl(dir, 20, "--set", s_master, "--set", "cluster.token=t0k", "--set",
+                  "cluster.enabled=true", "--set", "cluster.protocol=tcp", "put", id, vfile, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", s_master, "--set", "cluster.token=t0k", "--set",
+                  "cluster.enabled=true", "--set", "cluster.protocol=tcp", "get", id, NULL);
+    CK_STATUS(r, 0);
+    ck_assert_str_eq(r.out, "cluster value\n");
+    out_free(&r);
+    /* the node's /metrics: engine metrics and the view; 17 blocks stored */
+    char node[64];
+    snprintf(node, sizeof node, "127.0.0.1:%u", nmetrics);
+    r = run_kvctl(dir, 10, "stats", "--node", node, NULL);
+    CK_STATUS(r, 0);
+    check_engine_metrics(r.out);
+    CK_HAS(r.out, "kvengine_members{role=\"owner\"} 1\n");
+    CK_HAS(r.out, "kvengine_blocks{tier=\"dram\"} 17\n");
+    out_free(&r);
+    stop_all();
+    free(vfile);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(bench_plot_draws_a_png)
+{
+    if (access("/usr/bin/gnuplot", X_OK) != 0) {
+        fprintf(stderr, "tools: gnuplot not installed (scripts/deps.sh installs gnuplot-nox); "
+                        "bench --plot not checked\n");
+        return;
+    }
+    char *dir = tu_mkdtemp();
+    char *png = NULL;
+    ck_assert(asprintf(&png, "%s/bench.png", dir) > 0);
+    struct out r = run_kvctl(dir, 60, "bench", "--scenario", "read_perf", "--nr-objects", "16",
+                             "--value-size", "64KiB", "--compare", "posix", "--plot", png, NULL);
+    CK_STATUS(r, 0);
+    FILE *f = fopen(png, "rb");
+    ck_assert_ptr_nonnull(f);
+    unsigned char magic[8] = { 0 };
+    ck_assert_uint_eq(fread(magic, 1, 8, f), 8);
+    fseek(f, 0, SEEK_END);
+    ck_assert_int_gt(ftell(f), 10000);
+    fclose(f);
+    ck_assert_int_eq(memcmp(magic, "\x89PNG\r\n\x1a\n", 8), 0);
+    out_free(&r);
+    free(png);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *tools_suite(void)
 {
     Suite *s = suite_create("tools");
@@ -633,5 +1209,20 @@ Suite *tools_suite(void)
     tcase_add_test(tc, mixed_rw_is_time_based);
     tcase_add_test(tc, ssd_pipeline_gets_a_temporary_path);
     suite_add_tcase(s, tc);
+
+    TCase *adm = tcase_create("admin");
+    tcase_set_timeout(adm, 60);
+    tcase_add_test(adm, admin_help_and_usage_errors);
+    tcase_add_test(adm, admin_missing_store_and_silent_node);
+    tcase_add_test(adm, admin_put_get_lookup_rm);
+    tcase_add_test(adm, admin_ssd_ls_scrub_repair_compact);
+    tcase_add_test(adm, bench_plot_draws_a_png);
+    suite_add_tcase(s, adm);
+
+    TCase *met = tcase_create("metrics");
+    tcase_set_timeout(met, 60);
+    tcase_add_test(met, metrics_of_an_engine);
+    tcase_add_test(met, cluster_members_metrics_and_bench);
+    suite_add_tcase(s, met);
     return s;
 }

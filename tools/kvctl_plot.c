@@ -36,18 +36,29 @@ static void script(FILE *f, const char *png, const struct kvctl_report *r)
     bool cmp = r->nruns == 2 && r->runs[1].open_error == KV_OK;
     int panels = cmp ? 3 : 2;
     char vs[32];
-    fprintf(f, "set terminal pngcairo size 1200,%d font 'sans,10'\n", 330 * panels);
+    fprintf(f, "set terminal pngcairo noenhanced size 1200,%d font 'sans,10'\n", 330 * panels);
     fprintf(f, "set output '");
     for (const char *p = png; *p; p++)   /* gnuplot single quotes: '' is a quote */
         fprintf(f, *p == '\'' ? "''" : "%c", *p);
     fprintf(f, "'\n");
-    /* Throughput: data phases in MiB/s, lookup in Mids/s, per backend. */
+    /* Throughput of the data phases in MiB/s, per backend; a lookup phase
+     * moves no bytes, so its ids/s go into the panel's title instead of a
+     * bar on a scale a thousand times off. */
+    int ndata = 0;
+    char lk[160] = "";
     fprintf(f, "$tput << EOD\nphase %s %s\n", a->backend, cmp ? r->runs[1].backend : "-");
     for (int i = 0; i < a->nphases; i++) {
         const struct kvctl_phase *p = &a->phases[i], *q = cmp ? find(&r->runs[1], p->name) : NULL;
-        double va = p->lookup ? kvctl_phase_kvs_s(p) / 1e6 : kvctl_phase_mib_s(p);
-        double vb = q ? (q->lookup ? kvctl_phase_kvs_s(q) / 1e6 : kvctl_phase_mib_s(q)) : 0;
-        fprintf(f, "\"%s%s\" %.6g %.6g\n", p->name, p->lookup ? " (M ids/s)" : "", va, vb);
+        if (p->lookup) {
+            int w = snprintf(lk, sizeof lk, "; lookup %.2f M ids/s", kvctl_phase_kvs_s(p) / 1e6);
+            if (q && w > 0 && (size_t)w < sizeof lk)
+                snprintf(lk + w, sizeof lk - (size_t)w, " (%s %.2f M)", r->runs[1].backend,
+                         kvctl_phase_kvs_s(q) / 1e6);
+            continue;
+        }
+        fprintf(f, "\"%s\" %.6g %.6g\n", p->name, kvctl_phase_mib_s(p),
+                q ? kvctl_phase_mib_s(q) : 0);
+        ndata++;
     }
     fprintf(f, "EOD\n$lat << EOD\nphase p50 p95 p99\n");
     for (int i = 0; i < a->nphases; i++) {
@@ -57,7 +68,7 @@ static void script(FILE *f, const char *png, const struct kvctl_report *r)
     }
     fprintf(f, "EOD\n");
     if (cmp) {
-        fprintf(f, "$ratio << EOD\nphase kvs\n");
+        fprintf(f, "$ratio << EOD\n");
         for (int i = 0; i < a->nphases; i++) {
             const struct kvctl_phase *p = &a->phases[i], *q = find(&r->runs[1], p->name);
             if (q)
@@ -73,16 +84,17 @@ static void script(FILE *f, const char *png, const struct kvctl_report *r)
             "set key top right\nset yrange [0:*]\nset xtics nomirror\n",
             panels, r->scenario, (unsigned long long)r->nr_objects,
             kvctl_fmt_size(r->value_size, vs, sizeof vs), r->numjobs, r->batch_size, r->pipeline);
-    fprintf(f, "set title 'Throughput per phase (MiB/s; lookup in M ids/s)'\nset ylabel 'MiB/s'\n");
+    fprintf(f, "set title 'Throughput per phase (MiB/s)%s'\nset ylabel 'MiB/s'\n", lk);
+    fprintf(f, "set xrange [-0.6:%f]\n", ndata - 0.4);
     if (cmp)
         fprintf(f, "plot $tput using 2:xtic(1) title columnheader(2), '' using 3 title columnheader(3)\n");
     else
         fprintf(f, "plot $tput using 2:xtic(1) title columnheader(2)\n");
     fprintf(f, "set title 'Task latency percentiles (%s)'\nset ylabel 'us'\nset logscale y\n"
-               "set yrange [*:*]\n"
-               "plot $lat using 2:xtic(1) title 'p50', '' using 3 title 'p95', '' using 4 title 'p99'\n"
+               "set yrange [*:*]\nset xrange [-0.6:%f]\n"
+               "plot $lat using 2:xtic(1) title columnheader(2), '' using 3 title columnheader(3), '' using 4 title columnheader(4)\n"
                "unset logscale y\nset yrange [0:*]\n",
-            a->backend);
+            a->backend, a->nphases - 0.4);
     if (cmp)
         fprintf(f, "set title '%s / %s: kvs/s per phase (above 1: %s faster)'\n"
                    "set ylabel 'ratio'\nset arrow 1 from graph 0, first 1 to graph 1, first 1 "
