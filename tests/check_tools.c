@@ -70,7 +70,10 @@ static struct out run_kvctl(const char *dir, int secs, ...)
     char *argv[64];
     int argc = 0;
     char *prog = NULL;
-    ck_assert(asprintf(&prog, "%s/kvctl", tu_build_dir()) > 0);
+    char *bdir = realpath(tu_build_dir(), NULL);
+    ck_assert_ptr_nonnull(bdir);
+    ck_assert(asprintf(&prog, "%s/kvctl", bdir) > 0);
+    free(bdir);
     argv[argc++] = prog;
     va_list ap;
     va_start(ap, secs);
@@ -88,7 +91,9 @@ static struct out run_kvctl(const char *dir, int secs, ...)
     if (pid == 0) {
         int o = open(opath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         int e = open(epath, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+        /* In the test's directory: whatever kvctl makes by default (a
+         * ./kvdata) lands there, never in the tree. */
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0 || chdir(dir) != 0)
             _exit(126);
         execv(prog, argv);
         _exit(127);

@@ -311,6 +311,11 @@ static int open_store(struct kvctl_common *c, const char *cmd, bool create, kv_e
      * disk; every put lands there at once). */
     if (!sized && cluster && kv_config_set(cfg, "dram.capacity", "0") != KV_OK)
         goto out;
+    /* A pure client stores nothing: no local SSD tier either (the engine
+     * would open one at ssd.path, ./kvdata by default). */
+    if (!sized && cluster && !kvctl_user_set(c, "pipeline") &&
+        kv_config_set(cfg, "pipeline", "dram") != KV_OK)
+        goto out;
     if (!sized && !cluster && has_ssd && kv_config_set(cfg, "pipeline", "ssd") != KV_OK)
         goto out;
     if (!kvctl_user_set(c, "log.level"))
