@@ -922,6 +922,16 @@ START_TEST(admin_put_get_lookup_rm)
     CK_STATUS(r, 3);
     CK_HAS(r.err, "not found");
     out_free(&r);
+    /* a store held by a running engine: kvctl says so */
+    char *ydoc = NULL;
+    ck_assert(asprintf(&ydoc, "pipeline: ssd\nssd: { path: %s/store }\n", dir) > 0);
+    kv_engine *held = tu_open_yaml(ydoc);
+    r = run_kvctl(dir, 20, "-c", cfg, "stats", NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, "in use by another engine");
+    out_free(&r);
+    kv_close(held);
+    free(ydoc);
     free(ofile);
     free(vfile);
     free(cfg);
