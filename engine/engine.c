@@ -22,6 +22,9 @@
 
 enum { TASK_DUMP = 1, TASK_LOAD, TASK_PREFETCH };
 
+/* How long an allocation may wait for write-back to release memory. */
+#define WRITEBACK_WAIT_NS (10ull * 1000000000u)
+
 /* ---- DRAM primitives -------------------------------------------------- */
 
 void kv__dram_free(kv_engine *e, void *p, uint64_t len)
@@ -52,20 +55,21 @@ int kv__dram_alloc(kv_engine *e, uint64_t len, void **out)
         kv__evict_maybe(e);
     if (atomic_load(&e->used) + sz > e->seg.len)
         kv__evict(e, atomic_load(&e->used) + sz - e->seg.len);
-    for (int attempt = 0; attempt < 8; attempt++) {
+    /* Evicted blocks on their way to SSD still hold their memory until the
+     * writer releases them: wait for that (bounded), but never for leases
+     * or pins — when nothing is evictable and nothing is in flight, fail. */
+    uint64_t deadline = kv__now_ns() + WRITEBACK_WAIT_NS;
+    for (;;) {
         void *p = kv__alloc(e->alloc, len);
         if (p) {
             atomic_fetch_add(&e->used, sz);
             *out = p;
             return KV_OK;
         }
-        /* The arena is fragmented or full: evict more, then, if victims are
-         * still being written back, give the writer a moment. */
         uint64_t freed = kv__evict(e, sz > e->evict_step ? sz : e->evict_step);
-        if (freed == 0) {
-            if (!e->sink.drain || e->sink.drain(e->sink.ctx, 50) == 0)
-                break;
-        }
+        uint64_t held = e->sink.drain ? e->sink.drain(e->sink.ctx, 50) : 0;
+        if ((freed == 0 && held == 0) || kv__now_ns() > deadline)
+            break;
     }
     atomic_fetch_add(&e->ct.enospc, 1);
     return KV_ENOSPC;

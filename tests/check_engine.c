@@ -237,53 +237,67 @@ END_TEST
 
 START_TEST(wait_timeout_cancels_and_drains)
 {
-    /* One worker, busy with a large task: the second task cannot start
-     * before the 1 ms deadline, so it is cancelled and stores nothing. */
-    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 256MiB }\nio: { threads: 1 }\n");
-    enum { N = 96, SZ = 1 << 20 };
-    uint8_t *big = malloc(SZ);
-    tu_fill(big, SZ, 5);
-    kv_iov iov = { big, SZ };
-    kv_shard s[N];
+    /* One worker, busy for well over 100 ms copying 4 GiB (one 1 MiB shard
+     * loaded 4096 times): the dump queued behind it cannot start before the
+     * 1 ms deadline, so it is cancelled and stores nothing. */
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 64MiB }\nio: { threads: 1 }\n");
+    enum { N = 4096, SZ = 1 << 20 };
+    uint8_t *src = malloc(SZ), *dst = malloc(SZ);
+    tu_fill(src, SZ, 5);
+    ck_assert_int_eq(tu_dump1(e, tu_id(1, 40), 0, src, SZ), KV_OK);
+    kv_iov out = { dst, SZ }, in = { src, SZ };
+    kv_shard *l = malloc(N * sizeof *l);
     for (int i = 0; i < N; i++)
-        s[i] = (kv_shard){ tu_id((uint64_t)i, 40), 0, &iov, 1 };
+        l[i] = (kv_shard){ tu_id(1, 40), 0, &out, 1 };
     kv_task t1, t2;
-    ck_assert_int_eq(kv_dump(e, s, N, &t1), KV_OK);
-    kv_shard late = { tu_id(999, 40), 0, &iov, 1 };
+    ck_assert_int_eq(kv_load(e, l, N, &t1), KV_OK);
+    kv_shard late = { tu_id(999, 40), 0, &in, 1 };
     ck_assert_int_eq(kv_dump(e, &late, 1, &t2), KV_OK);
     ck_assert_int_eq(kv_wait(e, t2, 1), KV_ETIMEDOUT);
     ck_assert_int_eq(kv_wait(e, t2, 0), KV_ENOTFOUND);     /* consumed */
     ck_assert_int_eq(kv_wait(e, t1, 0), KV_OK);
+    ck_assert(tu_check_fill(dst, SZ, 5));
     uint8_t hit = 1;
-    kv_block_id id = tu_id(999, 40);
-    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_int_eq(kv_lookup(e, &late.block, 1, &hit), KV_OK);
     ck_assert_uint_eq(hit, 0);                             /* cancelled */
     kv_close(e);
-    free(big);
+    free(l);
+    free(src);
+    free(dst);
 }
 END_TEST
 
 START_TEST(io_timeout_fails_tasks_that_cannot_start_in_time)
 {
-    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 256MiB }\n"
-                                "io: { threads: 1, timeout_ms: 1 }\n");
-    enum { N = 96, SZ = 1 << 20 };
-    uint8_t *big = malloc(SZ);
-    tu_fill(big, SZ, 5);
-    kv_iov iov = { big, SZ };
-    kv_shard s[N];
+    /* One worker and a 20 ms deadline. The first task copies 4 GiB (one
+     * 1 MiB shard loaded 4096 times): its second half cannot start in time,
+     * and neither can the task queued behind it — whether the worker woke
+     * at once or late. */
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 64MiB }\n"
+                                "io: { threads: 1, timeout_ms: 20 }\n");
+    enum { N = 4096, SZ = 1 << 20 };
+    uint8_t *src = malloc(SZ), *dst = malloc(SZ);
+    tu_fill(src, SZ, 5);
+    ck_assert_int_eq(tu_dump1(e, tu_id(1, 41), 0, src, SZ), KV_OK);
+    kv_iov out = { dst, SZ };
+    kv_shard *l = malloc(N * sizeof *l);
     for (int i = 0; i < N; i++)
-        s[i] = (kv_shard){ tu_id((uint64_t)i, 41), 0, &iov, 1 };
+        l[i] = (kv_shard){ tu_id(1, 41), 0, &out, 1 };
     kv_task t1, t2;
-    /* The first task outlives the 1 ms too (its later shards fail). */
-    ck_assert_int_eq(kv_dump(e, s, N, &t1), KV_OK);
-    kv_shard late = { tu_id(999, 41), 0, &iov, 1 };
+    ck_assert_int_eq(kv_load(e, l, N, &t1), KV_OK);
+    kv_iov in = { src, SZ };
+    kv_shard late = { tu_id(999, 41), 0, &in, 1 };
     ck_assert_int_eq(kv_dump(e, &late, 1, &t2), KV_OK);
-    usleep(5000);
+    usleep(30 * 1000);     /* a waiter runs its own task: only after the deadline */
     ck_assert_int_eq(kv_wait(e, t2, 0), KV_ETIMEDOUT);
     ck_assert_int_eq(kv_wait(e, t1, 0), KV_ETIMEDOUT);
+    uint8_t hit = 1;
+    ck_assert_int_eq(kv_lookup(e, &late.block, 1, &hit), KV_OK);
+    ck_assert_uint_eq(hit, 0);
     kv_close(e);
-    free(big);
+    free(l);
+    free(src);
+    free(dst);
 }
 END_TEST
 
