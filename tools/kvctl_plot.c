@@ -91,9 +91,9 @@ static void script(FILE *f, const char *png, const struct kvctl_report *r)
     else
         fprintf(f, "plot $tput using 2:xtic(1) title columnheader(2)\n");
     fprintf(f, "set title 'Task latency percentiles (%s)'\nset ylabel 'us'\nset logscale y\n"
-               "set yrange [*:*]\nset xrange [-0.6:%f]\n"
+               "set yrange [*:*]\nset xrange [-0.6:%f]\nset key outside right top\n"
                "plot $lat using 2:xtic(1) title columnheader(2), '' using 3 title columnheader(3), '' using 4 title columnheader(4)\n"
-               "unset logscale y\nset yrange [0:*]\n",
+               "unset logscale y\nset yrange [0:*]\nset key inside top right\n",
             a->backend, a->nphases - 0.4);
     if (cmp)
         fprintf(f, "set title '%s / %s: kvs/s per phase (above 1: %s faster)'\n"
