@@ -134,6 +134,49 @@ START_TEST(many_keys)
 }
 END_TEST
 
+START_TEST(keys_spill_to_ssd_and_come_back)
+{
+    char *dir = tu_mkdtemp();
+    kv_engine *e = tu_open_yamlf("pipeline: dram|ssd\n"
+                                 "dram: { capacity: 4MiB, shards: 2 }\n"
+                                 "ssd: { path: %s/ssd, compression: none }\n", dir);
+    enum { N = 60, SZ = 200 << 10 };
+    uint8_t *val = malloc(SZ), *buf = malloc(SZ);
+    char key[32];
+    for (int i = 0; i < N; i++) {
+        int kl = snprintf(key, sizeof key, "spilled-%d", i);
+        tu_fill(val, SZ, (uint64_t)i);
+        ck_assert_int_eq(kv_put(e, key, (size_t)kl, val, SZ), KV_OK);
+    }
+    kv_stats st;
+    kv_stats_get(e, &st);
+    ck_assert_uint_gt(st.evictions, 0);
+    /* Replace one that has surely been evicted: the SSD copy must not win. */
+    ck_assert_int_eq(kv_put(e, "spilled-0", 9, "new", 3), KV_OK);
+    size_t n;
+    ck_assert_int_eq(kv_get(e, "spilled-0", 9, buf, SZ, &n), KV_OK);
+    ck_assert_uint_eq(n, 3);
+    ck_assert_mem_eq(buf, "new", 3);
+    for (int i = 1; i < N; i++) {
+        int kl = snprintf(key, sizeof key, "spilled-%d", i);
+        int rc = kv_get(e, key, (size_t)kl, buf, SZ, &n);
+        ck_assert_msg(rc == KV_OK, "%s: %s", key, kv_strerror(rc));
+        ck_assert_uint_eq(n, SZ);
+        ck_assert(tu_check_fill(buf, SZ, (uint64_t)i));
+    }
+    kv_stats_get(e, &st);
+    ck_assert_uint_gt(st.hits_ssd, 0);
+    /* Remove reaches the SSD copy too. */
+    ck_assert_int_eq(kv_remove(e, "spilled-1", 9), KV_OK);
+    ck_assert_int_eq(kv_exists(e, "spilled-1", 9), 0);
+    ck_assert_int_eq(kv_get(e, "spilled-1", 9, buf, SZ, &n), KV_ENOTFOUND);
+    kv_close(e);
+    free(val);
+    free(buf);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *kv_suite(void)
 {
     Suite *s = suite_create("kv");
@@ -145,6 +188,7 @@ Suite *kv_suite(void)
     tcase_add_test(tc, key_lengths_outside_1_to_250_are_refused);
     tcase_add_test(tc, keys_and_blocks_never_meet);
     tcase_add_test(tc, many_keys);
+    tcase_add_test(tc, keys_spill_to_ssd_and_come_back);
     suite_add_tcase(s, tc);
     return s;
 }
