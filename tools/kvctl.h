@@ -173,6 +173,8 @@ struct kvctl_progress {
     uint64_t t0, last, total;   /* total items, 0 when time-based */
     double runtime;             /* seconds, for time-based phases */
     uint64_t value_size;        /* 0 for lookups: show ids/s */
+    const char *unit;           /* with value_size 0: what the items are
+                                   ("values"); NULL: "ids" */
 };
 void kvctl_progress_start(struct kvctl_progress *p, const char *phase, uint64_t total,
                           double runtime, uint64_t value_size);

@@ -838,13 +838,16 @@ static int scrub_cb(void *ctx, const kv_ssd_entry *ent)
     struct walk *w = ctx;
     if (!w->prog_started) {
         kvctl_progress_start(&w->prog, "scrub", ent->total, 0, 0);
+        w->prog.unit = "values";
         w->prog_started = true;
     }
     if (ent->status != KV_OK) {
-        kvctl_progress_end(&w->prog);   /* a bad line must not land inside it */
+        /* A bad line must not land inside the progress line: clear it, and
+         * go on counting from the same start. */
+        if (w->prog.on && w->prog.last != w->prog.t0)
+            fputs("\r\033[K", stderr);
         print_entry(w, ent, true);
         fflush(stdout);
-        kvctl_progress_start(&w->prog, "scrub", ent->total, 0, 0);
     }
     kvctl_progress_tick(&w->prog, ent->seq + 1);
     return 0;

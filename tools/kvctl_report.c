@@ -370,6 +370,7 @@ void kvctl_progress_start(struct kvctl_progress *p, const char *phase, uint64_t 
     p->total = total;
     p->runtime = runtime;
     p->value_size = value_size;
+    p->unit = NULL;
 }
 
 void kvctl_progress_tick(struct kvctl_progress *p, uint64_t done)
@@ -382,15 +383,23 @@ void kvctl_progress_tick(struct kvctl_progress *p, uint64_t done)
     double rate = el > 0 ? (double)done / el : 0;
     double eta = p->total ? (rate > 0 ? (double)(p->total - (done < p->total ? done : p->total)) / rate : 0)
                           : p->runtime - el;
-    char line[160];
-    int n = snprintf(line, sizeof line, "\r[%s] %" PRIu64, p->phase, done);
+    char line[200], bar[24];
+    /* A 20-cell bar of the share done (of the items, or of the runtime). */
+    double frac = p->total ? (double)done / (double)p->total : p->runtime > 0 ? el / p->runtime : 0;
+    int cells = (int)(frac * 20 + 0.5);
+    cells = cells < 0 ? 0 : cells > 20 ? 20 : cells;
+    for (int i = 0; i < 20; i++)
+        bar[i] = i < cells ? '#' : '.';
+    bar[20] = '\0';
+    int n = snprintf(line, sizeof line, "\r[%s] [%s] %" PRIu64, p->phase, bar, done);
     if (p->total)
         n += snprintf(line + n, sizeof line - (size_t)n, "/%" PRIu64, p->total);
     if (p->value_size)
         n += snprintf(line + n, sizeof line - (size_t)n, "  %.1f MiB/s",
                       rate * (double)p->value_size / MIB);
     else
-        n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f ids/s", rate);
+        n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f %s/s", rate,
+                      p->unit ? p->unit : "ids");
     snprintf(line + n, sizeof line - (size_t)n, "  ETA %.1fs \033[K", eta > 0 ? eta : 0);
     fputs(line, stderr);
     fflush(stderr);
