@@ -95,6 +95,13 @@ static struct out run_kvctl(const char *dir, int secs, ...)
          * ./kvdata) lands there, never in the tree. */
         if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0 || chdir(dir) != 0)
             _exit(126);
+        /* Standard input: the test's "stdin" file when it wrote one, else
+         * nothing (never the runner's own). */
+        int i = open("stdin", O_RDONLY);
+        if (i < 0)
+            i = open("/dev/null", O_RDONLY);
+        if (i < 0 || dup2(i, 0) < 0)
+            _exit(126);
         execv(prog, argv);
         _exit(127);
     }
@@ -858,6 +865,17 @@ START_TEST(admin_put_get_lookup_rm)
     out_free(&r);
     r = run_kvctl(dir, 20, "-c", cfg, "put", id, cfg, NULL);
     CK_STATUS(r, 0);
+    out_free(&r);
+    /* from standard input */
+    char *in = write_file(dir, "stdin", "piped value");
+    r = run_kvctl(dir, 20, "-c", cfg, "put", "--key", "piped", NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    ck_assert_int_eq(unlink(in), 0);
+    free(in);
+    r = run_kvctl(dir, 20, "-c", cfg, "get", "piped", NULL);
+    CK_STATUS(r, 0);
+    ck_assert_str_eq(r.out, "piped value");
     out_free(&r);
     /* read back, from a fresh process: it went to disk */
     r = run_kvctl(dir, 20, "-c", cfg, "get", "greeting", NULL);
