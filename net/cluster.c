@@ -26,6 +26,11 @@
 
 #define POOL_MAX 16
 #define PEER_DOWN_MS 1000
+/* After a view change, a shard that misses on all its owners is looked for
+ * on its owners in the previous view for this long (and copied to its new
+ * owners when found there), so a node joining does not turn 1/n of the
+ * cache into misses at once. */
+#define MOVE_WINDOW_MS 60000
 
 struct peer {
     struct peer *next;                  /* every peer ever seen (vlock) */
@@ -82,6 +87,8 @@ struct kv__cluster {
 
     pthread_mutex_t vlock;
     struct view *view;
+    struct view *prev;                  /* the view before the last change */
+    uint64_t prev_until_ms;             /* consulted for misses until then */
     struct peer *peers;
 
     pthread_t hb;
@@ -90,7 +97,7 @@ struct kv__cluster {
     pthread_cond_t hbcond;
     int stopping;
 
-    _Atomic uint64_t remote_ops, remote_errors, failovers;
+    _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
 
     pthread_mutex_t fanlock;
     pthread_cond_t fancond;
@@ -119,6 +126,17 @@ static void view_put(struct view *v)
         free(v->seeds);
         free(v);
     }
+}
+
+/* The previous view while it is still worth asking, else NULL. */
+static struct view *prev_get(struct kv__cluster *c)
+{
+    pthread_mutex_lock(&c->vlock);
+    struct view *p = c->prev && kv__now_ms() < c->prev_until_ms ? c->prev : NULL;
+    if (p)
+        atomic_fetch_add(&p->refs, 1);
+    pthread_mutex_unlock(&c->vlock);
+    return p;
 }
 
 static void peer_drain(struct kv__cluster *c, struct peer *p)
@@ -183,13 +201,18 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         v->seeds[v->n] = p->seed;
         v->n++;
     }
-    struct view *old = c->view;
+    struct view *old = c->view, *older = NULL;
     c->view = v;
+    if (old) {   /* the replaced view becomes the previous one (its ref moves) */
+        older = c->prev;
+        c->prev = old;
+        c->prev_until_ms = kv__now_ms() + MOVE_WINDOW_MS;
+    }
     pthread_mutex_unlock(&c->vlock);
     if (old)
         KV_INFO("cluster: view %llu: %zu members, %zu owners", (unsigned long long)version,
                 n, v->n);
-    view_put(old);
+    view_put(older);
     return KV_OK;
 }
 
@@ -408,6 +431,7 @@ void kv__cluster_stop(struct kv__cluster *c)
     if (c->t)
         c->ops->destroy(c->t);
     view_put(c->view);
+    view_put(c->prev);
     pthread_mutex_destroy(&c->vlock);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
@@ -657,6 +681,29 @@ static size_t candidates(struct view *v, const kv_block_id *id, unsigned r, size
     return k;
 }
 
+/* A shard's owners in the previous view pv that are live owners now (as
+ * indexes into v) and not among cur[0..ncur); at most KV_PLACE_MAX. */
+static size_t prev_candidates(struct view *v, struct view *pv, const kv_block_id *id,
+                              unsigned r, const size_t *cur, size_t ncur, size_t *out)
+{
+    size_t pc[KV_PLACE_MAX], k = 0;
+    size_t m = kv__place(pv->seeds, pv->n, id, r, pc);
+    for (size_t j = 0; j < m; j++) {
+        size_t at = SIZE_MAX;
+        for (size_t x = 0; x < v->n; x++)
+            if (v->owners[x] == pv->owners[pc[j]]) {
+                at = x;
+                break;
+            }
+        int dup = at == SIZE_MAX;
+        for (size_t x = 0; x < ncur && !dup; x++)
+            dup = cur[x] == at;
+        if (!dup)
+            out[k++] = at;
+    }
+    return k;
+}
+
 /* Which of two failures to report: the one that says most about the data. */
 static int worse(int a, int b)
 {
@@ -741,22 +788,31 @@ int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size
 {
     if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
-    struct view *v = view_get(c);
-    size_t (*cand)[KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
-    size_t *ncand = malloc((n ? n : 1) * sizeof *ncand);
-    struct kv__op *ops = malloc((n ? n : 1) * sizeof *ops);
-    size_t *owner = malloc((n ? n : 1) * sizeof *owner), *shard = malloc((n ? n : 1) * sizeof *shard);
+    struct view *v = view_get(c), *pv = prev_get(c);
+    size_t (*cand)[2 * KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
+    size_t *ncand = malloc((n ? n : 1) * sizeof *ncand), *ncur = malloc((n ? n : 1) * sizeof *ncur);
+    uint8_t *via = calloc(n ? n : 1, 1);   /* 1: found on a previous owner only */
+    struct kv__op *ops = malloc((n ? n : 1) * c->replicas * sizeof *ops);
+    size_t *owner = malloc((n ? n : 1) * c->replicas * sizeof *owner);
+    size_t *shard = malloc((n ? n : 1) * sizeof *shard);
     int rc = KV_OK;
-    if (!cand || !ncand || !ops || !owner || !shard) {
+    size_t rounds = 0, nmoved = 0;
+    if (!cand || !ncand || !ncur || !via || !ops || !owner || !shard) {
         rc = KV_ENOMEM;
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        ncand[i] = candidates(v, &shards[i].block, c->replicas, cand[i]);
+        ncur[i] = ncand[i] = candidates(v, &shards[i].block, c->replicas, cand[i]);
+        /* then, during a move window, its previous owners (asked only if
+         * every current owner failed) */
+        if (pv)
+            ncand[i] += prev_candidates(v, pv, &shards[i].block, c->replicas, cand[i],
+                                        ncur[i], cand[i] + ncur[i]);
+        rounds = ncand[i] > rounds ? ncand[i] : rounds;
         results[i] = 1;   /* pending */
     }
     /* Round r asks each still-pending shard's r-th candidate. */
-    for (unsigned r = 0; r < c->replicas; r++) {
+    for (size_t r = 0; r < rounds; r++) {
         size_t k = 0;
         for (size_t i = 0; i < n; i++) {
             if (results[i] != 1 && (results[i] == KV_OK || results[i] == KV_EINVAL))
@@ -779,6 +835,10 @@ int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size
         for (size_t j = 0; j < k; j++) {
             size_t i = shard[j];
             int res = ops[j].result;
+            if (res == KV_OK && r >= ncur[i]) {
+                via[i] = 1;
+                nmoved++;
+            }
             if (res == KV_OK || res == KV_EINVAL || results[i] == 1)
                 results[i] = res;
             else if (results[i] == KV_ENOTFOUND || res == KV_ENOTFOUND)
@@ -790,12 +850,34 @@ int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size
     for (size_t i = 0; i < n; i++)
         if (results[i] == 1)
             results[i] = ncand[i] ? KV_ENET : KV_ENOTFOUND;
+    if (nmoved) {
+        /* Read repair: what only a previous owner had goes to the current
+         * owners now, from the bytes just loaded. Best effort. */
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!via[i] || results[i] != KV_OK)
+                continue;
+            for (size_t j = 0; j < ncur[i]; j++) {
+                if (peer_is_down(v->owners[cand[i][j]]))
+                    continue;
+                ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = (uint8_t)ns,
+                                          .index = shards[i].index, .id = shards[i].block,
+                                          .iov = shards[i].iov, .iovcnt = shards[i].iovcnt };
+                owner[k++] = cand[i][j];
+            }
+        }
+        if (run_grouped(c, v, ops, owner, k) == KV_OK)
+            atomic_fetch_add(&c->moved, nmoved);
+    }
 out:
     free(cand);
     free(ncand);
+    free(ncur);
+    free(via);
     free(ops);
     free(owner);
     free(shard);
+    view_put(pv);
     view_put(v);
     return rc;
 }
@@ -805,7 +887,7 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
 {
     if (!c || (n && (!ids || !hit)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
-    struct view *v = view_get(c);
+    struct view *v = view_get(c), *pv = prev_get(c);
     size_t cap = n * c->replicas, k = 0;
     struct kv__op *ops = malloc((cap ? cap : 1) * sizeof *ops);
     size_t *owner = malloc((cap ? cap : 1) * sizeof *owner);
@@ -829,10 +911,34 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         for (size_t j = 0; rc == KV_OK && j < k; j++)
             if (ops[j].result == KV_OK && ops[j].hit)
                 hit[shard[j]] = 1;
+        /* During a move window, misses ask their previous owners too. */
+        k = 0;
+        for (size_t i = 0; pv && rc == KV_OK && i < n; i++) {
+            if (hit[i])
+                continue;
+            size_t cur[KV_PLACE_MAX], extra[KV_PLACE_MAX];
+            size_t m = candidates(v, &ids[i], c->replicas, cur);
+            size_t e = prev_candidates(v, pv, &ids[i], c->replicas, cur, m, extra);
+            for (size_t j = 0; j < e && k < cap; j++) {
+                if (peer_is_down(v->owners[extra[j]]))
+                    continue;
+                ops[k] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
+                owner[k] = extra[j];
+                shard[k] = i;
+                k++;
+            }
+        }
+        if (k && rc == KV_OK) {
+            rc = run_grouped(c, v, ops, owner, k);
+            for (size_t j = 0; rc == KV_OK && j < k; j++)
+                if (ops[j].result == KV_OK && ops[j].hit)
+                    hit[shard[j]] = 1;
+        }
     }
     free(ops);
     free(owner);
     free(shard);
+    view_put(pv);
     view_put(v);
     return rc;
 }
@@ -893,6 +999,7 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->remote_items = atomic_load(&c->remote_ops);
     out->remote_errors = atomic_load(&c->remote_errors);
     out->failovers = atomic_load(&c->failovers);
+    out->moved = atomic_load(&c->moved);
     struct view *v = view_get(c);
     out->view_version = v->version;
     out->members = v->nmembers;

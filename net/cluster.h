@@ -17,6 +17,10 @@
  *   (a size mismatch is the caller's, not the owner's).
  * - lookup asks each owner once per batch; a block hits when any owner has
  *   it.
+ * - For a minute after a view change, a shard that misses on every owner is
+ *   also looked for on its owners in the previous view (still live); a load
+ *   that finds it there copies it to its current owners (read repair). So a
+ *   node joining does not turn 1/n of the cache into misses at once.
  * - This node serves its own blocks through kv__local_* without the network.
  * - Every remote call has a deadline. Let T be half of io.timeout_ms (the
  *   engine's task timeout: half leaves a hung owner's shards time to fail
@@ -70,6 +74,8 @@ struct kv__cluster_counters {
     uint64_t remote_items;      /* items sent to other nodes */
     uint64_t remote_errors;     /* of those, failed by a connection error */
     uint64_t failovers;         /* load items retried on a next owner */
+    uint64_t moved;             /* shards found on a previous owner only and
+                                 * copied to their current owners */
     uint64_t view_version;
     uint64_t members, owners;   /* in the view last seen */
 };

@@ -478,6 +478,49 @@ START_TEST(hung_node_times_out)
 }
 END_TEST
 
+/* A node joining takes over ~1/3 of the blocks; they are still found (on
+ * their previous owners) and loads copy them over to the newcomer. */
+START_TEST(node_join_keeps_blocks)
+{
+    start_node("32MiB", 1);
+    start_node("32MiB", 1);
+    wait_owners(2);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    struct set s = make_set(60, 16 << 10, 12);   /* 30 blocks */
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    int n3 = start_node("32MiB", 1);
+    wait_owners(3);
+    usleep(600000);   /* the client's next heartbeats bring the new view */
+    kv_block_id ids[30];
+    uint8_t hit[30];
+    for (int i = 0; i < 30; i++)
+        ids[i] = tu_id((uint64_t)i, 12);
+    ck_assert_int_eq(kv_lookup(client, ids, 30, hit), KV_OK);
+    for (int i = 0; i < 30; i++)
+        ck_assert_msg(hit[i], "block %d lost when a node joined", i);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    if (strcmp(protocol(), "tcp") == 0) {
+        /* the newcomer now holds the blocks it owns (read repair) */
+        struct kv__transport *t = raw_client_tcp(TOKEN);
+        struct kv__conn *c;
+        ck_assert_int_eq(kv__tcp_transport.connect(t, node_addr[n3], &c), KV_OK);
+        struct kv__op o[30];
+        for (int i = 0; i < 30; i++)
+            o[i] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = KV_NS_BLOCK, .id = ids[i] };
+        ck_assert_int_eq(kv__tcp_transport.batch(c, o, 30), KV_OK);
+        int moved = 0;
+        for (int i = 0; i < 30; i++)
+            moved += o[i].hit;
+        ck_assert_msg(moved >= 2 && moved <= 25, "%d blocks moved to the newcomer", moved);
+        kv__tcp_transport.close(c);
+        kv__tcp_transport.destroy(t);
+    }
+    free_set(&s);
+}
+END_TEST
+
 START_TEST(wrong_token_refused)
 {
     start_node("16MiB", 1);
@@ -696,6 +739,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, node_restart_same_address);
     tcase_add_test(tc, ssd_only_node);
     tcase_add_test(tc, hung_node_times_out);
+    tcase_add_test(tc, node_join_keeps_blocks);
     suite_add_tcase(s, tc);
     return s;
 }
