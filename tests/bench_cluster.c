@@ -224,7 +224,8 @@ int main(int argc, char **argv)
     int np = 0;
     pids[np++] = spawn(margv);
     usleep(200000);
-    size_t need = vlen * per_job * (size_t)jobs / (size_t)nodes;
+    size_t replicas = getenv("REPLICAS") ? strtoull(getenv("REPLICAS"), NULL, 0) : 1;
+    size_t need = vlen * per_job * (size_t)jobs * (replicas ? replicas : 1) / (size_t)nodes;
     char cap[64];
     snprintf(cap, sizeof cap, "%zuMiB", (need * 2 >> 20) + 64);
     for (int i = 0; i < nodes; i++) {
@@ -245,6 +246,8 @@ int main(int argc, char **argv)
     kv_config_set(cfg, "cluster.master", master);
     kv_config_set(cfg, "cluster.protocol", "tcp");
     kv_config_set(cfg, "io.threads", "8");
+    if (getenv("REPLICAS"))   /* e.g. REPLICAS=2: every dump goes to two nodes */
+        kv_config_set(cfg, "cluster.replica_num", getenv("REPLICAS"));
     kv_config_set(cfg, "log.level", "warn");
     int rc = kv_open(cfg, &eng);
     kv_config_free(cfg);
