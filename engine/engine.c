@@ -650,7 +650,11 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
             e->evict_step = 1;
         e->lease_ns = cfg->eviction.lease_ttl_ms * 1000000u;
     }
-    if (KV_PIPE_HAS_SSD(cfg->pipeline)) {
+    /* A pure cluster client (dram.capacity 0 with a DRAM pipeline) stores
+     * nothing locally: no SSD tier either (net/cluster.c: not an owner). */
+    bool pure_client = cfg->cluster.enabled && cfg->dram.capacity == 0 &&
+                       cfg->pipeline != KV_PIPE_SSD;
+    if (KV_PIPE_HAS_SSD(cfg->pipeline) && !pure_client) {
         rc = kv__ssd_open(cfg, &e->ssd, err, sizeof err);
         if (rc != KV_OK)
             goto fail;

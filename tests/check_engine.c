@@ -301,6 +301,30 @@ START_TEST(io_timeout_fails_tasks_that_cannot_start_in_time)
 }
 END_TEST
 
+START_TEST(a_pure_cluster_client_opens_no_ssd_tier)
+{
+    /* dram.capacity 0 in a cluster stores nothing locally. The master is a
+     * closed port, so the open fails, but only after the tiers are set up:
+     * no SSD directory may have been created by then. */
+    char *dir = tu_mkdtemp();
+    char yaml[1024], path[512];
+    snprintf(path, sizeof path, "%s/ssd", dir);
+    snprintf(yaml, sizeof yaml,
+             "pipeline: dram|ssd\ndram: { capacity: 0 }\nssd: { path: %s }\n"
+             "cluster: { enabled: true, master: 127.0.0.1:1, protocol: tcp }\n", path);
+    kv_config *cfg;
+    char err[256];
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_parse(cfg, yaml, strlen(yaml), err, sizeof err), KV_OK);
+    kv_engine *e = (kv_engine *)1;
+    ck_assert_int_eq(kv_open(cfg, &e), KV_ENET);
+    ck_assert_ptr_null(e);
+    ck_assert_int_ne(access(path, F_OK), 0);
+    kv_config_free(cfg);
+    tu_rmdir(dir);
+}
+END_TEST
+
 START_TEST(bad_arguments_are_einval)
 {
     kv_engine *e = open_dram();
@@ -427,6 +451,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, two_dumps_of_one_shard_both_succeed_and_one_copy_is_kept);
     tcase_add_test(tc, wait_timeout_cancels_and_drains);
     tcase_add_test(tc, io_timeout_fails_tasks_that_cannot_start_in_time);
+    tcase_add_test(tc, a_pure_cluster_client_opens_no_ssd_tier);
     tcase_add_test(tc, bad_arguments_are_einval);
     tcase_add_test(tc, close_finishes_tasks_in_flight);
     tcase_add_test(tc, stats_count_what_is_stored);
