@@ -9,7 +9,7 @@
 # bench_cluster is built by hand:
 #   cc -O2 -Iinclude -D_GNU_SOURCE -pthread -o BUILD/bench_cluster \
 #      tests/bench_cluster.c BUILD/libkvengine.a -lrocksdb -lyaml -llz4 \
-#      -lxxhash -ljemalloc -lrdmacm -libverbs -lpthread -lm
+#      -lxxhash -ljemalloc -lmicrohttpd -libverbs -lpthread -lm
 #
 # Redis is driven by redis-benchmark (-c JOBS, SET then GET of one key, so
 # every GET returns a whole value). memcached has

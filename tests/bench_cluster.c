@@ -7,6 +7,12 @@
  * hand (see the report), not part of the runner.
  *
  *   bench_cluster BUILD_DIR VALUE_BYTES JOBS VALUES_PER_JOB SECONDS NODES
+ *   (env REPLICAS=N sets cluster.replica_num)
+ *
+ * Build (after make BUILD=B):
+ *   cc -O2 -Iinclude -D_GNU_SOURCE -pthread -o B/bench_cluster tests/bench_cluster.c \
+ *      B/libkvengine.a -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd \
+ *      -libverbs -lpthread -lm
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
