@@ -157,6 +157,7 @@ static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m)
                 while (p->npool)
                     c->ops->close(p->pool[--p->npool]);
                 snprintf(p->addr, sizeof p->addr, "%s", m->addr);
+                atomic_store(&p->down_until_ms, 0);
             }
             pthread_mutex_unlock(&p->lock);
             return p;
@@ -196,7 +197,13 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         struct peer *p = peer_find(c, &m[i]);
         if (!p)
             continue;
-        atomic_store(&p->down_until_ms, 0);
+        /* A peer (re)entering the view gets a clean slate; one that stays
+         * keeps its down mark (views change for every client that joins). */
+        int stayed = 0;
+        for (size_t j = 0; c->view && j < c->view->n && !stayed; j++)
+            stayed = c->view->owners[j] == p;
+        if (!stayed)
+            atomic_store(&p->down_until_ms, 0);
         v->owners[v->n] = p;
         v->seeds[v->n] = p->seed;
         v->n++;
