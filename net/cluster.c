@@ -210,10 +210,22 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     }
     struct view *old = c->view, *older = NULL;
     c->view = v;
-    if (old) {   /* the replaced view becomes the previous one (its ref moves) */
+    /* The replaced view becomes the previous one (its reference moves) when
+     * the owners changed; a change of clients only keeps the move window
+     * of the last owner change going. */
+    int same = old && old->n == v->n;
+    for (size_t i = 0; same && i < v->n; i++) {
+        int found = 0;
+        for (size_t j = 0; j < old->n && !found; j++)
+            found = old->owners[j] == v->owners[i];
+        same = found;
+    }
+    if (old && !same) {
         older = c->prev;
         c->prev = old;
         c->prev_until_ms = kv__now_ms() + MOVE_WINDOW_MS;
+    } else {
+        older = old;
     }
     pthread_mutex_unlock(&c->vlock);
     if (old)
