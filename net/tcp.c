@@ -5,9 +5,9 @@
  * Key design choice: value bytes are never copied through a staging buffer.
  * A server reads a dump's bytes straight into memory reserved in the segment
  * (backend->reserve, then commit) and writes a load's bytes straight from
- * the segment (backend->pin, writev, unpin once the bytes are on the wire);
+ * the segment (backend->pin, sendmsg, unpin once the bytes are on the wire);
  * only shards that are not DRAM-resident go through a bounce buffer. A
- * client writev()s dumps from the caller's iovecs and readv()s loads into
+ * client sendmsg()s dumps from the caller's iovecs and readv()s loads into
  * them. Frames are read exactly (header, then body, then data), so the
  * parser never holds value bytes.
  *
@@ -109,6 +109,14 @@ struct tcp_conn {
     uint64_t next_id;
 };
 
+/* writev that never raises SIGPIPE: the engine lives inside inference
+ * servers that do not ignore it, and a peer may die mid-write. */
+static ssize_t send_iov(int fd, struct iovec *iov, size_t cnt)
+{
+    struct msghdr m = { .msg_iov = iov, .msg_iovlen = cnt };
+    return sendmsg(fd, &m, MSG_NOSIGNAL);
+}
+
 /* ---- server ------------------------------------------------------------- */
 
 static void release_response(struct sconn *sc)
@@ -168,7 +176,7 @@ static int try_write(struct sconn *sc)
         size_t cnt = sc->oiovcnt - sc->oidx;
         if (cnt > IOV_MAX)
             cnt = IOV_MAX;
-        ssize_t w = writev(sc->fd, sc->oiov + sc->oidx, (int)cnt);
+        ssize_t w = send_iov(sc->fd, sc->oiov + sc->oidx, cnt);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -759,7 +767,7 @@ static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, const struct dl *
         i++;
     while (i < cnt) {
         size_t c = cnt - i > IOV_MAX ? IOV_MAX : cnt - i;
-        ssize_t r = wr ? writev(fd, iov + i, (int)c) : readv(fd, iov + i, (int)c);
+        ssize_t r = wr ? send_iov(fd, iov + i, c) : readv(fd, iov + i, (int)c);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
