@@ -109,9 +109,12 @@ static void wait_owners(int want)
     ck_assert_msg(n == want, "view has %d owners, want %d", n, want);
 }
 
-static void start_master(void)
+static void start_master_at(int same_addr);
+static void start_master(void) { start_master_at(0); }
+static void start_master_at(int same_addr)
 {
-    snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", free_port());
+    if (!same_addr)
+        snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", free_port());
     char bin[512], a1[128], a2[64], log[512];
     snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
     snprintf(a1, sizeof a1, "cluster.master=%s", master_addr);
@@ -522,6 +525,25 @@ START_TEST(node_join_keeps_blocks)
 }
 END_TEST
 
+/* A node started before its master waits for it (kvnode retries), then
+ * joins and serves. */
+START_TEST(node_waits_for_master)
+{
+    kill_proc(0);   /* the fixture's master */
+    start_node("16MiB", 1);
+    usleep(700000);
+    start_master_at(1);
+    wait_owners(1);
+    kv_engine *e;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
+    struct set s = make_set(4, 8192, 13);
+    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
 START_TEST(wrong_token_refused)
 {
     start_node("16MiB", 1);
@@ -741,6 +763,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, ssd_only_node);
     tcase_add_test(tc, hung_node_times_out);
     tcase_add_test(tc, node_join_keeps_blocks);
+    tcase_add_test(tc, node_waits_for_master);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -4,7 +4,8 @@
  * Opens an engine from the same YAML as everything else with
  * cluster.enabled forced true, so it joins the view and contributes its
  * DRAM (and SSD) tier to the pool; serves until SIGTERM/SIGINT, then closes
- * the engine (which leaves the view). Uses only the public header.
+ * the engine (which leaves the view). Waits for an unreachable master
+ * (retrying each second) instead of exiting. Uses only the public header.
  */
 #include <getopt.h>
 #include <signal.h>
@@ -112,7 +113,31 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     kv_engine *e = NULL;
-    rc = kv_open(cfg, &e);
+    /* A node may well start before its master (a deployment brings both up
+     * at once): while the master cannot be reached, try again every second
+     * rather than exit. Anything else (a refused token, a bad config) is
+     * final. */
+    unsigned tries = 0;
+    for (;;) {
+        /* Ask first (kv_members is cheap); opening maps and faults in the
+         * whole DRAM segment, which is not something to redo every second. */
+        uint64_t version;
+        kv_member_info *m = NULL;
+        size_t n = 0;
+        rc = kv_members(cfg, &version, &m, &n);
+        free(m);
+        if (rc != KV_ENET && rc != KV_ETIMEDOUT &&
+            ((rc = kv_open(cfg, &e)) != KV_ENET && rc != KV_ETIMEDOUT))
+            break;
+        if (tries++ == 0)
+            fprintf(stderr, "kvnode: the master is not reachable yet; retrying every second\n");
+        for (int i = 0; i < 50 && !stop_flag; i++)
+            usleep(20000);
+        if (stop_flag) {
+            kv_config_free(cfg);
+            return 0;
+        }
+    }
     kv_config_free(cfg);
     if (rc != KV_OK) {
         fprintf(stderr, "kvnode: kv_open: %s (details in the log above)\n", kv_strerror(rc));
