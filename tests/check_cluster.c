@@ -544,6 +544,32 @@ START_TEST(node_waits_for_master)
 }
 END_TEST
 
+/* The master is not on the data path: with it gone the cluster keeps
+ * serving on the last view, and when it comes back (empty) the nodes and
+ * clients re-register by heartbeat. */
+START_TEST(master_restart)
+{
+    start_node("16MiB", 1);
+    start_node("16MiB", 1);
+    wait_owners(2);
+    kv_engine *e;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
+    struct set s = make_set(16, 8192, 14);
+    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
+    kill_proc(0);
+    usleep(300000);   /* a heartbeat or two fail */
+    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    start_master_at(1);
+    wait_owners(2);
+    usleep(600000);   /* the client's heartbeats settle its view */
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
 START_TEST(wrong_token_refused)
 {
     start_node("16MiB", 1);
@@ -764,6 +790,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, hung_node_times_out);
     tcase_add_test(tc, node_join_keeps_blocks);
     tcase_add_test(tc, node_waits_for_master);
+    tcase_add_test(tc, master_restart);
     suite_add_tcase(s, tc);
     return s;
 }
