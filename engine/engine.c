@@ -591,13 +591,15 @@ static void free_value(void *ctx, uint32_t off64, uint32_t len)
     kv__dram_free(e, kv__seg_ptr(e, off64), len);
 }
 
-/* Tears down whatever kv_open built, in reverse order. */
+/* Tears down whatever kv_open built. The order matters: tasks finish
+ * first (they use the cluster, the tiers and record metrics), then the
+ * metrics server (it reads everything), then the cluster (peers' requests
+ * use the local tiers), then the tiers. */
 static void teardown(kv_engine *e)
 {
-    /* The metrics server reads the engine: it stops first. */
+    kv__pool_stop(e->pool);
     kv__metrics_close(e->metrics);
     kv__cluster_stop(e->cluster);
-    kv__pool_stop(e->pool);
     /* The SSD tier flushes its spill queue, releasing victims (which frees
      * their DRAM), so it closes before the DRAM tier goes. */
     kv__ssd_close(e->ssd);
