@@ -69,6 +69,7 @@ struct key {
     uint64_t min, max;          /* T_U32, T_SIZE, T_MS: inclusive */
     bool closed;                /* T_RATIO: 1 is allowed */
     bool empty_ok;              /* T_ADDR: "" means off */
+    bool any_port;              /* T_ADDR: port 0 (the kernel picks one) is fine */
     const struct name *names;   /* T_ENUM: the first name of a value is its own */
     const char *def;            /* the default, as text */
     const char *doc;
@@ -90,6 +91,8 @@ struct key {
 #define BOOL(n, f, v, d)     { .name = n, .type = T_BOOL, .off = FIELD(f, bool), .def = v, .doc = d }
 #define STR(n, f, v, d)      { .name = n, .type = T_STR, .off = FIELD(f, char[KV_CFG_STR]), .def = v, .doc = d }
 #define ADDR(n, f, e, v, d)  { .name = n, .type = T_ADDR, .off = FIELD(f, char[KV_CFG_STR]), .empty_ok = e, .def = v, .doc = d }
+/* An address to listen on: port 0 asks the kernel for a free port. */
+#define LISTEN(n, f, e, v, d) { .name = n, .type = T_ADDR, .off = FIELD(f, char[KV_CFG_STR]), .empty_ok = e, .any_port = true, .def = v, .doc = d }
 
 static const struct name pipelines[] = {
     { "dram|ssd", KV_PIPE_DRAM_SSD }, { "dram", KV_PIPE_DRAM }, { "ssd", KV_PIPE_SSD }, { 0 },
@@ -153,8 +156,8 @@ static const struct key keys[] = {
     SECTION("cluster", "pooling DRAM across nodes"),
     BOOL("cluster.enabled", cluster.enabled, "false", "join a cluster"),
     ADDR("cluster.master", cluster.master, false, "127.0.0.1:50088", "kvmaster's host:port"),
-    ADDR("cluster.listen", cluster.listen, false, "0.0.0.0:50071",
-         "host:port this node serves its DRAM on"),
+    LISTEN("cluster.listen", cluster.listen, false, "0.0.0.0:50071",
+           "host:port this node serves its DRAM on (port 0: any free port)"),
     ENUM("cluster.protocol", cluster.protocol, protocols, "auto",
          "transport: auto (rdma when a device is present, else tcp), tcp or rdma"),
     STR("cluster.device_name", cluster.device_name, "",
@@ -165,8 +168,8 @@ static const struct key keys[] = {
     STR("cluster.token", cluster.token, "", "shared secret members present; empty = none"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
-    ADDR("metrics.listen", metrics.listen, true, "",
-         "host:port to serve on, e.g. 127.0.0.1:9300; empty = off"),
+    LISTEN("metrics.listen", metrics.listen, true, "",
+           "host:port to serve on, e.g. 127.0.0.1:9300; empty = off"),
 
     SECTION("log", "logging to stderr"),
     ENUM("log.level", log.level, levels, "info",
@@ -355,8 +358,9 @@ static bool printable_utf8(const char *str)
     return true;
 }
 
-/* host:port or [v6]:port, port 1..65535. Returns NULL or why not. */
-static const char *check_addr(const char *s)
+/* host:port or [v6]:port, port 1..65535 (0..65535 with any_port).
+ * Returns NULL or why not. */
+static const char *check_addr(const char *s, bool any_port)
 {
     const char *host = s, *colon, *allowed = "-._";
     size_t hlen;
@@ -385,7 +389,10 @@ static const char *check_addr(const char *s)
     unsigned long port = 0;
     for (; isdigit((unsigned char)*p) && port <= 65535; p++)
         port = port * 10 + (unsigned long)(*p - '0');
-    if (p == colon + 1 || *p || port == 0 || port > 65535)
+    if (p == colon + 1 || *p || port > 65535)
+        return any_port ? "the port must be a number in 0..65535"
+                        : "the port must be a number in 1..65535";
+    if (port == 0 && !any_port)
         return "the port must be a number in 1..65535";
     return NULL;
 }
@@ -524,7 +531,7 @@ static int apply(struct kv_config *cfg, const struct key *k, const char *s, char
             snprintf(why, n, "must be printable UTF-8 text");
             return -1;
         }
-        if (k->type == T_ADDR && !(k->empty_ok && *s == '\0') && (bad = check_addr(s))) {
+        if (k->type == T_ADDR && !(k->empty_ok && *s == '\0') && (bad = check_addr(s, k->any_port))) {
             snprintf(why, n, "%s; got \"%.64s\"", bad, s);
             return -1;
         }
