@@ -83,6 +83,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -139,12 +140,17 @@ static int rocks_err(char *e, const char *what)
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
 {
     t->write_buffer = 32ull << 20;
+    t->write_buffers = 4;
+    t->flushes = 2;
     t->blob_file_size = 256ull << 20;
     t->min_blob_size = 4096;
     t->bg_jobs = 2;
     t->batch_bytes = 4ull << 20;
     t->wal_when_none = false;
     t->no_disk_precheck = false;
+    t->verify_reads = false;
+    t->direct_reads = false;
+    t->direct_flush = false;
 }
 
 /* ---- values ---------------------------------------------------------------- */
@@ -221,11 +227,35 @@ void kv__ssd_batch_put(rocksdb_writebatch_t *wb, int ns, const uint8_t *id, uint
     }
 }
 
+rocksdb_t *kv__ssd_db_enter(struct kv__ssd *s)
+{
+    pthread_rwlock_rdlock(&s->dblk);
+    return s->db;
+}
+
+void kv__ssd_db_leave(struct kv__ssd *s)
+{
+    pthread_rwlock_unlock(&s->dblk);
+}
+
 int kv__ssd_batch_write(struct kv__ssd *s, rocksdb_writebatch_t *wb)
 {
     char *e = NULL;
-    rocksdb_write(s->db, s->wo, wb, &e);
-    return e ? rocks_err(e, "write") : KV_OK;
+    rocksdb_t *db = kv__ssd_db_enter(s);
+    if (db)
+        rocksdb_write(db, s->wo, wb, &e);
+    kv__ssd_db_leave(s);
+    if (!db)
+        return KV_ENOSPC;   /* down since a reopen failed; make_room retries it */
+    if (!e)
+        return KV_OK;
+    int rc = rocks_err(e, "write");
+    /* RocksDB stops taking writes after a failed WAL append or flush (a
+     * "hard" background error) and, in 7.8's C API, has no Resume: the
+     * next write that finds room again reopens the store (recover()). */
+    if (rc == KV_ENOSPC)
+        atomic_store(&s->db_broken, true);
+    return rc;
 }
 
 int kv__ssd_delete_keys(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
@@ -341,9 +371,96 @@ static int gc_run(struct kv__ssd *s, uint64_t need)
 static uint64_t unflushed_bytes(struct kv__ssd *s)
 {
     uint64_t v = 0;
-    if (rocksdb_property_int(s->db, "rocksdb.cur-size-all-mem-tables", &v) != 0)
+    rocksdb_t *db = kv__ssd_db_enter(s);
+    if (!db || rocksdb_property_int(db, "rocksdb.cur-size-all-mem-tables", &v) != 0)
         v = 0;
+    kv__ssd_db_leave(s);
     return v;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* After a reopen: values the index holds as stored whose meta record did
+ * not survive (sync none: the memtable RocksDB could not flush) are
+ * dropped from the index, so lookup stops answering for them. Meta records
+ * are inline in the SSTs: this reads no blob. dblk write-held. */
+static uint64_t reconcile_index(struct kv__ssd *s)
+{
+    struct kv__sent *ents = NULL;
+    ssize_t n = kv__sidx_snapshot(&s->idx, 1u << KV__ENT_STORED, &ents);
+    uint64_t lost = 0;
+    for (ssize_t i = 0; i < n; i++) {
+        uint8_t mk[KV__SSD_KEY_LEN];
+        kv__ssd_key(mk, (int)ents[i].ns, ents[i].id, ents[i].index, true);
+        char *e = NULL;
+        rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(s->db, s->ro, (const char *)mk, sizeof mk, &e);
+        if (e) {
+            rocksdb_free(e);   /* unreadable now: keep it, a read will tell */
+            continue;
+        }
+        if (!ps) {
+            lost += kv__sidx_del(&s->idx, (int)ents[i].ns, ents[i].id, ents[i].index,
+                                 1u << KV__ENT_STORED, NULL);
+            continue;
+        }
+        rocksdb_pinnableslice_destroy(ps);
+    }
+    free(ents);
+    return lost;
+}
+
+/*
+ * How the tier gets out of RocksDB's stopped state. A WAL append or a flush
+ * that fails with ENOSPC leaves RocksDB refusing every write until
+ * DB::Resume(), which 7.8's C API does not offer; reads keep working. So
+ * the first write that fails that way marks the store broken, and from
+ * then on each write first checks the free space (statvfs, the same sum as
+ * the precheck): while it is short the write is refused with KV_ENOSPC
+ * without touching RocksDB; once it is back, the handle is closed and
+ * reopened under dblk write-held (every other RocksDB call waits a moment),
+ * which replays the WAL and clears the error. A failed reopen leaves the
+ * handle NULL (reads then miss, writes say KV_ENOSPC) and is retried at most
+ * once a second. What a reopen can lose is what a crash would: with sync
+ * none the memtable that could not be flushed; the index forgets those
+ * values (reconcile_index).
+ */
+static int recover(struct kv__ssd *s)
+{
+    int rc = KV_OK;
+    pthread_rwlock_wrlock(&s->dblk);
+    if (!atomic_load(&s->db_broken))
+        goto out;   /* another writer got here first */
+    uint64_t now = mono_ns();
+    if (s->reopen_fail_ns && now - s->reopen_fail_ns < 1000000000ull) {
+        rc = KV_ENOSPC;
+        goto out;
+    }
+    if (s->db)
+        rocksdb_close(s->db);
+    char *e = NULL;
+    s->db = rocksdb_open(s->opts, s->path, &e);
+    if (e) {
+        KV_WARN("ssd: reopening the store after a full disk failed: %s", e);
+        rocksdb_free(e);
+        s->db = NULL;
+        s->reopen_fail_ns = now;
+        rc = KV_ENOSPC;
+        goto out;
+    }
+    s->reopen_fail_ns = 0;
+    uint64_t lost = reconcile_index(s);
+    atomic_store(&s->db_broken, false);
+    atomic_fetch_add(&s->reopens, 1);
+    KV_WARN("ssd: store reopened after a full disk; %llu unflushed values lost",
+            (unsigned long long)lost);
+out:
+    pthread_rwlock_unlock(&s->dblk);
+    return rc;
 }
 
 int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
@@ -361,7 +478,8 @@ int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
         if (atomic_load(&s->idx.bytes) + extra > s->capacity)
             return KV_ENOSPC;
     }
-    if (disk && !s->tune.no_disk_precheck) {
+    bool broken = atomic_load(&s->db_broken);
+    if (disk && (broken || !s->tune.no_disk_precheck)) {
         /* Refuse before RocksDB hits ENOSPC itself: a failed WAL or flush
          * write puts the whole DB into a read-only error state, while a
          * refusal here costs one write. The memtable's bytes are counted
@@ -370,11 +488,16 @@ int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
         if (statvfs(s->path, &vf) == 0) {
             uint64_t avail = (uint64_t)vf.f_bavail * vf.f_frsize;
             bool wal = s->sync != KV_SYNC_NONE || s->tune.wal_when_none;
-            uint64_t want = disk * (wal ? 2 : 1) + unflushed_bytes(s) + DISK_SLACK;
+            /* A broken store without a WAL drops its memtable when it is
+             * reopened: those bytes will not need the disk. */
+            uint64_t want = disk * (wal ? 2 : 1) + (broken && !wal ? 0 : unflushed_bytes(s)) +
+                            DISK_SLACK;
             if (avail < want)
                 return KV_ENOSPC;
         }
     }
+    if (broken)
+        return recover(s);
     return KV_OK;
 }
 
@@ -386,14 +509,18 @@ static void compact_with_blob_gc(struct kv__ssd *s)
 {
     const char *k[] = { "enable_blob_garbage_collection" }, *on[] = { "true" }, *off[] = { "false" };
     char *e = NULL;
-    rocksdb_set_options(s->db, 1, k, on, &e);
-    if (e)
-        rocks_err(e, "enabling blob GC");
-    rocksdb_compact_range(s->db, NULL, 0, NULL, 0);
-    e = NULL;
-    rocksdb_set_options(s->db, 1, k, off, &e);
-    if (e)
-        rocks_err(e, "disabling blob GC");
+    rocksdb_t *db = kv__ssd_db_enter(s);
+    if (db) {
+        rocksdb_set_options(db, 1, k, on, &e);
+        if (e)
+            rocks_err(e, "enabling blob GC");
+        rocksdb_compact_range(db, NULL, 0, NULL, 0);
+        e = NULL;
+        rocksdb_set_options(db, 1, k, off, &e);
+        if (e)
+            rocks_err(e, "disabling blob GC");
+    }
+    kv__ssd_db_leave(s);
 }
 
 static void *maint_main(void *arg)
@@ -599,6 +726,12 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     s->gc_bytes = (uint64_t)((double)s->capacity * ratio);
     s->qcap = cfg->ssd.spill_queue ? cfg->ssd.spill_queue : 256ull << 20;
     pthread_mutex_init(&s->gc_mu, NULL);
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    /* Writer-preferring: a reopen must not wait behind a stream of reads. */
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->dblk, &ra);
+    pthread_rwlockattr_destroy(&ra);
     pthread_mutex_init(&s->mmu, NULL);
     pthread_cond_init(&s->mcv, NULL);
     pthread_mutex_init(&s->qmu, NULL);
@@ -624,6 +757,8 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     rocksdb_options_set_keep_log_file_num(o, 3);
     rocksdb_options_set_max_log_file_size(o, 4u << 20);
     rocksdb_options_set_write_buffer_size(o, t->write_buffer);
+    rocksdb_options_set_max_write_buffer_number(o, t->write_buffers);
+    rocksdb_options_set_max_background_flushes(o, t->flushes);
     rocksdb_options_set_max_background_jobs(o, t->bg_jobs);
     rocksdb_options_set_compression(o, rocksdb_no_compression);   /* SSTs hold keys only */
     rocksdb_options_set_enable_blob_files(o, 1);
@@ -637,6 +772,8 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
      * which measured 1.4-2.6x write amplification with nothing deleted. */
     rocksdb_options_set_enable_blob_gc(o, 0);
     rocksdb_options_set_blob_gc_age_cutoff(o, 0.25);
+    rocksdb_options_set_use_direct_reads(o, t->direct_reads);
+    rocksdb_options_set_use_direct_io_for_flush_and_compaction(o, t->direct_flush);
 
     char *e = NULL;
     s->db = rocksdb_open(o, s->path, &e);
@@ -653,7 +790,11 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
         rocksdb_writeoptions_disable_WAL(s->wo, 1);
     rocksdb_writeoptions_set_sync(s->wo, s->sync == KV_SYNC_FSYNC);
     s->ro = rocksdb_readoptions_create();
-    rocksdb_readoptions_set_verify_checksums(s->ro, 1);
+    /* Our XXH3 (seeded with the key) checks every value read; RocksDB's
+     * own CRC32c of the blob record on top of it cost 70% of a read's CPU
+     * (software CRC in Debian's portable build). The index rebuild scan
+     * keeps RocksDB's checks: meta records have no checksum of ours. */
+    rocksdb_readoptions_set_verify_checksums(s->ro, t->verify_reads);
     rocksdb_readoptions_set_fill_cache(s->ro, 0);   /* values are read once into DRAM */
 
     if ((rc = rebuild_index(s, err, errlen)) != KV_OK)
@@ -679,6 +820,7 @@ fail_db:
 fail_dirs:
     kv__sidx_destroy(&s->idx);
 fail_idx:
+    pthread_rwlock_destroy(&s->dblk);
     pthread_cond_destroy(&s->mcv);
     pthread_mutex_destroy(&s->mmu);
     pthread_cond_destroy(&s->dcv);
@@ -697,7 +839,9 @@ void kv__ssd_close(struct kv__ssd *s)
     stop_maint(s);
     rocksdb_readoptions_destroy(s->ro);
     rocksdb_writeoptions_destroy(s->wo);
-    rocksdb_close(s->db);   /* flushes the memtable when the WAL was off */
+    if (s->db)
+        rocksdb_close(s->db);   /* flushes the memtable when the WAL was off */
+    pthread_rwlock_destroy(&s->dblk);
     rocksdb_options_destroy(s->opts);
     close(s->lockfd);
     kv__sidx_destroy(&s->idx);
@@ -763,8 +907,14 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
     uint8_t dk[KV__SSD_KEY_LEN];
     kv__ssd_key(dk, ns, id->bytes, index, false);
     char *e = NULL;
-    rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(s->db, s->ro, (const char *)dk, sizeof dk, &e);
+    rocksdb_t *db = kv__ssd_db_enter(s);
+    rocksdb_pinnableslice_t *ps = db ? rocksdb_get_pinned(db, s->ro, (const char *)dk, sizeof dk, &e) : NULL;
+    if (!db) {
+        kv__ssd_db_leave(s);
+        return KV_ENOTFOUND;   /* the store is down (a reopen failed) */
+    }
     if (e) {
+        kv__ssd_db_leave(s);
         int rc = rocks_code(e);
         if (rc == KV_ECORRUPT) {
             drop_bad(s, ns, id->bytes, index, e);
@@ -774,6 +924,7 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
         return rocks_err(e, "read");
     }
     if (!ps) {
+        kv__ssd_db_leave(s);
         /* Gone under us (GC or a remove raced this read). */
         kv__sidx_del(&s->idx, ns, id->bytes, index, 1u << KV__ENT_STORED, NULL);
         return KV_ENOTFOUND;
@@ -792,11 +943,13 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
     }
     if (why) {
         rocksdb_pinnableslice_destroy(ps);
+        kv__ssd_db_leave(s);
         drop_bad(s, ns, id->bytes, index, why);
         return KV_ENOTFOUND;
     }
     kv__iov_scatter(iov, iovcnt, v + HDR_LEN);
     rocksdb_pinnableslice_destroy(ps);
+    kv__ssd_db_leave(s);
     kv__sidx_touch(&s->idx, ns, id->bytes, index, stamp);
     return KV_OK;
 }
@@ -944,10 +1097,13 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out)
     out->gc_runs = atomic_load(&s->gc_runs);
     out->gc_blocks = atomic_load(&s->gc_blocks);
     out->enospc = atomic_load(&s->enospc);
-    if (rocksdb_property_int(s->db, "rocksdb.total-blob-file-size", &out->blob_file_bytes) != 0)
+    out->reopens = atomic_load(&s->reopens);
+    rocksdb_t *db = kv__ssd_db_enter(s);
+    if (!db || rocksdb_property_int(db, "rocksdb.total-blob-file-size", &out->blob_file_bytes) != 0)
         out->blob_file_bytes = 0;
-    if (rocksdb_property_int(s->db, "rocksdb.live-sst-files-size", &out->sst_bytes) != 0)
+    if (!db || rocksdb_property_int(db, "rocksdb.live-sst-files-size", &out->sst_bytes) != 0)
         out->sst_bytes = 0;
+    kv__ssd_db_leave(s);
     pthread_mutex_lock(&s->qmu);
     out->queued_bytes = s->qbytes;
     pthread_mutex_unlock(&s->qmu);

@@ -66,12 +66,17 @@ void kv__ssd_stats(struct kv__ssd *s, kv_stats *out);
  * kv__ssd_open uses kv__ssd_tuning_defaults; benchmarks vary them. */
 struct kv__ssd_tuning {
     uint64_t write_buffer;      /* memtable bytes (values sit there until flush) */
+    int write_buffers;          /* memtables, filling or waiting for their flush */
+    int flushes;                /* flushes that may run at once */
     uint64_t blob_file_size;    /* bytes a blob file holds at most */
     uint64_t min_blob_size;     /* values at least this big go to blob files */
     int bg_jobs;                /* RocksDB background flushes + compactions */
     uint64_t batch_bytes;       /* spill writer: bytes per WriteBatch, at most */
     bool wal_when_none;         /* use the WAL (unsynced) in sync: none */
     bool no_disk_precheck;      /* tests: let RocksDB itself hit ENOSPC */
+    bool verify_reads;          /* RocksDB's blob CRC on reads too (ours is always on) */
+    bool direct_reads;          /* O_DIRECT reads (no page cache) */
+    bool direct_flush;          /* O_DIRECT flush and compaction writes */
 };
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t);
 int  kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning *t,
@@ -85,6 +90,7 @@ struct kv__ssd_info {
     uint64_t gc_runs, gc_blocks, enospc;
     uint64_t blob_file_bytes, sst_bytes;
     uint64_t queued_bytes;
+    uint64_t reopens;           /* recoveries after RocksDB stopped on a full disk */
 };
 void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
 

@@ -9,6 +9,7 @@
  *
  *   gc_mu  >  spill queue lock (qmu)  >  index shard lock
  *   gc_mu  >  maintenance lock (mmu)
+ *   gc_mu  >  database handle lock (dblk)  >  index shard lock
  *
  * - An index shard lock is a leaf: held only for a probe, an insert or a
  *   delete in one shard's table, never across I/O.
@@ -16,6 +17,11 @@
  *   victim's bytes, and while the writer retires a written batch. Never
  *   across a RocksDB call.
  * - gc_mu serialises capacity GC (which writes deletions to RocksDB).
+ * - dblk (a writer-preferring rwlock) is read-held around every call that
+ *   uses the RocksDB handle, and write-held only to close and reopen it
+ *   after RocksDB stopped on a full disk (see recover() in rocks.c). Never
+ *   read-held twice by one thread (a waiting writer would deadlock it), and
+ *   never held while taking qmu or gc_mu.
  */
 #ifndef KV_PERSIST_SSD_INT_H
 #define KV_PERSIST_SSD_INT_H
@@ -118,7 +124,11 @@ struct kv__ssd {
     uint64_t gc_trigger, gc_bytes;   /* bytes */
     struct kv__ssd_tuning tune;
 
-    rocksdb_t *db;
+    rocksdb_t *db;                   /* under dblk; NULL after a failed reopen */
+    pthread_rwlock_t dblk;
+    _Atomic bool db_broken;          /* RocksDB stopped on a write error (full disk) */
+    uint64_t reopen_fail_ns;         /* under dblk (write): last failed reopen */
+    _Atomic uint64_t reopens;
     rocksdb_options_t *opts;
     rocksdb_writeoptions_t *wo;
     rocksdb_readoptions_t *ro;
@@ -149,7 +159,13 @@ struct kv__ssd {
     pthread_t writer;
 };
 
-/* rocks.c, for spill.c */
+/* rocks.c, for spill.c and admin.c */
+/* The RocksDB handle, with dblk read-held until kv__ssd_db_leave; NULL (the
+ * lock still held) while the store is down after a failed reopen. Every use
+ * of s->db outside rocks.c goes between these two, with no other persist/
+ * lock taken in between and no nested enter. */
+rocksdb_t *kv__ssd_db_enter(struct kv__ssd *s);
+void kv__ssd_db_leave(struct kv__ssd *s);
 /* Builds a write batch's entries for one value (data + meta). */
 void kv__ssd_batch_put(rocksdb_writebatch_t *wb, int ns, const uint8_t *id, uint32_t index,
                        const kv_iov *iov, uint32_t iovcnt, uint64_t len, uint64_t stamp);

@@ -20,7 +20,8 @@
  *   ratio   lz4 compression ratio on random and half-compressible blocks.
  * Options: --dir D --blocks N --size BYTES --sync none|wal|fsync
  *          --wal-none --wbuf MiB --bg N --batch KiB --spill --comp none|lz4
- *          --half (half-compressible data)
+ *          --half (half-compressible data) --wbn N (memtables) --flushes N
+ *          --direct-reads --direct-flush
  */
 #include <fcntl.h>
 #include <getopt.h>
@@ -121,7 +122,8 @@ int main(int argc, char **argv)
         { "sync", 1, 0, 'y' }, { "wal-none", 0, 0, 'w' }, { "wbuf", 1, 0, 'b' },
         { "bg", 1, 0, 'g' }, { "batch", 1, 0, 'B' }, { "spill", 0, 0, 'S' },
         { "comp", 1, 0, 'c' }, { "half", 0, 0, 'h' }, { "fsync", 0, 0, 'f' },
-        { "blobfile", 1, 0, 'F' }, { 0, 0, 0, 0 } };
+        { "blobfile", 1, 0, 'F' }, { "wbn", 1, 0, 'W' }, { "flushes", 1, 0, 'L' },
+        { "direct-reads", 0, 0, 'R' }, { "direct-flush", 0, 0, 'D' }, { 0, 0, 0, 0 } };
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -139,6 +141,10 @@ int main(int argc, char **argv)
         case 'h': g_half = 1; break;
         case 'f': fsync_files = 1; break;
         case 'F': t.blob_file_size = strtoull(optarg, 0, 10) << 20; break;
+        case 'W': t.write_buffers = atoi(optarg); break;
+        case 'L': t.flushes = atoi(optarg); break;
+        case 'R': t.direct_reads = true; break;
+        case 'D': t.direct_flush = true; break;
         default: fprintf(stderr, "see the comment at the top of tests/bench_ssd.c\n"); return 2;
         }
     }
