@@ -37,7 +37,7 @@ struct bench_opts {
     uint64_t numjobs, batch_size, rwmixread;
     double runtime;                     /* < 0: not given */
     int pattern;
-    bool verify;
+    bool verify, drop_caches;
     const char *summary_json, *compare, *posix_dir, *plot;
 };
 
@@ -81,6 +81,9 @@ static void usage(FILE *f)
             "                           (default: $TMPDIR or /tmp)\n"
             "      --plot FILE.png      draw throughput and latency percentiles per phase\n"
             "                           (and the --compare ratios) with gnuplot\n"
+            "      --drop-caches        sync and drop the kernel's page cache before each\n"
+            "                           phase after the first (cold reads and lookups; needs\n"
+            "                           root, else a warning and warm caches)\n"
             "%s"
             "\n"
             "Engine config: the defaults, then --config, then --set. Unless you set them,\n"
@@ -105,7 +108,7 @@ static int bad(const char *opt, const char *arg, const char *why)
 
 enum {
     O_SCENARIO = 256, O_VALUE_SIZE, O_NR_OBJECTS, O_NUMJOBS, O_BATCH, O_RUNTIME, O_RWMIX,
-    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT,
+    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT, O_DROP_CACHES,
 };
 
 /* Returns -1 to go on, or an exit code. */
@@ -127,6 +130,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         { "compare", required_argument, NULL, O_COMPARE },
         { "posix-dir", required_argument, NULL, O_POSIX_DIR },
         { "plot", required_argument, NULL, O_PLOT },
+        { "drop-caches", no_argument, NULL, O_DROP_CACHES },
         { NULL, 0, NULL, 0 },
     };
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
@@ -199,6 +203,9 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             break;
         case O_PLOT:
             o->plot = optarg;
+            break;
+        case O_DROP_CACHES:
+            o->drop_caches = true;
             break;
         default:
             usage(stderr);
@@ -276,9 +283,31 @@ fail:
 
 /* ---- scenarios ----------------------------------------------------------- */
 
+/* --drop-caches: what a phase after the first then reads comes from the
+ * disk, for both backends alike. A failure (not root, a container) is said
+ * once and the run goes on warm. */
+static void drop_caches(void)
+{
+    static bool warned;
+    sync();
+    FILE *f = fopen("/proc/sys/vm/drop_caches", "w");
+    bool ok = f && fputs("3\n", f) >= 0;
+    if (f && fclose(f) != 0)
+        ok = false;
+    if (!ok && !warned) {
+        warned = true;
+        fprintf(stderr, "kvctl bench: --drop-caches: cannot write /proc/sys/vm/drop_caches; "
+                        "caches stay warm\n");
+    }
+}
+
+static bool g_drop_caches;
+
 static void add(struct kvctl_run *run, struct kvctl_jobs *js, const struct kvctl_backend *be,
                 void *st, enum kvctl_phase_kind kind, double seconds)
 {
+    if (g_drop_caches && run->nphases > 0)
+        drop_caches();
     kvctl_jobs_run(js, be, st, kind, seconds, &run->phases[run->nphases]);
     run->nphases += kind == KVCTL_PH_MIXED ? 2 : 1;
 }
@@ -360,6 +389,7 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
     }
     r.memcpy_mib_s = kvctl_jobs_memcpy(js, o.scenario == SC_MIXED_RW ? 0 : o.runtime);
 
+    g_drop_caches = o.drop_caches;
     struct kvctl_open_args args = { .cfg = cfg, .value_size = o.value_size };
     run_backend(&o, js, &kvctl_backend_kvengine, &args, &r.runs[r.nruns++]);
     if (o.compare) {
