@@ -59,17 +59,20 @@ int kv__dram_alloc(kv_engine *e, uint64_t len, void **out)
      * writer releases them: wait for that (bounded), but never for leases
      * or pins — when nothing is evictable and nothing is in flight, fail. */
     uint64_t deadline = kv__now_ns() + WRITEBACK_WAIT_NS;
-    for (;;) {
+    for (bool last = false;; ) {
         void *p = kv__alloc(e->alloc, len);
         if (p) {
             atomic_fetch_add(&e->used, sz);
             *out = p;
             return KV_OK;
         }
+        if (last)
+            break;
         uint64_t freed = kv__evict(e, sz > e->evict_step ? sz : e->evict_step);
         uint64_t held = e->sink.drain ? e->sink.drain(e->sink.ctx, 50) : 0;
-        if ((freed == 0 && held == 0) || kv__now_ns() > deadline)
-            break;
+        /* Nothing more will come free (or we waited long enough): one more
+         * try, since the drain may just have released what we need. */
+        last = (freed == 0 && held == 0) || kv__now_ns() > deadline;
     }
     atomic_fetch_add(&e->ct.enospc, 1);
     return KV_ENOSPC;
