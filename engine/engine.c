@@ -601,12 +601,13 @@ static void free_value(void *ctx, uint32_t off64, uint32_t len)
     kv__dram_free(e, kv__seg_ptr(e, off64), len);
 }
 
-/* Tears down whatever kv_open built. The order matters: tasks finish
- * first (they use the cluster, the tiers and record metrics), then the
- * metrics server (it reads everything), then the cluster (peers' requests
- * use the local tiers), then the tiers. */
+/* Tears down whatever kv_open built. The order matters: the metrics
+ * server first (its scrapes read everything), then the tasks (they use the
+ * cluster and the tiers, and record into the metrics' histograms), then
+ * the cluster (peers' requests use the local tiers), then the tiers. */
 static void teardown(kv_engine *e)
 {
+    kv__metrics_stop(e->metrics);
     kv__pool_stop(e->pool);
     kv__metrics_close(e->metrics);
     kv__cluster_stop(e->cluster);

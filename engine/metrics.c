@@ -397,10 +397,18 @@ int kv__metrics_open(kv_engine *e, const struct kv_config *cfg, struct kv__metri
     return KV_OK;
 }
 
-void kv__metrics_close(struct kv__metrics *m)
+void kv__metrics_stop(struct kv__metrics *m)
 {
     if (!m)
         return;
     kv_metrics_stop(m->srv);
+    m->srv = NULL;
+}
+
+void kv__metrics_close(struct kv__metrics *m)
+{
+    if (!m)
+        return;
+    kv__metrics_stop(m);
     free(m);
 }

@@ -2,9 +2,10 @@
  * metrics.h — the engine's side of metrics: task latency histograms and the
  * /metrics server started by kv_open when metrics.listen is set.
  *
- * The engine (engine.c) makes three calls: open after the workers start,
- * close first thing in teardown (the server's scrapes read the engine), and
- * one record per finished dump or load task.
+ * The engine (engine.c) calls open after the workers start, one record per
+ * finished dump or load task, and at teardown stop first (the server's
+ * scrapes read the engine) and close once the workers are gone (they record
+ * into the histograms until then).
  */
 #ifndef KV_ENGINE_METRICS_H
 #define KV_ENGINE_METRICS_H
@@ -20,7 +21,9 @@ struct kv__metrics;
  * KV_ENOMEM. *out NULL on failure. */
 int  kv__metrics_open(kv_engine *e, const struct kv_config *cfg, struct kv__metrics **out,
                       char *err, size_t errlen);
-/* Stops the server (waiting for a scrape in progress) and frees. NULL ok. */
+/* Stops the server, waiting for a scrape in progress. NULL ok. */
+void kv__metrics_stop(struct kv__metrics *m);
+/* Stops the server if still running, and frees. NULL ok. */
 void kv__metrics_close(struct kv__metrics *m);
 /* Records one finished task of op (KV__OP_*) that took ns from submit to
  * done. Lock-free: a few relaxed atomic adds. m NULL is a no-op. */
