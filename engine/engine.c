@@ -685,16 +685,22 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         if (rc != KV_OK)
             goto fail;
     }
+    /* Last: from here on scrapes read the engine from another thread. */
+    e->open_ns = kv__now_ns() - t0;
     rc = kv__metrics_open(e, cfg, &e->metrics, err, sizeof err);
     if (rc != KV_OK)
         goto fail;
-    e->open_ns = kv__now_ns() - t0;
-    KV_INFO("engine open: pipeline=%s dram=%llu bytes (%s pages, faulted in %.1f ms) shards=%u "
-            "threads=%u%s in %.1f ms",
-            kv__pipeline_name(cfg->pipeline), (unsigned long long)e->seg.len,
-            e->seg.pages ? e->seg.pages : "none", (double)e->seg.fault_ns / 1e6,
-            cfg->dram.shards, cfg->io.threads, e->cluster ? " cluster" : "",
-            (double)e->open_ns / 1e6);
+    if (e->has_dram)
+        KV_INFO("engine open: pipeline=%s dram=%llu bytes (%s pages, faulted in %.1f ms) "
+                "shards=%u threads=%u%s in %.1f ms",
+                kv__pipeline_name(cfg->pipeline), (unsigned long long)e->seg.len, e->seg.pages,
+                (double)e->seg.fault_ns / 1e6, cfg->dram.shards, cfg->io.threads,
+                e->cluster ? " cluster" : "", (double)e->open_ns / 1e6);
+    else
+        KV_INFO("engine open: pipeline=%s, no DRAM tier, threads=%u%s in %.1f ms",
+                kv__pipeline_name(cfg->pipeline), cfg->io.threads,
+                !e->cluster ? "" : e->ssd ? " cluster" : " cluster (pure client)",
+                (double)e->open_ns / 1e6);
     *out = e;
     return KV_OK;
 fail:
