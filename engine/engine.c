@@ -107,7 +107,7 @@ static bool dram_has(kv_engine *e, int ns, const kv_block_id *id, uint32_t index
     struct kv__blk *b = kv__blk_find(ts, h, id);
     bool hit = b && kv__blk_sref(b, index);
     if (hit && lease) {
-        kv__blk_touch(ts, b, kv__engine_now(e) + e->lease_ns);
+        kv__blk_touch(b, kv__engine_now(e) + e->lease_ns);
     }
     pthread_mutex_unlock(&ts->lock);
     return hit;
@@ -149,7 +149,7 @@ int kv__local_pin(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
         return KV_ENOTFOUND;
     }
     b->pins++;
-    kv__blk_touch(ts, b, kv__engine_now(e));
+    kv__blk_touch(b, kv__engine_now(e));
     *data = kv__seg_ptr(e, r->off64);
     *len = r->len;
     pthread_mutex_unlock(&ts->lock);
@@ -193,9 +193,8 @@ int kv__local_size(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, 
  * Lookup is the hot path of prefix matching (thousands of ids per request),
  * so it is written for memory-level parallelism: the bucket of the id
  * PREFETCH_AHEAD places ahead is fetched while this one is examined, and the
- * lease is granted by moving the block's stamp into the future without
- * relinking its LRU list (the relink would touch two more cold entries; the
- * evictor skips and promotes leased blocks when it meets them instead).
+ * lease is granted by moving the block's stamp into the future: one store
+ * into the entry the lookup already has in cache.
  */
 #define PREFETCH_AHEAD 8
 
@@ -220,8 +219,8 @@ int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uin
                 pthread_mutex_lock(&ts->lock);
                 struct kv__blk *b = kv__blk_find(ts, hs[i], &ids[base + i]);
                 bool h = b && kv__blk_sref(b, 0);
-                if (h && b->stamp < lease_end)
-                    b->stamp = lease_end;
+                if (h)
+                    kv__blk_touch(b, lease_end);
                 pthread_mutex_unlock(&ts->lock);
                 hit[base + i] = h;
             }

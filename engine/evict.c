@@ -1,17 +1,23 @@
 /*
  * evict.c — frees DRAM, least recently used blocks first, whole blocks.
  *
- * How it works. Each table shard keeps an exact LRU list. To approximate one
- * engine-wide LRU order without a global lock, a round looks at the oldest
- * evictable block of every table shard (both namespaces), picks the shard
- * whose candidate is oldest, and evicts from that shard's tail while its
- * blocks are no newer than the runner-up's candidate. A block is evictable
- * when nobody is copying out of it (pins == 0) and its stamp is in the past
- * (a lease is a stamp in the future; see index.h).
- * Leased and pinned blocks are skipped, never waited for: the scan from a
- * tail gives up after SCAN_LIMIT of them, so a shard full of leased blocks
- * costs a bounded look, and when nothing anywhere is evictable the round
- * returns having freed nothing and the dump fails with KV_ENOSPC at once.
+ * How it works. Every block carries a stamp: its last use (ns since the
+ * engine opened), or the end of its lease, which lies in the future. There
+ * is no LRU list to keep in order; instead a round samples. Each table
+ * shard (both namespaces) is sampled from its clock hand for up to
+ * SAMPLE_BUDGET entries and offers its PER_SHARD oldest evictable blocks
+ * (stamp in the past, nobody copying out of it). The offers of all shards
+ * are sorted, and the oldest quarter is evicted — each one only if, under
+ * its shard's lock, it is still there, still unpinned and not used since it
+ * was sampled. A shard smaller than the budget is seen whole, so on small
+ * tables the order is exact LRU; on large ones it is the approximation
+ * DESIGN.md allows (the most recently used blocks survive: a block used
+ * since sampling is never taken, and a fresh stamp is never among the
+ * oldest offered).
+ *
+ * Leased and pinned blocks are skipped, never waited for: when nothing
+ * anywhere is evictable a round returns having freed nothing and the dump
+ * fails with KV_ENOSPC at once.
  *
  * Victims leave the index under the shard lock and are handed to the sink
  * (the SSD tier in dram|ssd) with no lock held. Their memory counts as used
@@ -21,43 +27,18 @@
 
 #include "store.h"
 
-#define SCAN_LIMIT 64
+#define SAMPLE_BUDGET 64      /* entries looked at per shard per round */
+#define PER_SHARD 8           /* candidates each shard offers per round */
+#define IDLE_ROUNDS 3         /* rounds that free nothing before giving up */
 
-struct cand {
-    struct kv__table *tab;
+struct offer {
+    struct kv__cand c;
     int ns;
-    uint32_t shard;
-    uint64_t stamp;
-    bool valid;
 };
-
-/* The oldest evictable block of a shard, or NULL (lock held). A lookup
- * leases a block by moving its stamp into the future without relinking it
- * (engine.c), so the list is LRU order except for leased blocks: those met
- * here are promoted to the head (a second chance, as in CLOCK), and the
- * oldest stamp among the evictable blocks of the window wins. */
-static struct kv__blk *oldest(struct kv__tshard *ts, uint64_t now)
-{
-    struct kv__blk *best = NULL;
-    int n = 0;
-    for (struct kv__blk *b = ts->lru_tail, *prev; b && n < SCAN_LIMIT; b = prev, n++) {
-        prev = b->prev;
-        if (b->stamp > now) {
-            kv__blk_touch(ts, b, now);          /* leased: to the head */
-            continue;
-        }
-        if (b->pins == 0 && (!best || b->stamp < best->stamp))
-            best = b;
-        if (best && best == b && (!prev || prev->stamp >= b->stamp))
-            break;                              /* in order: nothing older ahead */
-    }
-    return best;
-}
 
 static void release_victim(struct kv__victim *v)
 {
     kv_engine *e = v->priv;
-    /* The shard array was built from the entry; free the values it names. */
     for (uint32_t i = 0; i < v->nshards; i++)
         kv__dram_free(e, (void *)v->shards[i].data, v->shards[i].len);
     free(v);
@@ -95,63 +76,69 @@ static uint64_t hand_off(kv_engine *e, int ns, struct kv__blk *b)
     return bytes;
 }
 
-/* Finds, across every table shard, the oldest and second-oldest evictable
- * candidates. */
-static void scan(kv_engine *e, uint64_t now, struct cand *best, struct cand *second)
+static int by_stamp(const void *a, const void *b)
 {
-    *best = *second = (struct cand){ 0 };
+    uint64_t x = ((const struct offer *)a)->c.stamp, y = ((const struct offer *)b)->c.stamp;
+    return x < y ? -1 : x > y;
+}
+
+/* Collects every shard's offers; returns how many. */
+static size_t sample_all(kv_engine *e, uint64_t now, struct offer *o)
+{
+    size_t n = 0;
+    struct kv__cand c[PER_SHARD];
     for (int ns = 0; ns < KV_NS_COUNT; ns++) {
         struct kv__table *t = &e->tab[ns];
         for (uint32_t i = 0; i < t->n; i++) {
             struct kv__tshard *ts = &t->sh[i];
             pthread_mutex_lock(&ts->lock);
-            struct kv__blk *b = oldest(ts, now);
-            struct cand c = { t, ns, i, b ? b->stamp : 0, b != NULL };
+            size_t k = kv__tshard_sample(ts, now, SAMPLE_BUDGET, c, PER_SHARD);
             pthread_mutex_unlock(&ts->lock);
-            if (!c.valid)
-                continue;
-            if (!best->valid || c.stamp < best->stamp) {
-                *second = *best;
-                *best = c;
-            } else if (!second->valid || c.stamp < second->stamp) {
-                *second = c;
-            }
+            for (size_t j = 0; j < k; j++)
+                o[n++] = (struct offer){ c[j], ns };
         }
     }
+    return n;
+}
+
+/* Evicts one offered block if it is still as sampled; returns its bytes. */
+static uint64_t take(kv_engine *e, const struct offer *o)
+{
+    struct kv__tshard *ts = kv__table_shard(&e->tab[o->ns], o->c.hash);
+    pthread_mutex_lock(&ts->lock);
+    struct kv__blk *b = kv__blk_find(ts, o->c.hash, &o->c.id);
+    if (!b || b->pins || b->stamp != o->c.stamp) {
+        pthread_mutex_unlock(&ts->lock);
+        return 0;                           /* gone, in use, or used since */
+    }
+    kv__blk_unlink(ts, o->c.hash, b);
+    pthread_mutex_unlock(&ts->lock);
+    return hand_off(e, o->ns, b);
 }
 
 uint64_t kv__evict(kv_engine *e, uint64_t want)
 {
     if (!e->has_dram)
         return 0;
+    size_t max = (size_t)(e->tab[0].n + e->tab[1].n) * PER_SHARD;
+    struct offer *o = malloc(max * sizeof *o);
+    if (!o)
+        return 0;
     uint64_t freed = 0;
     pthread_mutex_lock(&e->evict_lock);
-    uint64_t now = kv__engine_now(e);
-    while (freed < want) {
-        struct cand best, second;
-        scan(e, now, &best, &second);
-        if (!best.valid)
+    for (int idle = 0; freed < want && idle < IDLE_ROUNDS;) {
+        size_t n = sample_all(e, kv__engine_now(e), o);
+        if (n == 0)
             break;                              /* all leased or pinned */
-        struct kv__tshard *ts = &best.tab->sh[best.shard];
+        qsort(o, n, sizeof *o, by_stamp);
         uint64_t round = 0;
-        for (;;) {
-            pthread_mutex_lock(&ts->lock);
-            struct kv__blk *b = oldest(ts, now);
-            if (!b || (second.valid && round > 0 && second.stamp < b->stamp)) {
-                pthread_mutex_unlock(&ts->lock);
-                break;
-            }
-            kv__blk_unlink(ts, kv__id_hash(&b->id), b);
-            pthread_mutex_unlock(&ts->lock);
-            round += hand_off(e, best.ns, b);
-            if (freed + round >= want)
-                break;
-        }
+        for (size_t i = 0; i < (n + 3) / 4 && freed + round < want; i++)
+            round += take(e, &o[i]);
         freed += round;
-        if (round == 0)
-            break;
+        idle = round ? 0 : idle + 1;
     }
     pthread_mutex_unlock(&e->evict_lock);
+    free(o);
     return freed;
 }
 
@@ -163,7 +150,6 @@ void kv__evict_maybe(kv_engine *e)
         return;                                 /* someone is on it */
     pthread_mutex_unlock(&e->evict_lock);
     /* Free ratio x capacity (eviction.ratio), as Mooncake's master does. */
-    uint64_t used = atomic_load(&e->used);
-    if (used > e->high_wm)
+    if (atomic_load(&e->used) > e->high_wm)
         kv__evict(e, e->evict_step);
 }

@@ -33,36 +33,37 @@ struct kv__srefs {
 #define KV_BLK_DEAD 0x8000u       /* in pins: unlinked, freed at last unpin */
 
 /*
- * A block entry is exactly 64 bytes (one cache line, jemalloc's 64-byte
- * class). A block with one shard keeps it inline; more go to an array.
+ * A block entry is exactly 48 bytes (jemalloc's 48-byte class). A block with
+ * one shard keeps it inline; more go to an array. With the bucket array (8
+ * to 16 bytes per block at load factor 1/2..1) a single-shard block costs
+ * 56-64 bytes of index, a four-shard block about 30 per shard.
  *
- * One stamp serves both LRU order and leases: it is the time of last use
- * in ns since the engine opened, and a lease moves it into the future
+ * One stamp serves both recency and leases: it is the time of last use in
+ * ns since the engine opened, and a lease moves it into the future
  * (now + lease_ttl). A block is evictable when its stamp is in the past and
- * nobody has it pinned; a leased block sorts as the newest, which is what
- * it is (a lookup hit means a load is coming).
+ * nobody has it pinned. There is no LRU list: the evictor samples stamps
+ * (see evict.c), which keeps entries small and makes a touch one store.
  */
 struct kv__blk {
     struct kv__blk *hnext;        /* bucket chain */
-    struct kv__blk *prev, *next;  /* LRU list: head is most recent */
     kv_block_id id;
+    uint64_t stamp;               /* last use or lease end, ns since open */
     union {
         struct kv__sref one;      /* nshards == 1 */
         struct kv__srefs many;    /* nshards > 1 */
     } s;
     uint16_t pins;                /* readers copying out; | KV_BLK_DEAD */
     uint16_t nshards;
-    uint64_t stamp;               /* last use or lease end, ns since open */
 };
 
 struct kv__tshard {
     pthread_mutex_t lock;
     struct kv__blk **buckets;
     uint32_t mask;                /* bucket count - 1 */
+    uint32_t hand;                /* the evictor's clock hand, a bucket */
     uint64_t nblocks;
     uint64_t nshards;             /* stored shard values */
     uint64_t index_bytes;         /* entries + arrays + buckets */
-    struct kv__blk *lru_head, *lru_tail;
 } __attribute__((aligned(64)));
 
 struct kv__table {
@@ -106,14 +107,32 @@ int kv__blk_add(struct kv__tshard *ts, uint64_t h, const kv_block_id *id, uint32
                 uint32_t off64, uint32_t len, uint64_t now,
                 struct kv__blk **out);
 
-/* Unlinks a block from its bucket and the LRU list; the entry stays
- * allocated (victims and dead entries still point at their shards). */
+/* Unlinks a block from its bucket; the entry stays allocated (victims and
+ * dead entries still point at their shards). */
 void kv__blk_unlink(struct kv__tshard *ts, uint64_t h, struct kv__blk *b);
 /* Frees an unlinked block's metadata (not its values). */
 void kv__blk_free(struct kv__blk *b);
 
-/* Moves a block to the LRU head and stamps it used at `now` (a stamp
- * already in the future, a lease, is kept). */
-void kv__blk_touch(struct kv__tshard *ts, struct kv__blk *b, uint64_t now);
+/* Stamps a block used at `now` (a stamp already in the future, a lease, is
+ * kept). */
+static inline void kv__blk_touch(struct kv__blk *b, uint64_t now)
+{
+    if (b->stamp < now)
+        b->stamp = now;
+}
+
+/* An eviction candidate found by sampling. */
+struct kv__cand {
+    uint64_t stamp;
+    uint64_t hash;
+    kv_block_id id;
+};
+
+/* Walks the shard from its clock hand, looking at up to `budget` entries
+ * (never more than the shard holds), and keeps in out[0..k) the oldest
+ * evictable ones (stamp <= now, not pinned), oldest first; advances the
+ * hand. Returns how many it kept. */
+size_t kv__tshard_sample(struct kv__tshard *ts, uint64_t now, unsigned budget,
+                         struct kv__cand *out, size_t k);
 
 #endif

@@ -6,16 +6,18 @@
  *
  * LOCK ORDER (the one place it is written down)
  *
- *   task table lock  >  table-shard lock  >  allocator
+ *   evict_lock  >  table-shard lock  >  allocator (size class, page map)
+ *   task stripe lock  >  a task's own mutex
  *
  * - A table-shard lock (struct kv__tshard.lock) is held only for index
- *   work: find, insert, unlink, pin, touch. Never across a copy of value
- *   bytes, never across an SSD call, and never two at once, except by the
- *   evictor, which takes them one at a time.
+ *   work: find, insert, unlink, pin, touch, sample. Never across a copy of
+ *   value bytes, never across an SSD or network call, and never two at
+ *   once (the evictor too takes them one at a time).
  * - Eviction runs on the thread that needs room, under evict_lock; it takes
  *   table-shard locks one at a time and hands victims to the sink with no
  *   lock held. A thread holding a table-shard lock never evicts.
- * - The task table lock is never held while taking any other lock except a
+ * - Values are freed to the allocator with no table-shard lock held.
+ * - A task stripe lock is never held while taking any other lock except a
  *   task's own mutex.
  */
 #ifndef KV_ENGINE_INTERNAL_H

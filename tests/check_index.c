@@ -83,9 +83,10 @@ START_TEST(buckets_grow_and_every_block_stays_findable)
         ck_assert_uint_ge(t.sh[s].mask + 1, t.sh[s].nblocks);   /* load factor <= 1 */
     }
     ck_assert_uint_eq(blocks, N);
-    /* One 64-byte entry plus 8..16 bytes of buckets per single-shard block. */
-    ck_assert_uint_le(bytes / N, 64 + 16);
-    ck_assert_uint_ge(bytes / N, 64 + 8);
+    /* One 48-byte entry plus 8..16 bytes of buckets per single-shard block:
+     * the goal of at most 64 bytes per stored shard. */
+    ck_assert_uint_le(bytes / N, 64);
+    ck_assert_uint_ge(bytes / N, 48 + 8);
     for (uint64_t i = 0; i < N; i++) {
         kv_block_id id = tu_id(i, 9);
         uint64_t h;
@@ -97,35 +98,39 @@ START_TEST(buckets_grow_and_every_block_stays_findable)
 }
 END_TEST
 
-START_TEST(touch_moves_to_the_head_and_keeps_leases)
+START_TEST(sampling_offers_the_oldest_evictable_blocks)
 {
     kv_block_id a = tu_id(1, 5);
     uint64_t h;
     struct kv__tshard *ts = shard_of(&a, &h);
-    /* Three blocks in the same table shard. */
-    kv_block_id ids[3];
-    struct kv__blk *b[3];
+    /* Twenty blocks in one table shard, stamped 100, 101, ... */
+    struct kv__blk *b[20];
     int n = 0;
-    for (uint64_t i = 0; n < 3; i++) {
+    for (uint64_t i = 0; n < 20; i++) {
         kv_block_id id = tu_id(i, 5);
         uint64_t hh;
         if (shard_of(&id, &hh) != ts)
             continue;
-        ids[n] = id;
-        ck_assert_int_eq(kv__blk_add(ts, hh, &id, 0, 0, 1, (uint64_t)n + 10, &b[n]), KV_OK);
+        ck_assert_int_eq(kv__blk_add(ts, hh, &id, 0, 0, 1, 100 + (uint64_t)n, &b[n]), KV_OK);
         n++;
     }
-    ck_assert_ptr_eq(ts->lru_head, b[2]);
-    ck_assert_ptr_eq(ts->lru_tail, b[0]);
-    kv__blk_touch(ts, b[0], 100);
-    ck_assert_ptr_eq(ts->lru_head, b[0]);
-    ck_assert_ptr_eq(ts->lru_tail, b[1]);
-    ck_assert_uint_eq(b[0]->stamp, 100);
-    b[1]->stamp = 1000;                    /* a lease: a stamp in the future */
-    kv__blk_touch(ts, b[1], 200);
-    ck_assert_uint_eq(b[1]->stamp, 1000);  /* kept */
-    ck_assert_ptr_eq(ts->lru_head, b[1]);
-    (void)ids;
+    b[0]->stamp = 10000;                  /* leased: a stamp in the future */
+    b[1]->pins = 1;                       /* being read */
+    kv__blk_touch(b[2], 500);             /* used recently */
+    kv__blk_touch(b[0], 600);             /* a touch keeps the lease */
+    ck_assert_uint_eq(b[0]->stamp, 10000);
+    struct kv__cand c[4];
+    size_t k = kv__tshard_sample(ts, 1000, 64, c, 4);
+    ck_assert_uint_eq(k, 4);
+    /* Oldest first, skipping the leased, the pinned and the touched. */
+    for (size_t i = 0; i < k; i++) {
+        ck_assert_uint_eq(c[i].stamp, 103 + i);
+        ck_assert_mem_eq(c[i].id.bytes, b[3 + i]->id.bytes, KV_BLOCK_ID_LEN);
+        ck_assert_uint_eq(c[i].hash, kv__id_hash(&c[i].id));
+    }
+    /* Nothing is evictable before any stamp. */
+    ck_assert_uint_eq(kv__tshard_sample(ts, 50, 64, c, 4), 0);
+    b[1]->pins = 0;
 }
 END_TEST
 
@@ -137,7 +142,7 @@ Suite *index_suite(void)
     tcase_add_test(tc, add_find_unlink);
     tcase_add_test(tc, shards_stay_sorted_and_findable);
     tcase_add_test(tc, buckets_grow_and_every_block_stays_findable);
-    tcase_add_test(tc, touch_moves_to_the_head_and_keeps_leases);
+    tcase_add_test(tc, sampling_offers_the_oldest_evictable_blocks);
     suite_add_tcase(s, tc);
     return s;
 }
