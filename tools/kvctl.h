@@ -83,6 +83,8 @@ void kvctl_rmtree(char *path);
 struct kvctl_open_args {
     const kv_config *cfg;   /* the engine's effective config (kvengine) */
     const char *dir;        /* the root directory (posix) */
+    const char *addr;       /* HOST:PORT of the server (redis, memcached) */
+    unsigned numjobs;       /* job threads that will call it at once */
     uint64_t value_size;    /* every block's size */
 };
 
@@ -112,6 +114,58 @@ struct kvctl_backend {
 
 extern const struct kvctl_backend kvctl_backend_kvengine;
 extern const struct kvctl_backend kvctl_backend_posix;
+extern const struct kvctl_backend kvctl_backend_redis;      /* kvctl_redis.c */
+extern const struct kvctl_backend kvctl_backend_memcached;  /* kvctl_memcached.c */
+/* Why the last open of a network backend failed, in words ("cannot connect
+ * to 127.0.0.1:1: Connection refused"); "" when it did not. */
+extern char kvctl_net_open_why[256];
+
+/* ---- client sockets (kvctl_sock.c) --------------------------------------- */
+
+/* A blocking TCP connection with SO_SNDTIMEO/SO_RCVTIMEO and a small read
+ * buffer for reply lines; fd -1 when closed (or broken). */
+struct kvctl_conn {
+    int fd;
+    unsigned timeout_ms;
+    size_t rpos, rlen;
+    char peer[128];
+    char rbuf[16384];
+};
+struct iovec;
+/* "HOST:PORT" (or "[V6]:PORT") into its parts; KV_EINVAL when it is not. */
+int  kvctl_split_hostport(const char *hp, char *host, size_t hcap, char *port, size_t pcap);
+/* Connects (TCP_NODELAY, timeouts set). KV_EINVAL (not HOST:PORT), KV_ENET
+ * (refused, unknown host), KV_ETIMEDOUT; why says which in words. */
+int  kvctl_dial(const char *hostport, unsigned timeout_ms, int *fd, char *why, size_t whylen);
+int  kvctl_conn_open(struct kvctl_conn *c, const char *hostport, unsigned timeout_ms,
+                     char *why, size_t whylen);
+void kvctl_conn_close(struct kvctl_conn *c);
+/* Writes all of v[0..n) (v is consumed). */
+int  kvctl_conn_writev(struct kvctl_conn *c, struct iovec *v, int n);
+/* One reply line without its CRLF, NUL-terminated, at most cap - 1 bytes;
+ * KV_EPROTO for a longer one or a bare LF. */
+int  kvctl_conn_line(struct kvctl_conn *c, char *out, size_t cap);
+/* Exactly len bytes into iov (which must hold at least len), and the
+ * "\r\n" after a value; discard drops n bytes. */
+int  kvctl_conn_read_value(struct kvctl_conn *c, const kv_iov *iov, uint32_t cnt, uint64_t len);
+int  kvctl_conn_expect_crlf(struct kvctl_conn *c);
+int  kvctl_conn_discard(struct kvctl_conn *c, uint64_t n);
+
+/* n connections to one server, each checked by hello (may be NULL); a job
+ * takes one for a call (get) and gives it back (put). get returns NULL when
+ * none is free or a broken one cannot be redialed. */
+struct kvctl_pool;
+int  kvctl_pool_new(unsigned n, const char *hostport, unsigned timeout_ms,
+                    int (*hello)(struct kvctl_conn *c, char *why, size_t whylen),
+                    struct kvctl_pool **out, char *why, size_t whylen);
+void kvctl_pool_free(struct kvctl_pool *p);
+struct kvctl_conn *kvctl_pool_get(struct kvctl_pool *p);
+void kvctl_pool_put(struct kvctl_pool *p, struct kvctl_conn *c);
+
+/* Raw loopback TCP: `streams` sender/receiver thread pairs on 127.0.0.1,
+ * each sending write_size bytes per send() for `seconds`. MiB/s received,
+ * all streams together; 0 when it could not be measured. */
+double kvctl_tcp_baseline(unsigned streams, uint64_t write_size, double seconds);
 
 /* ---- benchmark results (kvctl_report.c) ---------------------------------- */
 
@@ -132,10 +186,13 @@ double kvctl_phase_kvs_s(const struct kvctl_phase *p);
 void kvctl_phase_latency(struct kvctl_phase *p, uint64_t *lat, size_t n);
 
 #define KVCTL_MAX_PHASES 4
+/* kvengine and one run per --compare backend (posix, redis, memcached). */
+#define KVCTL_MAX_RUNS 4
 
 /* One backend's run of the scenario. */
 struct kvctl_run {
     const char *backend;
+    const char *addr;           /* the server's HOST:PORT (redis, memcached) */
     int open_error;             /* KV_OK, or why the backend did not open */
     struct kvctl_phase phases[KVCTL_MAX_PHASES];
     int nphases;
@@ -155,7 +212,9 @@ struct kvctl_report {
     char pipeline[64];          /* the engine's, as kv_config_get says */
     char dram_capacity[64];
     double memcpy_mib_s;
-    struct kvctl_run runs[2];   /* kvengine, then the --compare backend */
+    double tcp_mib_s;           /* the loopback TCP baseline, 0 = not measured */
+    uint64_t salt;              /* block ids are a hash of (salt, object number) */
+    struct kvctl_run runs[KVCTL_MAX_RUNS];  /* kvengine, then each --compare */
     int nruns;
 };
 

@@ -8,8 +8,18 @@
  *   dram.capacity fits the data set (x1.3, at least 256 MiB), and an SSD
  *   tier gets a fresh temporary directory that is removed afterwards.
  * - A scenario is a list of phases run by kvctl_jobs.c against a backend
- *   ops table; --compare runs the same list, with the same blocks and the
- *   same buffers, against a second backend after the first is closed.
+ *   ops table; each --compare runs the same list, with the same blocks and
+ *   the same buffers, against another backend after the previous one is
+ *   closed (posix, or a Redis or memcached server: kvctl_peers.c).
+ * - Whenever a backend is reached over the network (a cluster client, a
+ *   server), the run also measures raw loopback TCP with the same number
+ *   of streams and the value size as the write size (kvctl_sock.c), so
+ *   every figure comes with its ratio to what the wire itself moved in the
+ *   same run on the same (shared, noisy) machine.
+ * - Block ids are a hash of (--salt, object number); the salt is random per
+ *   run unless given, and printed, so a second run against a live cluster
+ *   or server does not find the first run's values (and a given salt
+ *   repeats a run's ids on purpose).
  */
 #include "kvctl.h"
 
@@ -25,20 +35,32 @@
 #define DEFAULT_DATA_SET   (512ull << 20)  /* --nr-objects defaults to this much */
 #define DEFAULT_MIXED_S    5.0
 #define MIN_VALUE_SIZE     64              /* the header that names an object */
+#define TCP_BASELINE_S     0.5
+#define MAX_COMPARE        (KVCTL_MAX_RUNS - 1)
 
 static const char *const scenarios[] = {
     "verify_write", "fill", "write_perf", "read_perf", "mixed_rw",
 };
 enum { SC_VERIFY_WRITE, SC_FILL, SC_WRITE_PERF, SC_READ_PERF, SC_MIXED_RW };
 
+/* One --compare: a backend, and the server's address for the network ones. */
+struct compare {
+    const struct kvctl_backend *be;
+    const char *addr;
+};
+
 struct bench_opts {
     int scenario;
+    struct compare cmp[MAX_COMPARE];
+    int ncmp;
+    uint64_t salt;
+    bool salt_given;
     uint64_t value_size, nr_objects;    /* nr_objects 0: DEFAULT_DATA_SET worth */
     uint64_t numjobs, batch_size, rwmixread;
     double runtime;                     /* < 0: not given */
     int pattern;
     bool verify, drop_caches;
-    const char *summary_json, *compare, *posix_dir, *plot;
+    const char *summary_json, *posix_dir, *plot;
 };
 
 static void usage(FILE *f)
@@ -75,8 +97,21 @@ static void usage(FILE *f)
             "      --pattern BYTE       fill values with BYTE, e.g. 0xA5 (default: fixed\n"
             "                           pseudo-random, incompressible bytes)\n"
             "      --summary-json FILE  write the results as JSON ('-' for stdout)\n"
-            "      --compare BACKEND    also run the same blocks against BACKEND: posix\n"
-            "                           (UCM's file-per-block layout) and print the ratios\n"
+            "      --compare BACKEND    also run the same blocks against BACKEND and print\n"
+            "                           the ratios; repeatable, one of each:\n"
+            "                             posix                UCM's file-per-block layout\n"
+            "                             redis=HOST:PORT      a Redis server (SET/GET/EXISTS,\n"
+            "                                                  one connection per job, each\n"
+            "                                                  batch pipelined)\n"
+            "                             memcached=HOST:PORT  a memcached server (set/get, and\n"
+            "                                                  mg for lookup; start it with -I\n"
+            "                                                  above the value size)\n"
+            "                           A server that does not answer ends the bench before\n"
+            "                           anything runs (exit 1); a bad address is exit 2\n"
+            "      --salt N             block ids are a hash of (N, object number) (default:\n"
+            "                           random per run, printed): a second run against a\n"
+            "                           live cluster or server does not find the first's\n"
+            "                           values; giving a run's salt repeats its ids\n"
             "      --posix-dir DIR      parent of the posix backend's temporary directory\n"
             "                           (default: $TMPDIR or /tmp)\n"
             "      --plot FILE.png      draw throughput and latency percentiles per phase\n"
@@ -95,9 +130,12 @@ static void usage(FILE *f)
             "Figures per phase: ops (objects, or ids for lookup, attempted), MiB moved,\n"
             "seconds, MiB/s, kvs/s (successful objects or ids per second), task latency\n"
             "percentiles in us, misses, verify failures, errors, and MiB/s as a ratio of\n"
-            "memcpy of the same bytes by the same number of threads.\n"
+            "memcpy of the same bytes by the same number of threads. When a backend is\n"
+            "reached over the network (cluster.enabled, redis, memcached) the bench also\n"
+            "measures raw loopback TCP for %.1f s (--numjobs streams, value-size writes)\n"
+            "and gives each phase's MiB/s as a ratio of it.\n"
             "\n%s",
-            DEFAULT_MIXED_S, kvctl_common_help, kvctl_exit_help);
+            DEFAULT_MIXED_S, kvctl_common_help, TCP_BASELINE_S, kvctl_exit_help);
 }
 
 static int bad(const char *opt, const char *arg, const char *why)
@@ -108,8 +146,37 @@ static int bad(const char *opt, const char *arg, const char *why)
 
 enum {
     O_SCENARIO = 256, O_VALUE_SIZE, O_NR_OBJECTS, O_NUMJOBS, O_BATCH, O_RUNTIME, O_RWMIX,
-    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT, O_DROP_CACHES,
+    O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT, O_DROP_CACHES, O_SALT,
 };
+
+/* posix | redis=HOST:PORT | memcached=HOST:PORT; returns -1 or an exit code. */
+static int parse_compare(const char *arg, struct bench_opts *o)
+{
+    static const struct { const char *name; const struct kvctl_backend *be; bool net; } all[] = {
+        { "posix", &kvctl_backend_posix, false },
+        { "redis", &kvctl_backend_redis, true },
+        { "memcached", &kvctl_backend_memcached, true },
+    };
+    const char *eq = strchr(arg, '=');
+    size_t nlen = eq ? (size_t)(eq - arg) : strlen(arg);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strlen(all[i].name) != nlen || strncmp(arg, all[i].name, nlen) != 0)
+            continue;
+        char host[256], port[16];
+        if (all[i].net && (!eq || kvctl_split_hostport(eq + 1, host, sizeof host, port,
+                                                       sizeof port) != KV_OK))
+            return bad("--compare", arg, "want NAME=HOST:PORT, e.g. redis=127.0.0.1:6379");
+        if (!all[i].net && eq)
+            return bad("--compare", arg, "posix takes no address (see --posix-dir)");
+        for (int k = 0; k < o->ncmp; k++)
+            if (o->cmp[k].be == all[i].be)
+                return bad("--compare", arg, "each backend may be compared once");
+        o->cmp[o->ncmp++] = (struct compare){ all[i].be, eq ? eq + 1 : NULL };
+        return -1;
+    }
+    return bad("--compare", arg, "the other backends are posix, redis=HOST:PORT and "
+                                 "memcached=HOST:PORT");
+}
 
 /* Returns -1 to go on, or an exit code. */
 static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opts *o)
@@ -131,6 +198,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         { "posix-dir", required_argument, NULL, O_POSIX_DIR },
         { "plot", required_argument, NULL, O_PLOT },
         { "drop-caches", no_argument, NULL, O_DROP_CACHES },
+        { "salt", required_argument, NULL, O_SALT },
         { NULL, 0, NULL, 0 },
     };
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
@@ -193,10 +261,16 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         case O_JSON:
             o->summary_json = optarg;
             break;
-        case O_COMPARE:
-            if (strcmp(optarg, "posix") != 0)
-                return bad("--compare", optarg, "the only other backend is posix");
-            o->compare = optarg;
+        case O_COMPARE: {
+            int pc = parse_compare(optarg, o);
+            if (pc >= 0)
+                return pc;
+            break;
+        }
+        case O_SALT:
+            if (kvctl_parse_u64(optarg, 0, UINT64_MAX, &o->salt) != KV_OK)
+                return bad("--salt", optarg, "want a whole number (0x... for hex)");
+            o->salt_given = true;
             break;
         case O_POSIX_DIR:
             o->posix_dir = optarg;
@@ -318,12 +392,14 @@ static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
 {
     void *st = NULL;
     run->backend = be->name;
+    run->addr = args->addr;
     kvctl_jobs_reset(js);
     kvctl_rss_reset_peak();
     run->open_error = be->open(args, &st);
     if (run->open_error != KV_OK) {
         fprintf(stderr, "kvctl bench: %s: open failed: %s\n", be->name,
-                kv_strerror(run->open_error));
+                args->addr && kvctl_net_open_why[0] ? kvctl_net_open_why
+                                                    : kv_strerror(run->open_error));
         return;
     }
     /* mixed_rw's runtime is its mixed phase's length, not a cap on the
@@ -352,6 +428,32 @@ static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
     be->close(st);
 }
 
+/* Every server named by --compare answers before anything is measured:
+ * a typo in a port should not cost a whole kvengine run first. */
+static int probe_servers(const struct bench_opts *o)
+{
+    for (int i = 0; i < o->ncmp; i++) {
+        if (!o->cmp[i].addr)
+            continue;
+        struct kvctl_open_args a = { .addr = o->cmp[i].addr, .numjobs = 1 };
+        void *st = NULL;
+        int rc = o->cmp[i].be->open(&a, &st);
+        if (rc != KV_OK) {
+            fprintf(stderr, "kvctl bench: --compare %s=%s: %s\n", o->cmp[i].be->name,
+                    o->cmp[i].addr, kvctl_net_open_why[0] ? kvctl_net_open_why : kv_strerror(rc));
+            return KVCTL_EXIT_FAIL;
+        }
+        o->cmp[i].be->close(st);
+    }
+    return KVCTL_EXIT_OK;
+}
+
+static bool cluster_enabled(const kv_config *cfg)
+{
+    char v[16];
+    return kv_config_get(cfg, "cluster.enabled", v, sizeof v) == KV_OK && strcmp(v, "true") == 0;
+}
+
 static uint64_t fresh_salt(void)
 {
     struct timespec ts;
@@ -377,10 +479,14 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
     rc = engine_config(c, &o, &cfg, &ssd_tmp, &r);
     if (rc != KVCTL_EXIT_OK)
         goto out;
+    rc = probe_servers(&o);
+    if (rc != KVCTL_EXIT_OK)
+        goto out;
+    r.salt = o.salt_given ? o.salt : fresh_salt();
     struct kvctl_workload w = {
         .value_size = o.value_size, .nr_objects = o.nr_objects, .numjobs = r.numjobs,
         .batch_size = r.batch_size, .rwmixread = r.rwmixread, .pattern = o.pattern,
-        .verify = o.verify, .salt = fresh_salt(),
+        .verify = o.verify, .salt = r.salt,
     };
     rc = KVCTL_EXIT_FAIL;
     if (kvctl_jobs_new(&w, &js) != KV_OK) {
@@ -388,18 +494,32 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         goto out;
     }
     r.memcpy_mib_s = kvctl_jobs_memcpy(js, o.scenario == SC_MIXED_RW ? 0 : o.runtime);
+    bool net = cluster_enabled(cfg);
+    for (int i = 0; i < o.ncmp; i++)
+        net |= o.cmp[i].addr != NULL;
+    if (net)
+        r.tcp_mib_s = kvctl_tcp_baseline(r.numjobs, o.value_size, TCP_BASELINE_S);
 
     g_drop_caches = o.drop_caches;
-    struct kvctl_open_args args = { .cfg = cfg, .value_size = o.value_size };
+    struct kvctl_open_args args = { .cfg = cfg, .value_size = o.value_size,
+                                    .numjobs = r.numjobs };
     run_backend(&o, js, &kvctl_backend_kvengine, &args, &r.runs[r.nruns++]);
-    if (o.compare) {
-        posix_tmp = kvctl_mktemp_dir(o.posix_dir, "kvbench-posix");
-        if (!posix_tmp) {
-            perror("kvctl bench: posix directory");
-            goto out;
+    for (int i = 0; i < o.ncmp; i++) {
+        args.dir = NULL;
+        args.addr = o.cmp[i].addr;
+        if (o.cmp[i].be == &kvctl_backend_posix) {
+            posix_tmp = kvctl_mktemp_dir(o.posix_dir, "kvbench-posix");
+            if (!posix_tmp) {
+                perror("kvctl bench: posix directory");
+                goto out;
+            }
+            args.dir = posix_tmp;
         }
-        args.dir = posix_tmp;
-        run_backend(&o, js, &kvctl_backend_posix, &args, &r.runs[r.nruns++]);
+        run_backend(&o, js, o.cmp[i].be, &args, &r.runs[r.nruns++]);
+        if (posix_tmp) {
+            kvctl_rmtree(posix_tmp);    /* before the next server is measured */
+            posix_tmp = NULL;
+        }
     }
     kvctl_report_print(stdout, &r);
     if (o.summary_json && kvctl_report_json(o.summary_json, &r) != KV_OK)

@@ -33,7 +33,7 @@ static const struct kvctl_phase *find(const struct kvctl_run *run, const char *n
 static void script(FILE *f, const char *png, const struct kvctl_report *r)
 {
     const struct kvctl_run *a = &r->runs[0];
-    bool cmp = r->nruns == 2 && r->runs[1].open_error == KV_OK;
+    bool cmp = r->nruns >= 2 && r->runs[1].open_error == KV_OK;
     int panels = cmp ? 3 : 2;
     char vs[32];
     fprintf(f, "set terminal pngcairo noenhanced size 1200,%d font 'sans,10'\n", 330 * panels);

@@ -91,27 +91,33 @@ static void print_run(FILE *f, const struct kvctl_report *r, const struct kvctl_
 {
     char b1[32], b2[32];
     fprintf(f, "\n[%s]", run->backend);
+    if (run->addr)
+        fprintf(f, " %s", run->addr);
     if (run->open_error != KV_OK) {
         fprintf(f, " did not open: %s\n", kv_strerror(run->open_error));
         return;
     }
     fprintf(f, " open %.1f ms\n", (double)run->info.open_ns / 1e6);
-    fprintf(f, "%-11s %9s %9s %8s %9s %10s %9s %9s %9s %6s %6s %6s %7s\n", "phase", "ops",
+    fprintf(f, "%-11s %9s %9s %8s %9s %10s %9s %9s %9s %6s %6s %6s %7s", "phase", "ops",
             "MiB", "sec", "MiB/s", "kvs/s", "p50 us", "p95 us", "p99 us", "miss", "verr",
             "err", "memcpy");
+    fprintf(f, r->tcp_mib_s > 0 ? " %6s\n" : "\n", "tcp");
     for (int i = 0; i < run->nphases; i++) {
         const struct kvctl_phase *p = &run->phases[i];
-        char mib[32] = "-", mibs[32] = "-", ratio[32] = "-";
+        char mib[32] = "-", mibs[32] = "-", ratio[32] = "-", tcp[32] = "-";
         if (!p->lookup) {
             snprintf(mib, sizeof mib, "%.1f", (double)p->bytes / MIB);
             snprintf(mibs, sizeof mibs, "%.1f", kvctl_phase_mib_s(p));
             if (r->memcpy_mib_s > 0)
                 snprintf(ratio, sizeof ratio, "%.2fx", kvctl_phase_mib_s(p) / r->memcpy_mib_s);
+            if (r->tcp_mib_s > 0)
+                snprintf(tcp, sizeof tcp, "%.2fx", kvctl_phase_mib_s(p) / r->tcp_mib_s);
         }
         fprintf(f, "%-11s %9" PRIu64 " %9s %8.3f %9s %10.0f %9.1f %9.1f %9.1f %6" PRIu64
-                   " %6" PRIu64 " %6" PRIu64 " %7s\n",
+                   " %6" PRIu64 " %6" PRIu64 " %7s",
                 p->name, p->ops, mib, p->seconds, mibs, kvctl_phase_kvs_s(p), p->p50_us,
                 p->p95_us, p->p99_us, p->misses, p->verify_failures, p->errors, ratio);
+        fprintf(f, r->tcp_mib_s > 0 ? " %6s\n" : "\n", tcp);
         if (p->errors)
             fprintf(f, "  %s: first error %s (%s)\n", p->name, kv_err_name(p->first_error),
                     kv_strerror(p->first_error));
@@ -132,9 +138,9 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : NAN;
 }
 
-static void print_compare(FILE *f, const struct kvctl_report *r)
+static void print_compare(FILE *f, const struct kvctl_report *r, const struct kvctl_run *b)
 {
-    const struct kvctl_run *a = &r->runs[0], *b = &r->runs[1];
+    const struct kvctl_run *a = &r->runs[0];
     if (a->open_error != KV_OK || b->open_error != KV_OK)
         return;
     fprintf(f, "\n%s / %s      kvs/s     MiB/s\n", a->backend, b->backend);
@@ -151,6 +157,33 @@ static void print_compare(FILE *f, const struct kvctl_report *r)
     }
 }
 
+/* Every backend's MiB/s (ids/s for lookup) and p50/p99 per phase, one line
+ * each: the figures an issue asks for, in one place. */
+static void print_side_by_side(FILE *f, const struct kvctl_report *r)
+{
+    fprintf(f, "\n%-11s %-10s %12s %9s %9s %7s\n", "phase", "backend", "MiB/s", "p50 us",
+            "p99 us", r->tcp_mib_s > 0 ? "tcp" : "");
+    const struct kvctl_run *a = &r->runs[0];
+    for (int i = 0; i < a->nphases; i++) {
+        for (int k = 0; k < r->nruns; k++) {
+            const struct kvctl_run *run = &r->runs[k];
+            const struct kvctl_phase *p = run->open_error == KV_OK
+                                              ? find_phase(run, a->phases[i].name) : NULL;
+            if (!p)
+                continue;
+            char rate[32], tcp[32] = "";
+            if (p->lookup)
+                snprintf(rate, sizeof rate, "%.0f ids/s", kvctl_phase_kvs_s(p));
+            else
+                snprintf(rate, sizeof rate, "%.1f", kvctl_phase_mib_s(p));
+            if (!p->lookup && r->tcp_mib_s > 0)
+                snprintf(tcp, sizeof tcp, "%.2fx", kvctl_phase_mib_s(p) / r->tcp_mib_s);
+            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s\n", k ? "" : p->name, run->backend,
+                    rate, p->p50_us, p->p99_us, tcp);
+        }
+    }
+}
+
 void kvctl_report_print(FILE *f, const struct kvctl_report *r)
 {
     char vs[32], total[32];
@@ -164,17 +197,22 @@ void kvctl_report_print(FILE *f, const struct kvctl_report *r)
         fprintf(f, ", pattern 0x%02X", r->pattern);
     else
         fprintf(f, ", pattern random");
-    fprintf(f, ", verify %s", r->verify ? "on" : "off");
+    fprintf(f, ", verify %s, salt %" PRIu64, r->verify ? "on" : "off", r->salt);
     if (r->runtime > 0)
         fprintf(f, ", runtime %.1f s", r->runtime);
     if (strcmp(r->scenario, "mixed_rw") == 0)
         fprintf(f, ", %u%% reads", r->rwmixread);
     fprintf(f, "\n  memcpy %.1f MiB/s (%u thread%s)\n", r->memcpy_mib_s, r->numjobs,
             r->numjobs == 1 ? "" : "s");
+    if (r->tcp_mib_s > 0)
+        fprintf(f, "  loopback TCP %.1f MiB/s (%u stream%s, %s writes)\n", r->tcp_mib_s,
+                r->numjobs, r->numjobs == 1 ? "" : "s", vs);
     for (int i = 0; i < r->nruns; i++)
         print_run(f, r, &r->runs[i]);
-    if (r->nruns == 2)
-        print_compare(f, r);
+    for (int i = 1; i < r->nruns; i++)
+        print_compare(f, r, &r->runs[i]);
+    if (r->nruns > 1)
+        print_side_by_side(f, r);
     fflush(f);
 }
 
@@ -270,7 +308,24 @@ static void json_run_extras(FILE *f, const struct kvctl_report *r, const struct 
         jkey(f, run->phases[i].name);
         jnum(f, ratio(kvctl_phase_mib_s(&run->phases[i]), r->memcpy_mib_s));
     }
-    fputs("},\"ok\":", f);
+    fputc('}', f);
+    if (r->tcp_mib_s > 0) {
+        fputs(",\"tcp_ratio\":{", f);
+        n = 0;
+        for (int i = 0; i < run->nphases; i++) {
+            if (run->phases[i].lookup)
+                continue;
+            fprintf(f, "%s", n++ ? "," : "");
+            jkey(f, run->phases[i].name);
+            jnum(f, ratio(kvctl_phase_mib_s(&run->phases[i]), r->tcp_mib_s));
+        }
+        fputc('}', f);
+    }
+    if (run->addr) {
+        fputs(",\"addr\":", f);
+        jstr(f, run->addr);
+    }
+    fputs(",\"ok\":", f);
     fputs(kvctl_run_ok(r, run) ? "true" : "false", f);
 }
 
@@ -311,7 +366,11 @@ int kvctl_report_json(const char *path, const struct kvctl_report *r)
     jstr(f, r->scenario);
     fputs(",\"memcpy_mib_s\":", f);
     jnum(f, r->memcpy_mib_s);
-    fputc(',', f);
+    if (r->tcp_mib_s > 0) {
+        fputs(",\"tcp_mib_s\":", f);
+        jnum(f, r->tcp_mib_s);
+    }
+    fprintf(f, ",\"salt\":%" PRIu64 ",", r->salt);
     json_phases(f, run);
     fputs(",\"backend\":", f);
     jstr(f, run->backend);
