@@ -1,88 +1,127 @@
-#!/bin/sh
-# peers.sh — kvengine's distributed DRAM tier beside Redis and memcached on
-# loopback, same value sizes and client concurrency. A measurement to read,
-# not a test; keep it short on shared machines.
+#!/bin/bash
+# peers.sh — kvengine's distributed DRAM tier beside Redis 7 and memcached
+# 1.6 on loopback, measured by ONE `kvctl bench` per value size: same
+# blocks, same value size, same number of jobs, same run, with the raw
+# loopback TCP bandwidth kvctl measures itself (the "tcp" column is each
+# phase's MiB/s over it). A measurement to read, not a test (CI does not
+# run it); keep it short on shared machines.
 #
-#   sh bench/peers.sh [BUILD_DIR]      (default build; needs BUILD_DIR/kvmaster,
-#                                       kvnode and bench_cluster, see below)
+#   bash bench/peers.sh [BUILD_DIR]        (default: build)
 #
-# bench_cluster is built by hand:
-#   cc -O2 -Iinclude -D_GNU_SOURCE -pthread -o BUILD/bench_cluster \
-#      tests/bench_cluster.c BUILD/libkvengine.a -lrocksdb -lyaml -llz4 \
-#      -lxxhash -ljemalloc -lmicrohttpd -libverbs -lpthread -lm
+# Needs BUILD_DIR/kvctl, kvmaster and kvnode, and redis-server and memcached
+# (Debian: apt-get install redis-server memcached). It starts, on free
+# loopback ports:
+#   redis-server --save '' --appendonly no
+#   memcached -t 4 -m 4096 -I 8m
+#   kvmaster, and NODES kvnodes (pipeline dram, NODE_DRAM each)
+# then, for each size in SIZES, a pure cluster client (dram.capacity=0):
+#   kvctl bench --numjobs JOBS --value-size SIZE \
+#       --compare redis=... --compare memcached=...
+# Every process it starts is stopped on exit, however it exits.
 #
-# Redis is driven by redis-benchmark (-c JOBS, SET then GET of one key, so
-# every GET returns a whole value). memcached has
-# no stock benchmark here, so a small Python client (one connection per
-# thread) drives it: its figures are a lower bound.
-set -eu
+# Environment: JOBS (8), SIZES ("1MiB 64KiB"), NODES (2), NODE_DRAM (1GiB),
+# PROTOCOL (tcp), JSON_DIR (unset: no summaries; else peers-SIZE.json
+# there), and BENCH_ARGS (more kvctl bench options, e.g. "--batch-size 1").
+set -euo pipefail
 B=${1:-build}
 JOBS=${JOBS:-8}
-SECS=${SECS:-3}
-TMP=$(mktemp -d)
-PIDS=""
+SIZES=${SIZES:-"1MiB 64KiB"}
+NODES=${NODES:-2}
+NODE_DRAM=${NODE_DRAM:-1GiB}
+PROTOCOL=${PROTOCOL:-tcp}
+BENCH_ARGS=${BENCH_ARGS:-}
+
+for bin in "$B/kvctl" "$B/kvmaster" "$B/kvnode"; do
+    [ -x "$bin" ] || { echo "peers.sh: $bin missing (make BUILD=$B all)" >&2; exit 2; }
+done
+for bin in redis-server memcached; do
+    command -v "$bin" >/dev/null || { echo "peers.sh: $bin not installed" >&2; exit 2; }
+done
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/kvpeers.XXXXXX")
+PIDS=()
 cleanup() {
-    for p in $PIDS; do kill "$p" 2>/dev/null || true; done
-    for p in $PIDS; do wait "$p" 2>/dev/null || true; done
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     rm -rf "$TMP"
 }
-trap cleanup EXIT INT TERM
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 
-for size in 1048576 65536; do
-    echo "== value $((size / 1024)) KiB, $JOBS clients =="
-    n=$(( size >= 1048576 ? 128 : 1024 ))
-    if [ -x "$B/bench_cluster" ]; then
-        "$B/bench_cluster" "$B" "$size" "$JOBS" "$n" "$SECS" 2 2>/dev/null |
-            sed 's/^/kvengine  /'
-    fi
-    if command -v redis-server >/dev/null; then
-        p=$(port)
-        redis-server --port "$p" --save "" --appendonly no --daemonize no \
-            --logfile "$TMP/redis.log" &
-        PIDS="$PIDS $!"
-        sleep 0.5
-        redis-benchmark -p "$p" -c "$JOBS" -n $(( n * JOBS )) -d "$size" \
-            -t set,get --csv 2>/dev/null | tr -d '"' |
-            awk -F, -v s="$size" '$1=="SET"||$1=="GET" {
-                printf "redis     %-4s %.1f MiB/s  %.0f ops/s  p50=%.0fus p99=%.0fus\n",
-                       $1, $2 * s / 1048576, $2, $6 * 1000, $8 * 1000 }'
-    fi
-    if command -v memcached >/dev/null; then
-        p=$(port)
-        memcached -p "$p" -l 127.0.0.1 -m 4096 -I 2m -t 4 -U 0 $( [ "$(id -u)" = 0 ] && echo "-u nobody" ) &
-        PIDS="$PIDS $!"
-        sleep 0.5
-        python3 - "$p" "$size" "$JOBS" "$n" <<'PY'
-import socket, sys, threading, time
-port, size, jobs, n = (int(a) for a in sys.argv[1:5])
-val = b"x" * size
-def conn():
-    s = socket.create_connection(("127.0.0.1", port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s, s.makefile("rb")
-def readline(f): return f.readline()
-def worker(j, op, lat):
-    s, f = conn()
-    for i in range(n):
-        k = b"k%d_%d" % (j, i)
-        t0 = time.perf_counter()
-        if op == "set":
-            s.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (k, size, val))
-            assert readline(f) == b"STORED\r\n"
-        else:
-            s.sendall(b"get %s\r\n" % k)
-            h = readline(f); ln = int(h.split()[3]); f.read(ln + 2); readline(f)
-        lat.append(time.perf_counter() - t0)
-    s.close()
-for op in ("set", "get"):
-    lat = []; th = [threading.Thread(target=worker, args=(j, op, lat)) for j in range(jobs)]
-    t0 = time.perf_counter(); [t.start() for t in th]; [t.join() for t in th]
-    dt = time.perf_counter() - t0; lat.sort()
-    print("memcached %-4s %.1f MiB/s  %.0f ops/s  p50=%.0fus p99=%.0fus (python client)" % (
-        op.upper(), n * jobs * size / 1048576 / dt, n * jobs / dt,
-        lat[len(lat) // 2] * 1e6, lat[int(len(lat) * 0.99)] * 1e6))
-PY
-    fi
-    cleanup_now=$PIDS; PIDS=""
-    for p in $cleanup_now; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+# A loopback port nothing listens on (bash's /dev/tcp: no helper needed).
+used=" "
+port() {
+    local p
+    while :; do
+        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+        case "$used" in *" $p "*) continue ;; esac
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            used="$used$p "
+            echo "$p"
+            return
+        fi
+    done
+}
+
+# Waits (10 s at most) for something to accept connections on port $1.
+wait_port() {
+    local i
+    for i in $(seq 100); do
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "peers.sh: nothing listens on 127.0.0.1:$1 ($2); logs in $TMP:" >&2
+    tail -n 20 "$TMP"/*.log >&2 || true
+    exit 1
+}
+
+RP=$(port); MP=$(port); KP=$(port)
+redis-server --port "$RP" --bind 127.0.0.1 --save '' --appendonly no --daemonize no \
+    --logfile "$TMP/redis.log" &
+PIDS+=($!)
+user=()
+[ "$(id -u)" = 0 ] && user=(-u nobody)     # memcached refuses to run as root otherwise
+memcached -t 4 -m 4096 -I 8m -p "$MP" -l 127.0.0.1 "${user[@]}" >"$TMP/memcached.log" 2>&1 &
+PIDS+=($!)
+MASTER=127.0.0.1:$KP
+"$B/kvmaster" --set cluster.master="$MASTER" --set log.level=warn >"$TMP/kvmaster.log" 2>&1 &
+PIDS+=($!)
+wait_port "$RP" redis-server
+wait_port "$MP" memcached
+wait_port "$KP" kvmaster
+for i in $(seq "$NODES"); do
+    "$B/kvnode" --set cluster.master="$MASTER" --set cluster.listen=127.0.0.1:0 \
+        --set cluster.protocol="$PROTOCOL" --set pipeline=dram \
+        --set dram.capacity="$NODE_DRAM" --set log.level=warn >"$TMP/kvnode$i.log" 2>&1 &
+    PIDS+=($!)
 done
+# Every node in the view before anything is measured (segments fault in first).
+for i in $(seq 150); do
+    n=$("$B/kvctl" --set cluster.master="$MASTER" members --json 2>/dev/null |
+        grep -o '"role":"owner"' | wc -l) || n=0
+    [ "$n" -ge "$NODES" ] && break
+    sleep 0.2
+done
+if [ "$n" -lt "$NODES" ]; then
+    echo "peers.sh: only $n of $NODES kvnodes joined; logs in $TMP:" >&2
+    tail -n 20 "$TMP"/kvnode*.log >&2 || true
+    exit 1
+fi
+echo "peers.sh: redis-server $(redis-server --version | grep -o 'v=[^ ]*') on $RP," \
+     "memcached $(memcached -V | cut -d' ' -f2) on $MP, kvmaster on $KP, $NODES kvnodes ($PROTOCOL)"
+
+rc=0
+for size in $SIZES; do
+    echo
+    echo "== value $size, $JOBS jobs =="
+    json=()
+    [ -n "${JSON_DIR:-}" ] && json=(--summary-json "$JSON_DIR/peers-$size.json")
+    # shellcheck disable=SC2086
+    "$B/kvctl" --set cluster.enabled=true --set cluster.master="$MASTER" \
+        --set cluster.protocol="$PROTOCOL" --set dram.capacity=0 --set log.level=warn \
+        bench --scenario read_perf --numjobs "$JOBS" --value-size "$size" \
+        --compare redis=127.0.0.1:"$RP" --compare memcached=127.0.0.1:"$MP" \
+        "${json[@]}" $BENCH_ARGS || rc=1
+done
+exit $rc

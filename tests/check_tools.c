@@ -1228,6 +1228,250 @@ START_TEST(bench_plot_draws_a_png)
 }
 END_TEST
 
+/* ---- the network peers (redis, memcached), the TCP baseline, --salt ----- */
+
+/* The absolute path of a program on $PATH, or NULL. */
+static char *find_exe(const char *name)
+{
+    const char *path = getenv("PATH");
+    char *copy = strdup(path ? path : "/usr/bin:/bin"), *save = NULL, *found = NULL;
+    for (char *d = strtok_r(copy, ":", &save); d && !found; d = strtok_r(NULL, ":", &save)) {
+        char *cand = NULL;
+        ck_assert(asprintf(&cand, "%s/%s", d, name) > 0);
+        if (access(cand, X_OK) == 0)
+            found = cand;
+        else
+            free(cand);
+    }
+    free(copy);
+    return found;
+}
+
+/* Waits (3 s at most) for a listener on 127.0.0.1:port. */
+static void wait_listening(unsigned port, const char *what, const char *log)
+{
+    uint64_t t0 = tu_now_ms();
+    for (;;) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        ck_assert_int_ge(fd, 0);
+        int rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+        close(fd);
+        if (rc == 0)
+            return;
+        ck_assert_msg(tu_now_ms() - t0 < 3000, "%s never listened on %u; its log:\n%s", what,
+                      port, slurp(log));
+        usleep(20000);
+    }
+}
+
+/* The comparison run of backend `name` in the summary, checked: the
+ * read_perf phases, every byte verified, a ratio to the TCP baseline. */
+static void check_peer_run(const struct jv *v, const char *name, double objects)
+{
+    const struct jv *cmp = jget(v, "comparisons", J_ARR);
+    for (size_t i = 0; i < cmp->n; i++) {
+        if (strcmp(jget(cmp->items[i], "backend", J_STR)->str, name) != 0)
+            continue;
+        static const char *const names[] = { "write", "lookup", "read" };
+        check_phases(jget(cmp->items[i], "phases", J_ARR), names, 3, objects);
+        ck_assert(jget(cmp->items[i], "ok", J_BOOL)->num == 1);
+        ck_assert(jget(jget(cmp->items[i], "tcp_ratio", J_OBJ), "read", J_NUM)->num > 0);
+        CK_HAS(jget(cmp->items[i], "addr", J_STR)->str, "127.0.0.1:");
+        return;
+    }
+    ck_abort_msg("no %s run in the summary", name);
+}
+
+START_TEST(compare_redis_and_memcached)
+{
+    char *redis = find_exe("redis-server"), *mc = find_exe("memcached");
+    if (!redis && !mc) {
+        fprintf(stderr, "tools: neither redis-server nor memcached installed; "
+                        "bench --compare redis/memcached not checked\n");
+        return;
+    }
+    char *dir = tu_mkdtemp();
+    char rlog[512], mlog[512], rport[16], mport[16], rcmp[64], mcmp[64], json[512];
+    unsigned rp = free_port(), mp = free_port();
+    snprintf(rlog, sizeof rlog, "%s/redis.log", dir);
+    snprintf(mlog, sizeof mlog, "%s/memcached.log", dir);
+    snprintf(rport, sizeof rport, "%u", rp);
+    snprintf(mport, sizeof mport, "%u", mp);
+    snprintf(rcmp, sizeof rcmp, "redis=127.0.0.1:%u", rp);
+    snprintf(mcmp, sizeof mcmp, "memcached=127.0.0.1:%u", mp);
+    snprintf(json, sizeof json, "%s/summary.json", dir);
+    if (redis) {
+        char *argv[] = { redis, "--port", rport, "--bind", "127.0.0.1", "--save", "",
+                         "--appendonly", "no", "--daemonize", "no", NULL };
+        spawn_daemon(argv, rlog);
+        wait_listening(rp, "redis-server", rlog);
+    } else {
+        fprintf(stderr, "tools: redis-server not installed; bench --compare redis not checked\n");
+    }
+    if (mc) {
+        /* -u: memcached will not run as root without it. */
+        char *argv[] = { mc, "-t", "2", "-m", "256", "-I", "8m", "-p", mport, "-l",
+                         "127.0.0.1", getuid() == 0 ? "-u" : NULL, "nobody", NULL };
+        spawn_daemon(argv, mlog);
+        wait_listening(mp, "memcached", mlog);
+    } else {
+        fprintf(stderr, "tools: memcached not installed; bench --compare memcached not checked\n");
+    }
+    /* 1 MiB + 64 B values: bigger than one read buffer, odd-sized iovecs. */
+    struct out r = run_kvctl(dir, 60, "bench", "--scenario", "read_perf", "--nr-objects", "12",
+                             "--numjobs", "3", "--batch-size", "3", "--value-size", "1048640",
+                             "--verify", "--compare", redis ? rcmp : mcmp, "--compare",
+                             mc ? mcmp : rcmp, "--summary-json", json, NULL);
+    if (!redis || !mc) {
+        /* the same backend twice is a usage error: run the one there is */
+        CK_STATUS(r, 2);
+        out_free(&r);
+        r = run_kvctl(dir, 60, "bench", "--scenario", "read_perf", "--nr-objects", "12",
+                      "--numjobs", "3", "--batch-size", "3", "--value-size", "1048640",
+                      "--verify", "--compare", redis ? rcmp : mcmp, "--summary-json", json,
+                      NULL);
+    }
+    CK_STATUS(r, 0);
+    if (redis)
+        CK_HAS(r.out, "kvengine / redis");
+    if (mc)
+        CK_HAS(r.out, "kvengine / memcached");
+    CK_HAS(r.out, "loopback TCP");
+    char *text = slurp(json);
+    struct jv *v = jparse(text);
+    ck_assert_msg(v != NULL, "summary is not JSON:\n%s", text);
+    ck_assert(jget(v, "tcp_mib_s", J_NUM)->num > 0);
+    if (redis)
+        check_peer_run(v, "redis", 12);
+    if (mc)
+        check_peer_run(v, "memcached", 12);
+    jfree(v);
+    free(text);
+    out_free(&r);
+    stop_all();
+    free(redis);
+    free(mc);
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(compare_bad_address)
+{
+    char *dir = tu_mkdtemp();
+    char arg[64];
+    /* nothing listens there: exit 1 at once, saying where and why, before
+     * kvengine is measured */
+    snprintf(arg, sizeof arg, "redis=127.0.0.1:%u", free_port());
+    struct out r = run_kvctl(dir, 20, "bench", "--nr-objects", "4", "--compare", arg, NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, "cannot connect to 127.0.0.1:");
+    CK_HAS(r.err, "refused");
+    ck_assert_msg(strstr(r.out, "[kvengine]") == NULL, "measured before failing:\n%s", r.out);
+    out_free(&r);
+    snprintf(arg, sizeof arg, "memcached=127.0.0.1:%u", free_port());
+    r = run_kvctl(dir, 20, "bench", "--nr-objects", "4", "--compare", arg, NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, "memcached");
+    CK_HAS(r.err, "cannot connect");
+    out_free(&r);
+    /* not HOST:PORT, no address, an unknown backend, one backend twice: usage */
+    static const char *const bad[][2] = {
+        { "redis=localhost", NULL }, { "redis", NULL }, { "memcached=:11211", NULL },
+        { "redis=127.0.0.1:99999", NULL }, { "posix=/tmp", NULL }, { "posix", "posix" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = run_kvctl(dir, 10, "bench", "--compare", bad[i][0], bad[i][1] ? "--compare" : NULL,
+                      bad[i][1], NULL);
+        ck_assert_msg(r.status == 2, "--compare %s: exit %d\n%s", bad[i][0], r.status, r.err);
+        CK_HAS(r.err, "--compare");
+        out_free(&r);
+    }
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* kvengine_blocks{tier="dram"} of the node whose metrics listen on port. */
+static long node_blocks(const char *dir, unsigned port)
+{
+    char node[64];
+    snprintf(node, sizeof node, "127.0.0.1:%u", port);
+    struct out r = run_kvctl(dir, 10, "stats", "--node", node, NULL);
+    CK_STATUS(r, 0);
+    const char *m = strstr(r.out, "kvengine_blocks{tier=\"dram\"} ");
+    ck_assert_msg(m != NULL, "no dram blocks in:\n%.2000s", r.out);
+    long n = strtol(m + strlen("kvengine_blocks{tier=\"dram\"} "), NULL, 10);
+    out_free(&r);
+    return n;
+}
+
+/* One bench run as a pure client of the cluster; its summary, parsed. */
+static struct jv *cluster_bench(const char *dir, const char *s_master, const char *salt)
+{
+    char json[512];
+    snprintf(json, sizeof json, "%s/summary.json", dir);
+    struct out r = run_kvctl(dir, 30, "--set", s_master, "--set", "cluster.enabled=true",
+                             "--set", "dram.capacity=0", "--set", "cluster.protocol=tcp", "bench",
+                             "--scenario", "write_perf", "--nr-objects", "8", "--value-size",
+                             "64KiB", "--numjobs", "2", "--summary-json", json,
+                             salt ? "--salt" : NULL, salt, NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "loopback TCP");
+    CK_HAS(r.out, ", salt ");
+    out_free(&r);
+    char *text = slurp(json);
+    struct jv *v = jparse(text);
+    ck_assert_msg(v != NULL, "summary is not JSON:\n%s", text);
+    free(text);
+    return v;
+}
+
+START_TEST(cluster_salt_and_tcp_baseline)
+{
+    char *dir = tu_mkdtemp();
+    unsigned mport = free_port(), nport = free_port(), nmetrics = free_port();
+    char mbin[512], nbin[512], s_master[96], s_listen[96], s_nm[96], mlog[512], nlog[512];
+    snprintf(s_master, sizeof s_master, "cluster.master=127.0.0.1:%u", mport);
+    snprintf(s_listen, sizeof s_listen, "cluster.listen=127.0.0.1:%u", nport);
+    snprintf(s_nm, sizeof s_nm, "metrics.listen=127.0.0.1:%u", nmetrics);
+    snprintf(mlog, sizeof mlog, "%s/kvmaster.log", dir);
+    snprintf(nlog, sizeof nlog, "%s/kvnode.log", dir);
+    snprintf(mbin, sizeof mbin, "%s/kvmaster", tu_build_dir());
+    snprintf(nbin, sizeof nbin, "%s/kvnode", tu_build_dir());
+    char *margv[] = { mbin, "--set", s_master, NULL };
+    spawn_daemon(margv, mlog);
+    wait_listening(mport, "kvmaster", mlog);
+    char *nargv[] = { nbin, "--set", s_master, "--set", s_listen, "--set", s_nm,
+                      "--set", "pipeline=dram", "--set", "dram.capacity=32MiB",
+                      "--set", "cluster.protocol=tcp", NULL };
+    spawn_daemon(nargv, nlog);
+    wait_health(nmetrics, "kvnode", nlog);
+
+    /* the TCP baseline is measured and every data phase has its ratio */
+    struct jv *v = cluster_bench(dir, s_master, "42");
+    ck_assert(jget(v, "tcp_mib_s", J_NUM)->num > 0);
+    ck_assert(jget(jget(v, "tcp_ratio", J_OBJ), "write", J_NUM)->num > 0);
+    ck_assert_double_eq(jget(v, "salt", J_NUM)->num, 42);
+    jfree(v);
+    ck_assert_int_eq(node_blocks(dir, nmetrics), 8);
+    /* the same salt: the same ids, already there (nothing new stored) */
+    jfree(cluster_bench(dir, s_master, "42"));
+    ck_assert_int_eq(node_blocks(dir, nmetrics), 8);
+    /* no --salt: a fresh one per run, so every run stores its own values */
+    v = cluster_bench(dir, s_master, NULL);
+    double salt1 = jget(v, "salt", J_NUM)->num;
+    jfree(v);
+    ck_assert_int_eq(node_blocks(dir, nmetrics), 16);
+    v = cluster_bench(dir, s_master, NULL);
+    ck_assert(jget(v, "salt", J_NUM)->num != salt1);
+    jfree(v);
+    ck_assert_int_eq(node_blocks(dir, nmetrics), 24);
+    stop_all();
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *tools_suite(void)
 {
     Suite *s = suite_create("tools");
@@ -1257,5 +1501,12 @@ Suite *tools_suite(void)
     tcase_add_test(met, metrics_of_an_engine);
     tcase_add_test(met, cluster_members_metrics_and_bench);
     suite_add_tcase(s, met);
+
+    TCase *peers = tcase_create("peers");
+    tcase_set_timeout(peers, 60);
+    tcase_add_test(peers, compare_redis_and_memcached);
+    tcase_add_test(peers, compare_bad_address);
+    tcase_add_test(peers, cluster_salt_and_tcp_baseline);
+    suite_add_tcase(s, peers);
     return s;
 }
