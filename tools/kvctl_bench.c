@@ -116,9 +116,10 @@ static void usage(FILE *f)
             "                           (default: $TMPDIR or /tmp)\n"
             "      --plot FILE.png      draw throughput and latency percentiles per phase\n"
             "                           (and the --compare ratios) with gnuplot\n"
-            "      --drop-caches        sync and drop the kernel's page cache before each\n"
-            "                           phase after the first (cold reads and lookups; needs\n"
-            "                           root, else a warning and warm caches)\n"
+            "      --drop-caches        sync and drop the kernel's page cache before every\n"
+            "                           phase: each backend starts from the same clean\n"
+            "                           cache, lookups and reads are cold (needs root, else\n"
+            "                           a warning and warm caches)\n"
             "%s"
             "\n"
             "Engine config: the defaults, then --config, then --set. Unless you set them,\n"
@@ -357,9 +358,10 @@ fail:
 
 /* ---- scenarios ----------------------------------------------------------- */
 
-/* --drop-caches: what a phase after the first then reads comes from the
- * disk, for both backends alike. A failure (not root, a container) is said
- * once and the run goes on warm. */
+/* --drop-caches: every phase starts with nothing dirty and nothing cached,
+ * so a backend's writes do not pay for the other's writeback, and what a
+ * lookup or read touches comes from the disk, for both backends alike. A
+ * failure (not root, a container) is said once and the run goes on warm. */
 static void drop_caches(void)
 {
     static bool warned;
@@ -380,7 +382,7 @@ static bool g_drop_caches;
 static void add(struct kvctl_run *run, struct kvctl_jobs *js, const struct kvctl_backend *be,
                 void *st, enum kvctl_phase_kind kind, double seconds)
 {
-    if (g_drop_caches && run->nphases > 0)
+    if (g_drop_caches)
         drop_caches();
     kvctl_jobs_run(js, be, st, kind, seconds, &run->phases[run->nphases]);
     run->nphases += kind == KVCTL_PH_MIXED ? 2 : 1;
