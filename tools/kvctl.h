@@ -177,6 +177,8 @@ struct kvctl_phase {
     uint64_t ops, bytes, misses, verify_failures, errors;
     int first_error;            /* the first KV_E* seen, for the message */
     double seconds;
+    double cpu_s;               /* CPU time of this whole process in the phase
+                                   (the client's side: job and engine threads) */
     double p50_us, p95_us, p99_us;
 };
 double kvctl_phase_mib_s(const struct kvctl_phase *p);

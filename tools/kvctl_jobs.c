@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define HDR 64u                     /* bytes of a value that name the object */
@@ -547,20 +548,29 @@ double kvctl_jobs_memcpy(struct kvctl_jobs *js, double seconds)
     return kvctl_phase_mib_s(&p);
 }
 
+static double cpu_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
                     enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
 {
     static const char *names[] = { "write", "lookup", "read", "mixed" };
+    double cpu0 = cpu_now();
     run_phase(js, be, st, kind, seconds, names[kind]);
-    double secs = phase_seconds(js);
+    double secs = phase_seconds(js), cpu = cpu_now() - cpu0;
     if (kind == KVCTL_PH_MIXED) {
-        out[0] = (struct kvctl_phase){ .name = "mixed_read", .seconds = secs };
-        out[1] = (struct kvctl_phase){ .name = "mixed_write", .seconds = secs };
+        out[0] = (struct kvctl_phase){ .name = "mixed_read", .seconds = secs, .cpu_s = cpu };
+        out[1] = (struct kvctl_phase){ .name = "mixed_write", .seconds = secs, .cpu_s = cpu };
         gather(js, 0, &out[0]);
         gather(js, 1, &out[1]);
         return;
     }
-    out[0] = (struct kvctl_phase){ .seconds = secs, .lookup = kind == KVCTL_PH_LOOKUP };
+    out[0] = (struct kvctl_phase){ .seconds = secs, .cpu_s = cpu,
+                                   .lookup = kind == KVCTL_PH_LOOKUP };
     snprintf(out[0].name, sizeof out[0].name, "%s", names[kind]);
     gather(js, 0, &out[0]);
 }

@@ -161,8 +161,8 @@ static void print_compare(FILE *f, const struct kvctl_report *r, const struct kv
  * each: the figures an issue asks for, in one place. */
 static void print_side_by_side(FILE *f, const struct kvctl_report *r)
 {
-    fprintf(f, "\n%-11s %-10s %12s %9s %9s %7s\n", "phase", "backend", "MiB/s", "p50 us",
-            "p99 us", r->tcp_mib_s > 0 ? "tcp" : "");
+    fprintf(f, "\n%-11s %-10s %12s %9s %9s %7s %12s\n", "phase", "backend", "MiB/s", "p50 us",
+            "p99 us", r->tcp_mib_s > 0 ? "tcp" : "", "client cpu");
     const struct kvctl_run *a = &r->runs[0];
     for (int i = 0; i < a->nphases; i++) {
         for (int k = 0; k < r->nruns; k++) {
@@ -178,8 +178,12 @@ static void print_side_by_side(FILE *f, const struct kvctl_report *r)
                 snprintf(rate, sizeof rate, "%.1f", kvctl_phase_mib_s(p));
             if (!p->lookup && r->tcp_mib_s > 0)
                 snprintf(tcp, sizeof tcp, "%.2fx", kvctl_phase_mib_s(p) / r->tcp_mib_s);
-            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s\n", k ? "" : p->name, run->backend,
-                    rate, p->p50_us, p->p99_us, tcp);
+            /* The client's CPU per GiB moved (per million ids for lookup):
+             * what a backend costs the process that uses it. */
+            double per = p->lookup ? (p->ops ? p->cpu_s / ((double)p->ops / 1e6) : 0)
+                                   : (p->bytes ? p->cpu_s / ((double)p->bytes / (MIB * 1024)) : 0);
+            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s %7.2f s/%s\n", k ? "" : p->name,
+                    run->backend, rate, p->p50_us, p->p99_us, tcp, per, p->lookup ? "M" : "G");
         }
     }
 }
@@ -266,6 +270,8 @@ static void json_phases(FILE *f, const struct kvctl_run *run)
         jnum(f, p->seconds);
         fputs(",\"mib_s\":", f);
         jnum(f, kvctl_phase_mib_s(p));
+        fputs(",\"client_cpu_s\":", f);
+        jnum(f, p->cpu_s);
         fputs(",\"kvs_s\":", f);
         jnum(f, kvctl_phase_kvs_s(p));
         fputs(",\"lat_us\":{\"p50\":", f);
