@@ -19,6 +19,17 @@
 #       --compare redis=... --compare memcached=...
 # Every process it starts is stopped on exit, however it exits.
 #
+# Reading the figures: every write stores new keys. kvnodes fault their
+# whole segment in at start; Redis and memcached allocate and fault in
+# memory per new value, inside the write phase (an overwrite of keys they
+# already hold runs ~1.5-2x faster). NODE_DRAM holds both sizes' data set
+# (512 MiB each by default) with room to spare: read_perf's lookups lease
+# every block for eviction.lease_ttl_ms (60 s), so a node that fills up in
+# a later run evicts that run's own new blocks, and its reads miss.
+# The TCP baseline is JOBS sender/receiver pairs (2 x JOBS threads); on a
+# machine with fewer cores than that it is not a ceiling: a server with
+# fewer threads can exceed it.
+#
 # Environment: JOBS (8), SIZES ("1MiB 64KiB"), NODES (2), NODE_DRAM (1GiB),
 # PROTOCOL (tcp), JSON_DIR (unset: no summaries; else peers-SIZE.json
 # there), and BENCH_ARGS (more kvctl bench options, e.g. "--batch-size 1").
