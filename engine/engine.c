@@ -97,7 +97,8 @@ int kv__dram_insert(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
     return rc == 1 ? KV_OK : rc;
 }
 
-static bool dram_has(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, bool lease)
+/* Presence in DRAM, without touching the block (no lease, no recency). */
+static bool dram_has(kv_engine *e, int ns, const kv_block_id *id, uint32_t index)
 {
     if (!e->has_dram)
         return false;
@@ -106,9 +107,6 @@ static bool dram_has(kv_engine *e, int ns, const kv_block_id *id, uint32_t index
     pthread_mutex_lock(&ts->lock);
     struct kv__blk *b = kv__blk_find(ts, h, id);
     bool hit = b && kv__blk_sref(b, index);
-    if (hit && lease) {
-        kv__blk_touch(b, kv__engine_now(e) + e->lease_ns);
-    }
     pthread_mutex_unlock(&ts->lock);
     return hit;
 }
@@ -236,7 +234,7 @@ int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uin
 
 static bool present(kv_engine *e, int ns, const kv_block_id *id, uint32_t index)
 {
-    return dram_has(e, ns, id, index, false) ||
+    return dram_has(e, ns, id, index) ||
            (e->ssd && kv__ssd_contains(e->ssd, ns, id, index));
 }
 
@@ -351,7 +349,7 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
     if (t->kind == TASK_PREFETCH) {
         for (size_t i = begin; i < end; i++) {
             uint64_t len;
-            if (dram_has(e, t->ns, &t->ids[i], 0, false) ||
+            if (dram_has(e, t->ns, &t->ids[i], 0) ||
                 kv__ssd_size(e->ssd, t->ns, &t->ids[i], 0, &len) != KV_OK)
                 continue;
             void *p;
