@@ -74,6 +74,8 @@ struct kv__ssd_tuning {
     uint64_t batch_bytes;       /* spill writer: bytes per WriteBatch, at most */
     bool wal_when_none;         /* use the WAL (unsynced) in sync: none */
     bool no_disk_precheck;      /* tests: let RocksDB itself hit ENOSPC */
+    uint64_t bytes_per_sync;    /* written files are synced in steps of this many bytes */
+    uint64_t file_buffer;       /* RocksDB's file write buffer, at most */
     bool verify_reads;          /* RocksDB's blob CRC on reads too (ours is always on) */
     bool direct_reads;          /* O_DIRECT reads (no page cache) */
     bool direct_flush;          /* O_DIRECT flush and compaction writes */

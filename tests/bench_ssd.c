@@ -21,7 +21,8 @@
  * Options: --dir D --blocks N --size BYTES --sync none|wal|fsync
  *          --wal-none --wbuf MiB --bg N --batch KiB --spill --comp none|lz4
  *          --half (half-compressible data) --wbn N (memtables) --flushes N
- *          --direct-reads --direct-flush
+ *          --direct-reads --direct-flush --bps KiB (bytes_per_sync)
+ *          --filebuf KiB (RocksDB's file write buffer)
  */
 #include <fcntl.h>
 #include <getopt.h>
@@ -123,7 +124,8 @@ int main(int argc, char **argv)
         { "bg", 1, 0, 'g' }, { "batch", 1, 0, 'B' }, { "spill", 0, 0, 'S' },
         { "comp", 1, 0, 'c' }, { "half", 0, 0, 'h' }, { "fsync", 0, 0, 'f' },
         { "blobfile", 1, 0, 'F' }, { "wbn", 1, 0, 'W' }, { "flushes", 1, 0, 'L' },
-        { "direct-reads", 0, 0, 'R' }, { "direct-flush", 0, 0, 'D' }, { 0, 0, 0, 0 } };
+        { "direct-reads", 0, 0, 'R' }, { "direct-flush", 0, 0, 'D' }, { "bps", 1, 0, 'P' },
+        { "filebuf", 1, 0, 'U' }, { 0, 0, 0, 0 } };
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -145,6 +147,8 @@ int main(int argc, char **argv)
         case 'L': t.flushes = atoi(optarg); break;
         case 'R': t.direct_reads = true; break;
         case 'D': t.direct_flush = true; break;
+        case 'P': t.bytes_per_sync = strtoull(optarg, 0, 10) << 10; break;
+        case 'U': t.file_buffer = strtoull(optarg, 0, 10) << 10; break;
         default: fprintf(stderr, "see the comment at the top of tests/bench_ssd.c\n"); return 2;
         }
     }
