@@ -72,7 +72,13 @@ static int check_one(struct kv__ssd *s, const struct kv__sent *se)
     uint8_t dk[KV__SSD_KEY_LEN];
     kv__ssd_key(dk, (int)se->ns, se->id, se->index, false);
     char *e = NULL;
-    rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(s->db, s->ro, (const char *)dk, sizeof dk, &e);
+    rocksdb_t *db = kv__ssd_db_enter(s);
+    if (!db) {                                  /* down after a full disk */
+        kv__ssd_db_leave(s);
+        return KV_EIO;
+    }
+    rocksdb_pinnableslice_t *ps = rocksdb_get_pinned(db, s->ro, (const char *)dk, sizeof dk, &e);
+    kv__ssd_db_leave(s);
     if (e) {
         int rc = strstr(e, "Corruption") ? KV_ECORRUPT : KV_EIO;
         KV_WARN("ssd scrub: read (ns %u, shard %u): %s", (unsigned)se->ns, se->index, e);
@@ -164,18 +170,24 @@ int kv__ssd_compact(struct kv__ssd *s)
     const char *k[] = { "enable_blob_garbage_collection" }, *on[] = { "true" }, *off[] = { "false" };
     int rc = KV_OK;
     char *e = NULL;
-    rocksdb_set_options(s->db, 1, k, on, &e);
+    rocksdb_t *db = kv__ssd_db_enter(s);     /* a reopen waits for us */
+    if (!db) {
+        kv__ssd_db_leave(s);
+        return KV_EIO;
+    }
+    rocksdb_set_options(db, 1, k, on, &e);
     if (e) {
         KV_WARN("ssd compact: enabling blob GC: %s", e);
         rocksdb_free(e);
         rc = KV_EIO;
     }
-    rocksdb_compact_range(s->db, NULL, 0, NULL, 0);
+    rocksdb_compact_range(db, NULL, 0, NULL, 0);
     e = NULL;
-    rocksdb_set_options(s->db, 1, k, off, &e);
+    rocksdb_set_options(db, 1, k, off, &e);
     if (e) {
         KV_WARN("ssd compact: disabling blob GC: %s", e);
         rocksdb_free(e);
     }
+    kv__ssd_db_leave(s);
     return rc;
 }
