@@ -23,6 +23,11 @@
  * Client: a kv__conn is one socket used by one thread at a time; every
  * wait is a poll() bounded by the call's deadline (struct dl: no progress
  * for opts.timeout_ms, or the whole call past timeout + bytes at 10 MiB/s).
+ * A batch is a small state machine too (struct call: SEND -> HDR -> BODY ->
+ * DATA per frame) that moves as far as its socket allows without waiting,
+ * so one thread can drive batches on several conns with one poll()
+ * (batch_many, what the cluster uses for a batch spanning several owners);
+ * batch() is the case of one conn.
  */
 #include <errno.h>
 #include <limits.h>
@@ -758,30 +763,34 @@ static int wait_fd(int fd, short ev, const struct dl *d, uint64_t since)
     }
 }
 
-/* Moves all of iov[0..cnt) (which it consumes) through fd. */
-static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, const struct dl *deadline)
+/* Moves what it can of iov[*at..cnt) (which it consumes) through fd
+ * without waiting: KV_OK when all of it moved, MOVE_WAIT when fd would
+ * block, or an error. *since is set to the time of the last byte moved. */
+#define MOVE_WAIT 1
+
+static int move_some(int fd, struct iovec *iov, size_t *at, size_t cnt, int wr,
+                     uint64_t *since)
 {
-    size_t i = 0;
-    uint64_t since = kv__now_ms();
-    while (i < cnt && iov[i].iov_len == 0)
-        i++;
-    while (i < cnt) {
+    size_t i = *at;
+    int rc = KV_OK;
+    for (;;) {
+        while (i < cnt && iov[i].iov_len == 0)
+            i++;
+        if (i == cnt)
+            break;
         size_t c = cnt - i > IOV_MAX ? IOV_MAX : cnt - i;
         ssize_t r = wr ? send_iov(fd, iov + i, c) : readv(fd, iov + i, (int)c);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline, since);
-                if (rc)
-                    return rc;
-                continue;
-            }
-            return KV_ENET;
+            rc = errno == EAGAIN || errno == EWOULDBLOCK ? MOVE_WAIT : KV_ENET;
+            break;
         }
-        if (r == 0 && !wr)
-            return KV_ENET;     /* the peer closed */
-        since = kv__now_ms();
+        if (r == 0 && !wr) {
+            rc = KV_ENET;       /* the peer closed */
+            break;
+        }
+        *since = kv__now_ms();
         size_t left = (size_t)r;
         while (i < cnt && left >= iov[i].iov_len) {
             left -= iov[i].iov_len;
@@ -791,10 +800,21 @@ static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, const struct dl *
             iov[i].iov_base = (uint8_t *)iov[i].iov_base + left;
             iov[i].iov_len -= left;
         }
-        while (i < cnt && iov[i].iov_len == 0)
-            i++;
     }
-    return KV_OK;
+    *at = i;
+    return rc;
+}
+
+/* Moves all of iov[0..cnt) (which it consumes) through fd. */
+static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, const struct dl *deadline)
+{
+    size_t i = 0;
+    uint64_t since = kv__now_ms();
+    int rc;
+    while ((rc = move_some(fd, iov, &i, cnt, wr, &since)) == MOVE_WAIT)
+        if ((rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline, since)))
+            return rc;
+    return rc;
 }
 
 static int xfer1(int fd, void *p, size_t len, int wr, const struct dl *deadline)
@@ -889,112 +909,266 @@ static void tcp_close(struct kv__conn *cp)
     free(c);
 }
 
-/* One frame's worth of a batch (n <= KV_PROTO_BATCH_MAX). */
-static int batch_chunk(struct tcp_conn *c, struct kv__op *ops, size_t n)
+/*
+ * A batch in flight on one conn. It goes out in frames of at most
+ * KV_PROTO_BATCH_MAX items, one after another; each frame is
+ *     SEND  header, descriptors, then the dumps' bytes straight from the
+ *           caller's iovecs
+ *     HDR   the response header (checked against the request)
+ *     BODY  the per-item results
+ *     DATA  the OK loads' bytes, straight into the caller's iovecs
+ * and every phase moves iov[at..cnt). step() takes a call as far as its
+ * socket allows without waiting; whoever drives it polls the socket for
+ * `want` in between. Each frame gets the deadline batch() always had.
+ */
+enum cstate { C_SEND, C_HDR, C_BODY, C_DATA, C_DONE };
+
+struct call {
+    struct tcp_conn *c;
+    struct kv__op *ops;         /* the current frame's items: ops[0..m) */
+    size_t rest;                /* items from ops on, this frame's included */
+    size_t m;
+    int state;                  /* enum cstate */
+    int rc;                     /* the call's result once C_DONE */
+    int ready;                  /* worth a step: poll said so, or never polled */
+    struct dl dl;
+    uint64_t since;             /* when a byte last moved */
+    uint64_t id, load_bytes;
+    size_t rlen;
+    struct kv__hdr h;
+    uint8_t hdr[KV_PROTO_HDR_LEN];
+    uint8_t *buf;               /* the request frame, then the response body */
+    struct kv__wire_req *q;
+    struct kv__wire_resp *r;
+    struct iovec *iov;
+    size_t at, cnt;
+};
+
+static void frame_free(struct call *k)
 {
-    size_t blen = kv__batch_body_len(n), rlen = kv__batch_r_body_len(n);
+    free(k->buf);
+    free(k->q);
+    free(k->r);
+    free(k->iov);
+    k->buf = NULL;
+    k->q = NULL;
+    k->r = NULL;
+    k->iov = NULL;
+}
+
+/* Builds the next frame's request and starts sending it. */
+static int frame_start(struct call *k)
+{
+    size_t n = k->m = k->rest < KV_PROTO_BATCH_MAX ? k->rest : KV_PROTO_BATCH_MAX;
+    struct kv__op *ops = k->ops;
+    size_t blen = kv__batch_body_len(n);
     size_t niov = 1, nload_iov = 0;
-    uint64_t dump_bytes = 0, load_bytes = 0;
+    uint64_t dump_bytes = 0;
+    k->rlen = kv__batch_r_body_len(n);
+    k->load_bytes = 0;
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind == KV_OP_DUMP) {
             niov += ops[i].iovcnt;
             dump_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
         } else if (ops[i].kind == KV_OP_LOAD) {
             nload_iov += ops[i].iovcnt;
-            load_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
+            k->load_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
         }
     }
-    struct dl d = dl_make(c->t->o.timeout_ms, dump_bytes + load_bytes), *deadline = &d;
-    size_t bufsz = KV_PROTO_HDR_LEN + (blen > rlen ? blen : rlen);
-    uint8_t *buf = malloc(bufsz);
-    struct kv__wire_req *q = malloc(n * sizeof *q);
-    struct kv__wire_resp *r = malloc(n * sizeof *r);
-    struct iovec *iov = malloc((niov > nload_iov ? niov : nload_iov + 1) * sizeof *iov);
-    int rc = KV_ENOMEM;
-    if (!buf || !q || !r || !iov)
-        goto out;
+    k->buf = malloc(KV_PROTO_HDR_LEN + (blen > k->rlen ? blen : k->rlen));
+    k->q = malloc(n * sizeof *k->q);
+    k->r = malloc(n * sizeof *k->r);
+    k->iov = malloc((niov > nload_iov ? niov : nload_iov + 1) * sizeof *k->iov);
+    if (!k->buf || !k->q || !k->r || !k->iov)
+        return KV_ENOMEM;
     for (size_t i = 0; i < n; i++) {
-        q[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
-                                      .index = ops[i].index, .id = ops[i].id };
+        k->q[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
+                                         .index = ops[i].index, .id = ops[i].id };
         if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
-            q[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
+            k->q[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
     }
-    uint64_t id = c->next_id++;
-    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)blen, .req_id = id,
+    k->id = k->c->next_id++;
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)blen, .req_id = k->id,
                          .data_len = dump_bytes };
-    kv__hdr_encode(&h, buf);
-    kv__batch_encode(q, n, buf + KV_PROTO_HDR_LEN, blen);
-    /* Header, descriptors, then the dumps' bytes straight from the caller. */
-    iov[0] = (struct iovec){ buf, KV_PROTO_HDR_LEN + blen };
-    size_t k = 1;
+    kv__hdr_encode(&h, k->buf);
+    kv__batch_encode(k->q, n, k->buf + KV_PROTO_HDR_LEN, blen);
+    k->iov[0] = (struct iovec){ k->buf, KV_PROTO_HDR_LEN + blen };
+    size_t j = 1;
     for (size_t i = 0; i < n; i++)
         if (ops[i].kind == KV_OP_DUMP)
-            for (uint32_t j = 0; j < ops[i].iovcnt; j++)
-                iov[k++] = (struct iovec){ ops[i].iov[j].base, ops[i].iov[j].len };
-    if ((rc = xfer(c->fd, iov, k, 1, deadline)))
-        goto out;
-    if ((rc = read_hdr(c->fd, KV_MSG_BATCH_R, id, load_bytes, &h, deadline)))
-        goto out;
-    if (h.status) {
-        rc = kv__status_valid(h.status) ? h.status : KV_EPROTO;
-        goto out;
-    }
-    if (h.body_len != rlen) {
-        rc = KV_EPROTO;
-        goto out;
-    }
-    if ((rc = xfer1(c->fd, buf, rlen, 0, deadline)))
-        goto out;
-    size_t got = n;
-    if ((rc = kv__batch_r_decode(buf, rlen, r, &got)) || got != n) {
-        rc = KV_EPROTO;
-        goto out;
-    }
-    /* The data is exactly the OK loads' bytes, each its expected size:
-     * check before any of it lands in the caller's memory. */
-    uint64_t expect = 0;
-    k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (ops[i].kind != KV_OP_LOAD || r[i].status != KV_OK)
-            continue;
-        if (r[i].len != q[i].len) {
-            rc = KV_EPROTO;
-            goto out;
+            for (uint32_t x = 0; x < ops[i].iovcnt; x++)
+                k->iov[j++] = (struct iovec){ ops[i].iov[x].base, ops[i].iov[x].len };
+    k->at = 0;
+    k->cnt = j;
+    k->state = C_SEND;
+    k->dl = dl_make(k->c->t->o.timeout_ms, dump_bytes + k->load_bytes);
+    k->since = kv__now_ms();
+    return KV_OK;
+}
+
+/* The current phase has moved all its bytes: checks them and sets up the
+ * next phase. */
+static int phase_done(struct call *k)
+{
+    struct kv__op *ops = k->ops;
+    size_t n = k->m;
+    switch (k->state) {
+    case C_SEND:
+        k->iov[0] = (struct iovec){ k->hdr, sizeof k->hdr };
+        k->at = 0;
+        k->cnt = 1;
+        k->state = C_HDR;
+        return KV_OK;
+    case C_HDR:
+        if (kv__hdr_decode(k->hdr, k->load_bytes, &k->h) || k->h.type != KV_MSG_BATCH_R ||
+            k->h.req_id != k->id)
+            return KV_EPROTO;
+        if (k->h.status)
+            return kv__status_valid(k->h.status) ? k->h.status : KV_EPROTO;
+        if (k->h.body_len != k->rlen)
+            return KV_EPROTO;
+        k->iov[0] = (struct iovec){ k->buf, k->rlen };
+        k->at = 0;
+        k->cnt = 1;
+        k->state = C_BODY;
+        return KV_OK;
+    case C_BODY: {
+        size_t got = n;
+        if (kv__batch_r_decode(k->buf, k->rlen, k->r, &got) || got != n)
+            return KV_EPROTO;
+        /* The data is exactly the OK loads' bytes, each its expected size:
+         * check before any of it lands in the caller's memory. */
+        uint64_t expect = 0;
+        size_t j = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (ops[i].kind != KV_OP_LOAD || k->r[i].status != KV_OK)
+                continue;
+            if (k->r[i].len != k->q[i].len)
+                return KV_EPROTO;
+            expect += k->r[i].len;
+            for (uint32_t x = 0; x < ops[i].iovcnt; x++)
+                k->iov[j++] = (struct iovec){ ops[i].iov[x].base, ops[i].iov[x].len };
         }
-        expect += r[i].len;
-        for (uint32_t j = 0; j < ops[i].iovcnt; j++)
-            iov[k++] = (struct iovec){ ops[i].iov[j].base, ops[i].iov[j].len };
+        if (expect != k->h.data_len)
+            return KV_EPROTO;
+        k->at = 0;
+        k->cnt = j;
+        k->state = C_DATA;
+        return KV_OK;
     }
-    if (expect != h.data_len) {
-        rc = KV_EPROTO;
+    case C_DATA:
+        for (size_t i = 0; i < n; i++) {
+            ops[i].result = k->r[i].status;
+            ops[i].hit = k->r[i].hit;
+            if (ops[i].kind == KV_OP_SIZE)
+                ops[i].len = k->r[i].len;
+        }
+        frame_free(k);
+        k->ops += n;
+        k->rest -= n;
+        if (k->rest)
+            return frame_start(k);
+        k->state = C_DONE;
+        return KV_OK;
+    }
+    return KV_EPROTO;
+}
+
+/* Moves k as far as its socket allows without waiting. */
+static void step(struct call *k)
+{
+    while (k->state != C_DONE) {
+        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, k->state == C_SEND, &k->since);
+        if (rc == MOVE_WAIT)
+            return;
+        if (rc == KV_OK)
+            rc = phase_done(k);
+        if (rc) {
+            k->rc = rc;
+            k->state = C_DONE;
+        }
+    }
+}
+
+/*
+ * Drives every call to the end on this thread: step each one that can
+ * move, then one poll() over the sockets of those still waiting, bounded by
+ * the earliest of their deadlines. A call that times out or fails is done
+ * with its error; the others carry on.
+ */
+static void tcp_batch_many(struct kv__batch *b, size_t nb)
+{
+    struct call one;
+    struct pollfd pf1;
+    size_t at1;
+    struct call *k = nb <= 1 ? &one : calloc(nb, sizeof *k);
+    struct pollfd *pf = nb <= 1 ? &pf1 : calloc(nb, sizeof *pf);
+    size_t *at = nb <= 1 ? &at1 : calloc(nb, sizeof *at);
+    if (!k || !pf || !at) {
+        for (size_t i = 0; i < nb; i++)
+            b[i].rc = KV_ENOMEM;
         goto out;
     }
-    if ((rc = xfer(c->fd, iov, k, 0, deadline)))
-        goto out;
-    for (size_t i = 0; i < n; i++) {
-        ops[i].result = r[i].status;
-        ops[i].hit = r[i].hit;
-        if (ops[i].kind == KV_OP_SIZE)
-            ops[i].len = r[i].len;
+    for (size_t i = 0; i < nb; i++) {
+        k[i] = (struct call){ .c = (struct tcp_conn *)b[i].conn, .ops = b[i].ops,
+                              .rest = b[i].n, .state = C_DONE, .ready = 1 };
+        if (b[i].n && (k[i].rc = frame_start(&k[i])))
+            k[i].state = C_DONE;
+    }
+    for (;;) {
+        size_t np = 0;
+        uint64_t wake = UINT64_MAX, now;
+        for (size_t i = 0; i < nb; i++) {
+            struct call *x = &k[i];
+            if (x->state != C_DONE && x->ready)
+                step(x);
+            if (x->state == C_DONE)
+                continue;
+            uint64_t until = x->since + x->dl.idle < x->dl.end ? x->since + x->dl.idle
+                                                                : x->dl.end;
+            now = kv__now_ms();
+            if (now >= until) {
+                x->rc = KV_ETIMEDOUT;
+                x->state = C_DONE;
+                continue;
+            }
+            pf[np] = (struct pollfd){ .fd = x->c->fd,
+                                      .events = x->state == C_SEND ? POLLOUT : POLLIN };
+            at[np++] = i;
+            wake = until < wake ? until : wake;
+        }
+        if (!np)
+            break;
+        now = kv__now_ms();
+        int r = poll(pf, np, wake > now ? (int)(wake - now) : 0);
+        if (r < 0 && errno != EINTR) {
+            for (size_t j = 0; j < np; j++) {
+                k[at[j]].rc = KV_ENET;
+                k[at[j]].state = C_DONE;
+            }
+            break;
+        }
+        for (size_t j = 0; j < np; j++)
+            k[at[j]].ready = r > 0 && pf[j].revents != 0;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        b[i].rc = k[i].rc;
+        frame_free(&k[i]);
     }
 out:
-    free(buf);
-    free(q);
-    free(r);
-    free(iov);
-    return rc;
+    if (k != &one)
+        free(k);
+    if (pf != &pf1)
+        free(pf);
+    if (at != &at1)
+        free(at);
 }
 
 static int tcp_batch(struct kv__conn *cp, struct kv__op *ops, size_t n)
 {
-    struct tcp_conn *c = (struct tcp_conn *)cp;
-    for (size_t i = 0; i < n; i += KV_PROTO_BATCH_MAX) {
-        size_t m = n - i > KV_PROTO_BATCH_MAX ? KV_PROTO_BATCH_MAX : n - i;
-        int rc = batch_chunk(c, ops + i, m);
-        if (rc)
-            return rc;
-    }
-    return KV_OK;
+    struct kv__batch b = { .conn = cp, .ops = ops, .n = n };
+    tcp_batch_many(&b, 1);
+    return b.rc;
 }
 
 const struct kv__transport_ops kv__tcp_transport = {
@@ -1005,4 +1179,5 @@ const struct kv__transport_ops kv__tcp_transport = {
     .connect = tcp_connect,
     .close = tcp_close,
     .batch = tcp_batch,
+    .batch_many = tcp_batch_many,
 };

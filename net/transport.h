@@ -22,7 +22,10 @@
  *
  * Threading: a transport object is shared by all threads. A kv__conn is used
  * by one thread at a time (cluster.c keeps a pool per peer); batch() is
- * synchronous and never blocks past its deadline.
+ * synchronous and never blocks past its deadline. A transport may also run
+ * batches on several conns at once from one thread (batch_many), which is
+ * how cluster.c drives a batch spanning several owners without handing
+ * owners to other threads.
  */
 #ifndef KV_NET_TRANSPORT_H
 #define KV_NET_TRANSPORT_H
@@ -115,6 +118,15 @@ struct kv__segdesc {
 struct kv__transport;   /* one per engine: the server and the client side */
 struct kv__conn;        /* one client connection to one peer */
 
+/* One conn's share of a batch_many call: in conn, ops, n; out rc (what
+ * batch(conn, ops, n) would have returned). */
+struct kv__batch {
+    struct kv__conn *conn;
+    struct kv__op *ops;
+    size_t n;
+    int rc;
+};
+
 struct kv__transport_ops {
     const char *name;   /* "tcp", "rdma" */
 
@@ -145,6 +157,14 @@ struct kv__transport_ops {
      * op's result is meaningful and the conn must be closed. A load's
      * destination may have been partly written when the exchange fails. */
     int  (*batch)(struct kv__conn *c, struct kv__op *ops, size_t n);
+
+    /* Optional (NULL: the cluster gives each conn's batch its own thread).
+     * Runs batch(b[i].conn, b[i].ops, b[i].n) for every i < nb at once on
+     * the calling thread: every request is started before any reply is
+     * waited for, then each conn moves as its socket allows, with its own
+     * deadlines, so a hung peer fails only its own batch. The conns must
+     * be distinct. */
+    void (*batch_many)(struct kv__batch *b, size_t nb);
 
     /* Caller memory that loads land in and dumps come from (RDMA: register
      * it once). NULL = no-op success. KV_EBUSY on overlap; KV_ENOTFOUND when

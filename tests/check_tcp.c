@@ -373,6 +373,118 @@ START_TEST(transport_pick)
 }
 END_TEST
 
+/* A peer that says HELLO_OK and then nothing: it accepts one connection on
+ * lfd, answers its HELLO and holds it silently (the test closes fd). */
+struct mute {
+    int lfd, fd;
+    pthread_t th;
+};
+
+static void *mute_main(void *arg)
+{
+    struct mute *m = arg;
+    m->fd = accept(m->lfd, NULL, NULL);
+    if (m->fd < 0)
+        return NULL;
+    uint8_t b[KV_PROTO_HDR_LEN + 512];
+    struct kv__hdr h;
+    if (recv(m->fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL) != KV_PROTO_HDR_LEN ||
+        kv__hdr_decode(b, 0, &h) || h.body_len > sizeof b - KV_PROTO_HDR_LEN ||
+        recv(m->fd, b, h.body_len, MSG_WAITALL) != (ssize_t)h.body_len)
+        return NULL;
+    h = (struct kv__hdr){ .type = KV_MSG_HELLO_OK, .req_id = 1 };
+    kv__hdr_encode(&h, b);
+    send(m->fd, b, KV_PROTO_HDR_LEN, MSG_NOSIGNAL);
+    return NULL;
+}
+
+/* batch_many: three conns driven by one thread. Two to the server run a
+ * mix of loads, dumps and lookups (values large enough to take many reads
+ * each); one to a peer that never answers times out on its own, at its
+ * own deadline, and the others' results are unaffected. */
+START_TEST(batch_many)
+{
+    T->destroy(cli);
+    make_client("tok", 300);
+    enum { N = 4, V = 1u << 20 };
+    uint8_t *src = malloc((size_t)N * V), *dst = calloc(N, V);
+    kv_iov si[N], di[N];
+    struct kv__op put[N], a_ops[2], b_ops[3], m_ops[1];
+    for (int i = 0; i < N; i++) {
+        tu_fill(src + (size_t)i * V, V, 100 + (uint64_t)i);
+        si[i] = (kv_iov){ src + (size_t)i * V, V };
+        di[i] = (kv_iov){ dst + (size_t)i * V, V };
+        put[i] = op(KV_OP_DUMP, 100 + (uint64_t)i, 0, &si[i], 1);
+    }
+    struct kv__conn *a, *b, *mc;
+    ck_assert_int_eq(T->connect(cli, addr, &a), KV_OK);
+    ck_assert_int_eq(T->connect(cli, addr, &b), KV_OK);
+    ck_assert_int_eq(T->batch(a, put, 2), KV_OK);   /* 0 and 1 stored first */
+
+    struct mute m = { .lfd = socket(AF_INET, SOCK_STREAM, 0), .fd = -1 };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(m.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(m.lfd, 4), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(m.lfd, (struct sockaddr *)&sa, &sl);
+    char ma[64];
+    snprintf(ma, sizeof ma, "127.0.0.1:%u", ntohs(sa.sin_port));
+    pthread_create(&m.th, NULL, mute_main, &m);
+    int rc = T->connect(cli, ma, &mc);
+    pthread_join(m.th, NULL);
+    ck_assert_int_eq(rc, KV_OK);
+
+    a_ops[0] = op(KV_OP_LOAD, 100, 0, &di[0], 1);
+    a_ops[1] = op(KV_OP_LOAD, 101, 0, &di[1], 1);
+    b_ops[0] = op(KV_OP_DUMP, 102, 0, &si[2], 1);
+    b_ops[1] = op(KV_OP_DUMP, 103, 0, &si[3], 1);
+    b_ops[2] = op(KV_OP_LOOKUP, 100, 0, NULL, 0);
+    m_ops[0] = op(KV_OP_LOAD, 100, 0, &di[3], 1);
+    struct kv__batch many[3] = {
+        { .conn = a, .ops = a_ops, .n = 2, .rc = 12345 },
+        { .conn = mc, .ops = m_ops, .n = 1, .rc = 12345 },
+        { .conn = b, .ops = b_ops, .n = 3, .rc = 12345 },
+    };
+    uint64_t t0 = tu_now_ms();
+    T->batch_many(many, 3);
+    uint64_t dt = tu_now_ms() - t0;
+    ck_assert_int_eq(many[0].rc, KV_OK);
+    ck_assert_int_eq(many[1].rc, KV_ETIMEDOUT);
+    ck_assert_int_eq(many[2].rc, KV_OK);
+    ck_assert_msg(dt >= 250 && dt < 1500, "took %llu ms", (unsigned long long)dt);
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(a_ops[i].result, KV_OK);
+        ck_assert(tu_check_fill(dst + (size_t)i * V, V, 100 + (uint64_t)i));
+    }
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(b_ops[i].result, KV_OK);
+    ck_assert_int_eq(b_ops[2].hit, 1);
+    T->close(mc);
+    close(m.fd);
+    close(m.lfd);
+
+    /* the dumps landed: both conns read them back in one call */
+    memset(dst, 0, (size_t)N * V);
+    a_ops[0] = op(KV_OP_LOAD, 102, 0, &di[2], 1);
+    b_ops[0] = op(KV_OP_LOAD, 103, 0, &di[3], 1);
+    b_ops[1] = op(KV_OP_LOAD, 999, 0, &di[0], 1);
+    many[0] = (struct kv__batch){ .conn = a, .ops = a_ops, .n = 1 };
+    many[1] = (struct kv__batch){ .conn = b, .ops = b_ops, .n = 2 };
+    T->batch_many(many, 2);
+    ck_assert_int_eq(many[0].rc, KV_OK);
+    ck_assert_int_eq(many[1].rc, KV_OK);
+    ck_assert_int_eq(a_ops[0].result, KV_OK);
+    ck_assert_int_eq(b_ops[0].result, KV_OK);
+    ck_assert_int_eq(b_ops[1].result, KV_ENOTFOUND);
+    ck_assert(tu_check_fill(dst + 2 * (size_t)V, V, 102));
+    ck_assert(tu_check_fill(dst + 3 * (size_t)V, V, 103));
+    T->close(a);
+    T->close(b);
+    free(src);
+    free(dst);
+}
+END_TEST
+
 struct worker { int id, failures; };
 
 static void *hammer(void *arg)
@@ -424,6 +536,7 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, deadline);
     tcase_add_test(tc, stalled_peer_reaped);
     tcase_add_test(tc, concurrent_clients);
+    tcase_add_test(tc, batch_many);
     tcase_add_test(tc, transport_pick);
     suite_add_tcase(s, tc);
     return s;
