@@ -53,11 +53,10 @@ int kv__dram_alloc(kv_engine *e, uint64_t len, void **out)
     /* Make room before the high watermark is crossed, not after. */
     if (atomic_load(&e->used) + sz > e->high_wm)
         kv__evict_maybe(e);
-    if (atomic_load(&e->used) + sz > e->seg.len)
-        kv__evict(e, atomic_load(&e->used) + sz - e->seg.len);
     /* Evicted blocks on their way to SSD still hold their memory until the
-     * writer releases them: wait for that (bounded), but never for leases
-     * or pins — when nothing is evictable and nothing is in flight, fail. */
+     * writer releases them: wait for that (bounded) rather than evict more
+     * for the same bytes, but never wait for leases or pins — when nothing
+     * is evictable and nothing is in flight, fail. */
     uint64_t deadline = kv__now_ns() + WRITEBACK_WAIT_NS;
     for (bool last = false;; ) {
         void *p = kv__alloc(e->alloc, len);
@@ -68,8 +67,11 @@ int kv__dram_alloc(kv_engine *e, uint64_t len, void **out)
         }
         if (last)
             break;
-        uint64_t freed = kv__evict(e, sz > e->evict_step ? sz : e->evict_step);
-        uint64_t held = e->sink.drain ? e->sink.drain(e->sink.ctx, 50) : 0;
+        uint64_t held = kv__in_flight(e), freed = 0;
+        if (held < sz)
+            freed = kv__evict(e, sz > e->evict_step ? sz : e->evict_step);
+        if (e->sink.drain)
+            held = e->sink.drain(e->sink.ctx, 50);
         /* Nothing more will come free (or we waited long enough): one more
          * try, since the drain may just have released what we need. */
         last = (freed == 0 && held == 0) || kv__now_ns() > deadline;
@@ -343,25 +345,33 @@ const struct kv_config *kv__engine_config(kv_engine *e)
 
 /* ---- tasks -------------------------------------------------------------- */
 
+/* Prefetch: copies every SSD-resident shard of a block that DRAM lacks into
+ * DRAM. Best effort, like promotion: a shard that finds no room is left on
+ * SSD. */
+static void stage_block(kv_engine *e, int ns, const kv_block_id *id)
+{
+    uint32_t idx[256];
+    size_t n = kv__ssd_block_shards(e->ssd, ns, id, idx, KV__ARRAY_LEN(idx));
+    for (size_t k = 0; k < n && k < KV__ARRAY_LEN(idx); k++) {
+        uint64_t len;
+        void *p;
+        if (dram_has(e, ns, id, idx[k]) || kv__ssd_size(e->ssd, ns, id, idx[k], &len) != KV_OK ||
+            kv__dram_alloc(e, len, &p) != KV_OK)
+            continue;
+        kv_iov iov = { p, len };
+        if (kv__ssd_read(e->ssd, ns, id, idx[k], &iov, 1) != KV_OK)
+            kv__dram_free(e, p, len);
+        else if (kv__dram_insert(e, ns, id, idx[k], p, (uint32_t)len) == KV_OK)
+            atomic_fetch_add(&e->ct.promotions, 1);   /* insert frees p otherwise */
+    }
+}
+
 static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
 {
     kv_engine *e = ctx;
     if (t->kind == TASK_PREFETCH) {
-        for (size_t i = begin; i < end; i++) {
-            uint64_t len;
-            if (dram_has(e, t->ns, &t->ids[i], 0) ||
-                kv__ssd_size(e->ssd, t->ns, &t->ids[i], 0, &len) != KV_OK)
-                continue;
-            void *p;
-            if (kv__dram_alloc(e, len, &p) != KV_OK)
-                continue;
-            kv_iov iov = { p, len };
-            if (kv__ssd_read(e->ssd, t->ns, &t->ids[i], 0, &iov, 1) == KV_OK &&
-                kv__dram_insert(e, t->ns, &t->ids[i], 0, p, (uint32_t)len) == KV_OK)
-                atomic_fetch_add(&e->ct.promotions, 1);
-            else
-                kv__dram_free(e, p, len);
-        }
+        for (size_t i = begin; i < end; i++)
+            stage_block(e, t->ns, &t->ids[i]);
         return;
     }
     if (e->cluster) {

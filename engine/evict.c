@@ -149,7 +149,10 @@ void kv__evict_maybe(kv_engine *e)
     if (pthread_mutex_trylock(&e->evict_lock) != 0)
         return;                                 /* someone is on it */
     pthread_mutex_unlock(&e->evict_lock);
-    /* Free ratio x capacity (eviction.ratio), as Mooncake's master does. */
-    if (atomic_load(&e->used) > e->high_wm)
+    /* Free ratio x capacity (eviction.ratio), as Mooncake's master does.
+     * Memory still being written back counts as freed already: evicting
+     * for it again while the writer is behind would empty the cache. */
+    uint64_t used = atomic_load(&e->used), held = kv__in_flight(e);
+    if (used > held && used - held > e->high_wm)
         kv__evict(e, e->evict_step);
 }

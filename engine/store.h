@@ -76,6 +76,13 @@ int  kv__dram_insert(kv_engine *e, int ns, const kv_block_id *id, uint32_t index
 /* Frees the values of an unlinked block entry and the entry itself. */
 void kv__dram_free_blk(kv_engine *e, struct kv__blk *b);
 
+/* Bytes of evicted blocks still held by write-back (memory that is already
+ * on its way back and must not be evicted for again). */
+static inline uint64_t kv__in_flight(kv_engine *e)
+{
+    return e->sink.drain ? e->sink.drain(e->sink.ctx, 0) : 0;
+}
+
 /* evict.c: frees at least want bytes of unpinned, unleased blocks, oldest
  * first, whole blocks at a time; returns the bytes handed off. */
 uint64_t kv__evict(kv_engine *e, uint64_t want);

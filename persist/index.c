@@ -262,6 +262,26 @@ size_t kv__sidx_del_block(struct kv__sindex *x, int ns, const uint8_t *id, unsig
     return found + more;
 }
 
+size_t kv__sidx_block_shards(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
+                             uint32_t *idx, size_t cap)
+{
+    uint64_t hb = hash_block(ns, id);
+    struct kv__sishard *s = shard_of(x, hb);
+    size_t found = 0;
+    pthread_mutex_lock(&s->mu);
+    for (uint32_t i = 0; i < s->cap; i++) {
+        const struct kv__sent *e = &s->tab[i];
+        if (e->state != KV__ENT_EMPTY && (int)e->ns == ns &&
+            memcmp(e->id, id, KV_BLOCK_ID_LEN) == 0 && (mask & (1u << e->state))) {
+            if (found < cap)
+                idx[found] = e->index;
+            found++;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return found;
+}
+
 ssize_t kv__sidx_snapshot(struct kv__sindex *x, unsigned mask, struct kv__sent **out)
 {
     size_t cap = atomic_load(&x->entries) + 1024, n = 0;

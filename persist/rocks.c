@@ -976,6 +976,14 @@ bool kv__ssd_contains(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t
     return s && id && ns_ok(ns) && kv__sidx_get(&s->idx, ns, id->bytes, index, NULL);
 }
 
+size_t kv__ssd_block_shards(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t *idx,
+                            size_t cap)
+{
+    if (!s || !id || !ns_ok(ns))
+        return 0;
+    return kv__sidx_block_shards(&s->idx, ns, id->bytes, ~0u, idx, cap);
+}
+
 int kv__ssd_size(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index, uint64_t *len)
 {
     if (!s || !id || !len || !ns_ok(ns))

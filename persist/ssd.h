@@ -48,6 +48,11 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
 int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
                   const kv_iov *iov, uint32_t iovcnt);
 
+/* The shard indexes the tier holds for block (ns, id), at most cap of them
+ * into idx (in no particular order); returns how many it holds. No I/O. */
+size_t kv__ssd_block_shards(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t *idx,
+                            size_t cap);
+
 /* Deletes every stored shard of (ns, id) (index UINT32_MAX) or one shard. */
 int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index);
 

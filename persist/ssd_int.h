@@ -100,6 +100,11 @@ bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t inde
  * into out (at most cap; the count found is returned, deleted or not). */
 size_t kv__sidx_del_block(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
                           struct kv__sent *out, size_t cap);
+/* The shard indexes of (ns, id) whose state is in mask, at most cap of them
+ * into idx; returns how many there are (may exceed cap). Scans the block's
+ * lock shard, like kv__sidx_del_block. */
+size_t kv__sidx_block_shards(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
+                             uint32_t *idx, size_t cap);
 /* A copy of every entry in mask (malloc'd into *out); count or KV_ENOMEM. */
 ssize_t kv__sidx_snapshot(struct kv__sindex *x, unsigned mask, struct kv__sent **out);
 /* Bytes the index holds (tables and shard headers). */

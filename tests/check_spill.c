@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine.h"
 #include "testutil.h"
 
 static kv_stats stats(kv_engine *e)
@@ -169,12 +170,65 @@ START_TEST(second_engine_on_the_same_path_is_refused)
 }
 END_TEST
 
+START_TEST(prefetch_stages_every_shard_of_a_block)
+{
+    char *dir = tu_mkdtemp();
+    kv_engine *e = tu_open_yamlf("pipeline: dram|ssd\n"
+                                 "dram: {capacity: 8MiB, hugepages: off}\n"
+                                 "ssd: {path: \"%s/ssd\", compression: none, promote: false}\n",
+                                 dir);
+    enum { SZ = 65536, SHARDS = 3 };
+    uint8_t *b = malloc(SZ);
+    /* Block 0 with three shards, then enough others to push it to SSD. */
+    for (uint32_t s = 0; s < SHARDS; s++) {
+        tu_fill(b, SZ, 1000 + s);
+        ck_assert_int_eq(tu_dump1(e, tu_id(0, 7), s, b, SZ), KV_OK);
+    }
+    for (uint64_t n = 1; n < 300; n++) {
+        tu_fill(b, SZ, n);
+        ck_assert_int_eq(tu_dump1(e, tu_id(n, 7), 0, b, SZ), KV_OK);
+    }
+    kv_block_id id = tu_id(0, 7);
+    uint64_t len;
+    ck_assert_int_eq(kv__local_size(e, 0, &id, 2, &len), KV_OK);     /* on SSD */
+    kv_stats st;
+    kv_stats_get(e, &st);
+    uint64_t before = st.promotions;
+    ck_assert_int_eq(kv_prefetch(e, &id, 1), KV_OK);
+    /* A hint: wait (bounded) until its three shards are in DRAM. */
+    const void *data;
+    kv__pin pin;
+    int staged = 0;
+    for (uint64_t t0 = tu_now_ms(); staged < SHARDS && tu_now_ms() - t0 < 5000;) {
+        staged = 0;
+        for (uint32_t s = 0; s < SHARDS; s++) {
+            if (kv__local_pin(e, 0, &id, s, &data, &len, &pin) == KV_OK) {
+                ck_assert(tu_check_fill(data, len, 1000 + s));
+                kv__local_unpin(e, &pin);
+                staged++;
+            }
+        }
+        if (staged < SHARDS)
+            usleep(2000);
+    }
+    kv_stats_get(e, &st);
+    ck_assert_msg(staged == SHARDS, "staged %d of %d shards (promotions %llu -> %llu, evictions %llu)",
+                  staged, SHARDS, (unsigned long long)before, (unsigned long long)st.promotions,
+                  (unsigned long long)st.evictions);
+    ck_assert_uint_ge(st.promotions, before + SHARDS);
+    free(b);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *spill_suite(void)
 {
     Suite *s = suite_create("spill");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, dram_ssd_spills_and_loads_everything);
+    tcase_add_test(tc, prefetch_stages_every_shard_of_a_block);
     tcase_add_test(tc, ssd_pipeline_alone);
     tcase_add_test(tc, write_through_persists_every_dump);
     tcase_add_test(tc, reopen_keeps_spilled_blocks);
