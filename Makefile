@@ -88,9 +88,10 @@ $(SHARED): $(LIB_OBJ)
 
 tools: $(TOOL_BINS)
 
-# tools/NAME.c and tools/NAME_*.c make build/NAME.
+# tools/NAME.c and tools/NAME_*.c make build/NAME; tools/common_*.c are
+# linked into every program.
 define tool_rule
-$(BUILD)/$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1).c tools/$(1)_*.c)) $(STATIC)
+$(BUILD)/$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1).c tools/$(1)_*.c tools/common_*.c)) $(STATIC)
 	$$(CC) $$(LDFLAGS) -pthread -o $$@ $$^ $$(LDLIBS)
 endef
 $(foreach t,$(TOOLS),$(eval $(call tool_rule,$(t))))

@@ -17,15 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common.h"
 #include "kvengine.h"
 
-static volatile int stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
+static volatile sig_atomic_t stop_flag;
 
 /* Renders the master's figures for /metrics (kv_metrics_fn). */
 static int render(void *ctx, char **text, size_t *len)
@@ -87,65 +82,12 @@ static void usage(FILE *f, const kv_config *cfg)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "config", required_argument, NULL, 'c' },
-        { "set", required_argument, NULL, 's' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
     kv_config *cfg = NULL;
     char err[512] = "";
-    if (kv_config_new(&cfg) != KV_OK) {
-        fprintf(stderr, "kvmaster: out of memory\n");
-        return 1;
-    }
-    int c, rc;
-    /* --config first wherever it appears, then every --set in order. */
-    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            usage(stdout, cfg);
-            kv_config_free(cfg);
-            return 0;
-        }
-        if (c == 'c' && (rc = kv_config_load(cfg, optarg, err, sizeof err)) != KV_OK) {
-            fprintf(stderr, "kvmaster: %s\n", err[0] ? err : kv_strerror(rc));
-            kv_config_free(cfg);
-            return 2;
-        }
-        if (c == '?') {
-            usage(stderr, cfg);
-            kv_config_free(cfg);
-            return 2;
-        }
-    }
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        if (c != 's')
-            continue;
-        char *eq = strchr(optarg, '=');
-        if (!eq) {
-            fprintf(stderr, "kvmaster: --set wants KEY=VALUE, got '%s'\n", optarg);
-            kv_config_free(cfg);
-            return 2;
-        }
-        *eq = 0;
-        if ((rc = kv_config_set(cfg, optarg, eq + 1)) != KV_OK) {
-            fprintf(stderr, "kvmaster: --set %s=%s: %s\n", optarg, eq + 1, kv_strerror(rc));
-            kv_config_free(cfg);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "kvmaster: unexpected argument '%s'\n", argv[optind]);
-        kv_config_free(cfg);
-        return 2;
-    }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    int rc = kvtool_daemon_config("kvmaster", argc, argv, usage, &cfg);
+    if (rc >= 0)
+        return rc;
+    kvtool_daemon_signals(&stop_flag);
     char listen[256] = "";
     kv_metrics_server *ms = NULL;
     if (kv_config_get(cfg, "metrics.listen", listen, sizeof listen) == KV_OK && listen[0] &&

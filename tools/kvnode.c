@@ -14,15 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common.h"
 #include "kvengine.h"
 
 static volatile sig_atomic_t stop_flag;
-
-static void on_signal(int sig)
-{
-    (void)sig;
-    stop_flag = 1;
-}
 
 static void usage(FILE *f, const kv_config *cfg)
 {
@@ -49,69 +44,16 @@ static void usage(FILE *f, const kv_config *cfg)
 
 int main(int argc, char **argv)
 {
-    static const struct option opts[] = {
-        { "config", required_argument, NULL, 'c' },
-        { "set", required_argument, NULL, 's' },
-        { "help", no_argument, NULL, 'h' },
-        { NULL, 0, NULL, 0 },
-    };
     kv_config *cfg = NULL;
-    char err[512] = "";
-    if (kv_config_new(&cfg) != KV_OK) {
-        fprintf(stderr, "kvnode: out of memory\n");
-        return 1;
-    }
-    int c, rc;
-    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        if (c == 'h') {
-            usage(stdout, cfg);
-            kv_config_free(cfg);
-            return 0;
-        }
-        if (c == 'c' && (rc = kv_config_load(cfg, optarg, err, sizeof err)) != KV_OK) {
-            fprintf(stderr, "kvnode: %s\n", err[0] ? err : kv_strerror(rc));
-            kv_config_free(cfg);
-            return 2;
-        }
-        if (c == '?') {
-            usage(stderr, cfg);
-            kv_config_free(cfg);
-            return 2;
-        }
-    }
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "c:s:h", opts, NULL)) != -1) {
-        if (c != 's')
-            continue;
-        char *eq = strchr(optarg, '=');
-        if (!eq) {
-            fprintf(stderr, "kvnode: --set wants KEY=VALUE, got '%s'\n", optarg);
-            kv_config_free(cfg);
-            return 2;
-        }
-        *eq = 0;
-        if ((rc = kv_config_set(cfg, optarg, eq + 1)) != KV_OK) {
-            fprintf(stderr, "kvnode: --set %s=%s: %s\n", optarg, eq + 1, kv_strerror(rc));
-            kv_config_free(cfg);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "kvnode: unexpected argument '%s'\n", argv[optind]);
-        kv_config_free(cfg);
-        return 2;
-    }
+    int rc = kvtool_daemon_config("kvnode", argc, argv, usage, &cfg);
+    if (rc >= 0)
+        return rc;
     if ((rc = kv_config_set(cfg, "cluster.enabled", "true")) != KV_OK) {
         fprintf(stderr, "kvnode: cannot enable the cluster: %s\n", kv_strerror(rc));
         kv_config_free(cfg);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvtool_daemon_signals(&stop_flag);
     kv_engine *e = NULL;
     /* A node may well start before its master (a deployment brings both up
      * at once): while the master cannot be reached, try again every second
