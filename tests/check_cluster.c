@@ -42,32 +42,10 @@ static const char *protocol(void)
     return p && *p ? p : "tcp";
 }
 
-static unsigned free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 static pid_t spawn(char *const argv[], const char *log)
 {
     ck_assert_int_lt(nprocs, MAXP);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    pid_t pid = tu_spawn(argv, log);
     procs[nprocs++] = pid;
     return pid;
 }
@@ -114,7 +92,7 @@ static void start_master(void) { start_master_at(0); }
 static void start_master_at(int same_addr)
 {
     if (!same_addr)
-        snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", free_port());
+        snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", tu_free_port());
     char bin[512], a1[128], a2[64], log[512];
     snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
     snprintf(a1, sizeof a1, "cluster.master=%s", master_addr);
@@ -142,7 +120,7 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
     if (at)
         snprintf(node_addr[i], sizeof node_addr[i], "%s", at);
     else
-        snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", free_port());
+        snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", tu_free_port());
     char bin[512], log[512], s[8][160];
     snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
     snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
@@ -180,7 +158,7 @@ static int open_engine_t(const char *cap, unsigned r, const char *token, const c
     ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", cap), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.master", master_addr), KV_OK);
-    snprintf(v, sizeof v, "127.0.0.1:%u", free_port());
+    snprintf(v, sizeof v, "127.0.0.1:%u", tu_free_port());
     ck_assert_int_eq(kv_config_set(cfg, "cluster.listen", v), KV_OK);
     snprintf(v, sizeof v, "%u", r);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.replica_num", v), KV_OK);

@@ -27,35 +27,6 @@ static pid_t master_pid;
 static char master_addr[64];
 static char *dir;
 
-/* A port free just now (bind 0, read it back, close). */
-static unsigned free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
-static pid_t spawn(char *const argv[], const char *log)
-{
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
 static struct kv__member who(const char *id, uint32_t flags)
 {
     struct kv__member m;
@@ -87,7 +58,7 @@ static int join(struct kv__mclient *mc, const struct kv__member *m, uint64_t *ve
 
 static void start_master(const char *token, unsigned ttl)
 {
-    snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", free_port());
+    snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", tu_free_port());
     char bin[512], a1[128], a2[128], a3[64], log[512];
     snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
     snprintf(a1, sizeof a1, "cluster.master=%s", master_addr);
@@ -95,7 +66,7 @@ static void start_master(const char *token, unsigned ttl)
     snprintf(a3, sizeof a3, "cluster.node_ttl_ms=%u", ttl);
     snprintf(log, sizeof log, "%s/kvmaster.log", dir);
     char *argv[] = { bin, "--set", a1, "--set", a2, "--set", a3, NULL };
-    master_pid = spawn(argv, log);
+    master_pid = tu_spawn(argv, log);
     /* Ready when it answers. */
     struct kv__mclient *mc;
     ck_assert_int_eq(kv__mclient_open(master_addr, token, 500, &mc), KV_OK);
@@ -275,11 +246,11 @@ START_TEST(sigterm_exits_cleanly)
     snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
     snprintf(log, sizeof log, "%s/help.log", dir);
     char *h[] = { bin, "--help", NULL };
-    pid_t p = spawn(h, log);
+    pid_t p = tu_spawn(h, log);
     waitpid(p, &st, 0);
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     char *b[] = { bin, "--set", "cluster.nope=1", NULL };
-    p = spawn(b, log);
+    p = tu_spawn(b, log);
     waitpid(p, &st, 0);
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
 }

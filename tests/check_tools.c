@@ -646,18 +646,6 @@ END_TEST
 
 /* ---- admin commands -------------------------------------------------------- */
 
-static unsigned free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    socklen_t sl = sizeof sa;
-    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 /* GET path from 127.0.0.1:port (HTTP/1.0); the whole answer, headers and
  * all, or NULL when nothing answered within 3 s. */
 static char *http_get(unsigned port, const char *path)
@@ -700,18 +688,7 @@ static int ndaemons;
 static pid_t spawn_daemon(char *const argv[], const char *log)
 {
     ck_assert_int_lt(ndaemons, 4);
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-        }
-        execv(argv[0], argv);
-        _exit(127);
-    }
+    pid_t pid = tu_spawn(argv, log);
     daemons[ndaemons++] = pid;
     return pid;
 }
@@ -827,8 +804,8 @@ START_TEST(admin_missing_store_and_silent_node)
     ck_assert_int_ne(stat(path, &st), 0);   /* and none was made */
     /* a closed port: the node and the master do not answer */
     char node[64], master[64];
-    snprintf(node, sizeof node, "127.0.0.1:%u", free_port());
-    snprintf(master, sizeof master, "cluster.master=127.0.0.1:%u", free_port());
+    snprintf(node, sizeof node, "127.0.0.1:%u", tu_free_port());
+    snprintf(master, sizeof master, "cluster.master=127.0.0.1:%u", tu_free_port());
     struct out r = run_kvctl(dir, 10, "stats", "--node", node, NULL);
     CK_STATUS(r, 1);
     CK_HAS(r.err, "does not answer");
@@ -1058,7 +1035,7 @@ static void check_engine_metrics(const char *text)
 
 START_TEST(metrics_of_an_engine)
 {
-    unsigned port = free_port();
+    unsigned port = tu_free_port();
     kv_engine *e = tu_open_yamlf("pipeline: dram\ndram: { capacity: 32MiB }\n"
                                  "metrics: { listen: 127.0.0.1:%u }\n", port);
     char buf[4096];
@@ -1118,8 +1095,8 @@ END_TEST
 START_TEST(cluster_members_metrics_and_bench)
 {
     char *dir = tu_mkdtemp();
-    unsigned mport = free_port(), mmetrics = free_port(), nport = free_port(),
-             nmetrics = free_port();
+    unsigned mport = tu_free_port(), mmetrics = tu_free_port(), nport = tu_free_port(),
+             nmetrics = tu_free_port();
     char bin[512], master[64], s_master[96], s_mm[96], s_listen[96], s_nm[96], mlog[512],
         nlog[512];
     snprintf(master, sizeof master, "127.0.0.1:%u", mport);
@@ -1294,7 +1271,7 @@ START_TEST(compare_redis_and_memcached)
     }
     char *dir = tu_mkdtemp();
     char rlog[512], mlog[512], rport[16], mport[16], rcmp[64], mcmp[64], json[512];
-    unsigned rp = free_port(), mp = free_port();
+    unsigned rp = tu_free_port(), mp = tu_free_port();
     snprintf(rlog, sizeof rlog, "%s/redis.log", dir);
     snprintf(mlog, sizeof mlog, "%s/memcached.log", dir);
     snprintf(rport, sizeof rport, "%u", rp);
@@ -1363,14 +1340,14 @@ START_TEST(compare_bad_address)
     char arg[64];
     /* nothing listens there: exit 1 at once, saying where and why, before
      * kvengine is measured */
-    snprintf(arg, sizeof arg, "redis=127.0.0.1:%u", free_port());
+    snprintf(arg, sizeof arg, "redis=127.0.0.1:%u", tu_free_port());
     struct out r = run_kvctl(dir, 20, "bench", "--nr-objects", "4", "--compare", arg, NULL);
     CK_STATUS(r, 1);
     CK_HAS(r.err, "cannot connect to 127.0.0.1:");
     CK_HAS(r.err, "refused");
     ck_assert_msg(strstr(r.out, "[kvengine]") == NULL, "measured before failing:\n%s", r.out);
     out_free(&r);
-    snprintf(arg, sizeof arg, "memcached=127.0.0.1:%u", free_port());
+    snprintf(arg, sizeof arg, "memcached=127.0.0.1:%u", tu_free_port());
     r = run_kvctl(dir, 20, "bench", "--nr-objects", "4", "--compare", arg, NULL);
     CK_STATUS(r, 1);
     CK_HAS(r.err, "memcached");
@@ -1430,7 +1407,7 @@ static struct jv *cluster_bench(const char *dir, const char *s_master, const cha
 START_TEST(cluster_salt_and_tcp_baseline)
 {
     char *dir = tu_mkdtemp();
-    unsigned mport = free_port(), nport = free_port(), nmetrics = free_port();
+    unsigned mport = tu_free_port(), nport = tu_free_port(), nmetrics = tu_free_port();
     char mbin[512], nbin[512], s_master[96], s_listen[96], s_nm[96], mlog[512], nlog[512];
     snprintf(s_master, sizeof s_master, "cluster.master=127.0.0.1:%u", mport);
     snprintf(s_listen, sizeof s_listen, "cluster.listen=127.0.0.1:%u", nport);

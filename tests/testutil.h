@@ -10,6 +10,7 @@
 #include <check.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "kvengine.h"
 
@@ -46,5 +47,13 @@ const char *tu_build_dir(void);
 
 /* Milliseconds on the monotonic clock. */
 uint64_t tu_now_ms(void);
+
+/* A loopback TCP port free just now (bind 0, read it back, close). */
+unsigned tu_free_port(void);
+
+/* Starts argv[0] with stdout and stderr appended to log; the child is
+ * killed by the kernel should the test process die first
+ * (PR_SET_PDEATHSIG). The caller stops it (kill + waitpid). */
+pid_t tu_spawn(char *const argv[], const char *log);
 
 #endif
