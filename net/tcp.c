@@ -914,14 +914,15 @@ static void tcp_close(struct kv__conn *cp)
  * KV_PROTO_BATCH_MAX items, one after another; each frame is
  *     SEND  header, descriptors, then the dumps' bytes straight from the
  *           caller's iovecs
- *     HDR   the response header (checked against the request)
- *     BODY  the per-item results
+ *     REPLY the response header and the per-item results, in one read
+ *           when they are there together; the header is checked against
+ *           the request as soon as it is in (an error reply has no body)
  *     DATA  the OK loads' bytes, straight into the caller's iovecs
  * and every phase moves iov[at..cnt). step() takes a call as far as its
- * socket allows without waiting; whoever drives it polls the socket for
- * `want` in between. Each frame gets the deadline batch() always had.
+ * socket allows without waiting; whoever drives it polls the socket in
+ * between. Each frame gets the deadline batch() always had.
  */
-enum cstate { C_SEND, C_HDR, C_BODY, C_DATA, C_DONE };
+enum cstate { C_SEND, C_REPLY, C_DATA, C_DONE };
 
 struct call {
     struct tcp_conn *c;
@@ -931,6 +932,7 @@ struct call {
     int state;                  /* enum cstate */
     int rc;                     /* the call's result once C_DONE */
     int ready;                  /* worth a step: poll said so, or never polled */
+    int hdr_ok;                 /* the reply's header is in and checked */
     struct dl dl;
     uint64_t since;             /* when a byte last moved */
     uint64_t id, load_bytes;
@@ -978,7 +980,7 @@ static int frame_start(struct call *k)
     k->buf = malloc(KV_PROTO_HDR_LEN + (blen > k->rlen ? blen : k->rlen));
     k->q = malloc(n * sizeof *k->q);
     k->r = malloc(n * sizeof *k->r);
-    k->iov = malloc((niov > nload_iov ? niov : nload_iov + 1) * sizeof *k->iov);
+    k->iov = malloc(((niov > nload_iov ? niov : nload_iov) + 2) * sizeof *k->iov);
     if (!k->buf || !k->q || !k->r || !k->iov)
         return KV_ENOMEM;
     for (size_t i = 0; i < n; i++) {
@@ -1006,6 +1008,23 @@ static int frame_start(struct call *k)
     return KV_OK;
 }
 
+/* Checks the reply's header once it is in; an error when it does not
+ * announce exactly the body this request expects. */
+static int reply_hdr(struct call *k)
+{
+    if (k->hdr_ok)
+        return KV_OK;
+    if (kv__hdr_decode(k->hdr, k->load_bytes, &k->h) || k->h.type != KV_MSG_BATCH_R ||
+        k->h.req_id != k->id)
+        return KV_EPROTO;
+    if (k->h.status)
+        return kv__status_valid(k->h.status) ? k->h.status : KV_EPROTO;
+    if (k->h.body_len != k->rlen)
+        return KV_EPROTO;
+    k->hdr_ok = 1;
+    return KV_OK;
+}
+
 /* The current phase has moved all its bytes: checks them and sets up the
  * next phase. */
 static int phase_done(struct call *k)
@@ -1015,24 +1034,16 @@ static int phase_done(struct call *k)
     switch (k->state) {
     case C_SEND:
         k->iov[0] = (struct iovec){ k->hdr, sizeof k->hdr };
+        k->iov[1] = (struct iovec){ k->buf, k->rlen };
         k->at = 0;
-        k->cnt = 1;
-        k->state = C_HDR;
+        k->cnt = 2;
+        k->hdr_ok = 0;
+        k->state = C_REPLY;
         return KV_OK;
-    case C_HDR:
-        if (kv__hdr_decode(k->hdr, k->load_bytes, &k->h) || k->h.type != KV_MSG_BATCH_R ||
-            k->h.req_id != k->id)
-            return KV_EPROTO;
-        if (k->h.status)
-            return kv__status_valid(k->h.status) ? k->h.status : KV_EPROTO;
-        if (k->h.body_len != k->rlen)
-            return KV_EPROTO;
-        k->iov[0] = (struct iovec){ k->buf, k->rlen };
-        k->at = 0;
-        k->cnt = 1;
-        k->state = C_BODY;
-        return KV_OK;
-    case C_BODY: {
+    case C_REPLY: {
+        int rc = reply_hdr(k);
+        if (rc)
+            return rc;
         size_t got = n;
         if (kv__batch_r_decode(k->buf, k->rlen, k->r, &got) || got != n)
             return KV_EPROTO;
@@ -1078,7 +1089,14 @@ static int phase_done(struct call *k)
 static void step(struct call *k)
 {
     while (k->state != C_DONE) {
-        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, k->state == C_SEND, &k->since);
+        int sending = k->state == C_SEND;
+        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, sending, &k->since);
+        /* A reply's header is checked as soon as it is in: an error reply
+         * has no body to wait for, and its peer may close right after it. */
+        if (rc != KV_OK && k->state == C_REPLY && k->at > 0) {
+            int hrc = reply_hdr(k);
+            rc = hrc ? hrc : rc;
+        }
         if (rc == MOVE_WAIT)
             return;
         if (rc == KV_OK)
@@ -1086,7 +1104,12 @@ static void step(struct call *k)
         if (rc) {
             k->rc = rc;
             k->state = C_DONE;
+            return;
         }
+        /* A reply is a round trip away: wait for it in poll() rather than
+         * try a read that would most likely find nothing yet. */
+        if (sending)
+            return;
     }
 }
 

@@ -374,9 +374,11 @@ START_TEST(transport_pick)
 END_TEST
 
 /* A peer that says HELLO_OK and then nothing: it accepts one connection on
- * lfd, answers its HELLO and holds it silently (the test closes fd). */
+ * lfd, answers its HELLO and holds it silently (the test closes fd). With
+ * status set, it first answers one batch with that status and no body. */
 struct mute {
     int lfd, fd;
+    int32_t status;
     pthread_t th;
 };
 
@@ -395,8 +397,54 @@ static void *mute_main(void *arg)
     h = (struct kv__hdr){ .type = KV_MSG_HELLO_OK, .req_id = 1 };
     kv__hdr_encode(&h, b);
     send(m->fd, b, KV_PROTO_HDR_LEN, MSG_NOSIGNAL);
+    if (!m->status)
+        return NULL;
+    if (recv(m->fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL) != KV_PROTO_HDR_LEN ||
+        kv__hdr_decode(b, 0, &h) || h.body_len > sizeof b - KV_PROTO_HDR_LEN ||
+        recv(m->fd, b, h.body_len, MSG_WAITALL) != (ssize_t)h.body_len)
+        return NULL;
+    h = (struct kv__hdr){ .type = KV_MSG_BATCH_R, .req_id = h.req_id, .status = m->status };
+    kv__hdr_encode(&h, b);
+    send(m->fd, b, KV_PROTO_HDR_LEN, MSG_NOSIGNAL);
     return NULL;
 }
+
+/* Starts a mute peer on a free loopback port; its address goes to a. */
+static void mute_start(struct mute *m, int32_t status, char *a, size_t alen)
+{
+    *m = (struct mute){ .lfd = socket(AF_INET, SOCK_STREAM, 0), .fd = -1, .status = status };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(m->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(m->lfd, 4), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(m->lfd, (struct sockaddr *)&sa, &sl);
+    snprintf(a, alen, "127.0.0.1:%u", ntohs(sa.sin_port));
+    pthread_create(&m->th, NULL, mute_main, m);
+}
+
+/* A reply that carries an error status and no body is that error at once,
+ * not a wait for the body until the deadline. */
+START_TEST(error_reply)
+{
+    T->destroy(cli);
+    make_client("tok", 300);
+    struct mute m;
+    char ma[64];
+    mute_start(&m, KV_ENOMEM, ma, sizeof ma);
+    struct kv__conn *mc = NULL;
+    ck_assert_int_eq(T->connect(cli, ma, &mc), KV_OK);
+    struct kv__op o = op(KV_OP_LOOKUP, 1, 0, NULL, 0);
+    uint64_t t0 = tu_now_ms();
+    int rc = T->batch(mc, &o, 1);
+    uint64_t dt = tu_now_ms() - t0;
+    pthread_join(m.th, NULL);
+    ck_assert_int_eq(rc, KV_ENOMEM);
+    ck_assert_msg(dt < 250, "took %llu ms", (unsigned long long)dt);
+    T->close(mc);
+    close(m.fd);
+    close(m.lfd);
+}
+END_TEST
 
 /* batch_many: three conns driven by one thread. Two to the server run a
  * mix of loads, dumps and lookups (values large enough to take many reads
@@ -421,15 +469,9 @@ START_TEST(batch_many)
     ck_assert_int_eq(T->connect(cli, addr, &b), KV_OK);
     ck_assert_int_eq(T->batch(a, put, 2), KV_OK);   /* 0 and 1 stored first */
 
-    struct mute m = { .lfd = socket(AF_INET, SOCK_STREAM, 0), .fd = -1 };
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(m.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(m.lfd, 4), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(m.lfd, (struct sockaddr *)&sa, &sl);
+    struct mute m;
     char ma[64];
-    snprintf(ma, sizeof ma, "127.0.0.1:%u", ntohs(sa.sin_port));
-    pthread_create(&m.th, NULL, mute_main, &m);
+    mute_start(&m, 0, ma, sizeof ma);
     int rc = T->connect(cli, ma, &mc);
     pthread_join(m.th, NULL);
     ck_assert_int_eq(rc, KV_OK);
@@ -537,6 +579,7 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, stalled_peer_reaped);
     tcase_add_test(tc, concurrent_clients);
     tcase_add_test(tc, batch_many);
+    tcase_add_test(tc, error_reply);
     tcase_add_test(tc, transport_pick);
     suite_add_tcase(s, tc);
     return s;
