@@ -23,8 +23,8 @@
  * Client: a kv__conn is one socket used by one thread at a time; every
  * wait is a poll() bounded by the call's deadline (struct dl: no progress
  * for opts.timeout_ms, or the whole call past timeout + bytes at 10 MiB/s).
- * A batch is a small state machine too (struct call: SEND -> HDR -> BODY ->
- * DATA per frame) that moves as far as its socket allows without waiting,
+ * A batch is a small state machine too (struct call: SEND -> REPLY -> DATA
+ * per frame) that moves as far as its socket allows without waiting,
  * so one thread can drive batches on several conns with one poll()
  * (batch_many, what the cluster uses for a batch spanning several owners);
  * batch() is the case of one conn.
