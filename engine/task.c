@@ -277,7 +277,11 @@ int kv__pool_submit(struct kv__pool *p, struct kv__task *t, kv_task *handle)
         pieces = p->nthreads;
     if (pieces == 0)
         pieces = 1;
-    t->chunk = (t->n + pieces * 2 - 1) / (pieces * 2);
+    /* A small task (under CHUNK_BYTES) is one chunk: whoever claims it first
+     * (a worker, or the caller waiting for it) runs all of it, so a cluster
+     * batch goes to each owner in one frame. Larger ones are cut into two
+     * chunks per worker, so the caller can help too. */
+    t->chunk = bytes < CHUNK_BYTES ? t->n : (t->n + pieces * 2 - 1) / (pieces * 2);
     if (t->chunk == 0)
         t->chunk = 1;
     t->want = (int)pieces;
