@@ -65,7 +65,9 @@ used=" "
 port() {
     local p
     while :; do
-        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+        # Below the kernel's ephemeral range (32768-60999 by default), so
+        # no outgoing connection can take the port before the server binds.
+        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 12000 ))
         case "$used" in *" $p "*) continue ;; esac
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             used="$used$p "
