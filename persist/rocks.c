@@ -267,7 +267,11 @@ void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
  * under another key is caught too. */
 static uint64_t checksum_iov(const uint8_t *dkey, const kv_iov *iov, uint32_t iovcnt)
 {
+    /* Zeroed first: xxhash 0.8.1's reset compares the seed already in the
+     * state to decide whether to rebuild its secret (valgrind saw the read
+     * of an uninitialised stack state). */
     XXH3_state_t st;
+    memset(&st, 0, sizeof st);
     XXH3_64bits_reset_withSeed(&st, XXH3_64bits(dkey, KV__SSD_KEY_LEN));
     for (uint32_t i = 0; i < iovcnt; i++)
         if (iov[i].len)
