@@ -391,6 +391,19 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
         }
         return;
     }
+    if (t->kind == TASK_DUMP && !e->has_dram && e->ssd) {
+        /* SSD only: the chunk is written as WriteBatches of up to 64
+         * shards (one WAL record, one sync each) rather than one by one. */
+        int results[64];
+        for (size_t i = begin; i < end; i += KV__ARRAY_LEN(results)) {
+            size_t n = end - i < KV__ARRAY_LEN(results) ? end - i : KV__ARRAY_LEN(results);
+            int rc = kv__ssd_write_many(e->ssd, t->ns, &t->shards[i], n, results);
+            for (size_t k = 0; k < n; k++)
+                if ((rc != KV_OK ? rc : results[k]) != KV_OK)
+                    kv__task_fail(t, rc != KV_OK ? rc : results[k]);
+        }
+        return;
+    }
     for (size_t i = begin; i < end; i++) {
         const kv_shard *s = &t->shards[i];
         int rc = t->kind == TASK_DUMP

@@ -1079,57 +1079,113 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
     return KV_OK;
 }
 
-int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
-                  const kv_iov *iov, uint32_t iovcnt)
+/* Indexes a value just written (or flips a queued one to stored). */
+static int index_stored(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
+                        uint64_t len, uint64_t stamp)
 {
-    if (!s || !id || !ns_ok(ns) || (iovcnt && !iov))
+    struct kv__sent e;
+    memset(&e, 0, sizeof e);
+    e.ns = (unsigned)ns;
+    memcpy(e.id, id->bytes, KV_BLOCK_ID_LEN);
+    e.index = index;
+    e.size = (uint32_t)len;
+    e.stamp = stamp;
+    e.state = KV__ENT_STORED;
+    int ins = kv__sidx_insert(&s->idx, &e, NULL);
+    if (ins == 0)
+        kv__sidx_transition(&s->idx, ns, id->bytes, index, KV__ENT_PENDING, KV__ENT_STORED);
+    return ins < 0 ? KV_ENOMEM : KV_OK;
+}
+
+static int check_iov(const kv_iov *iov, uint32_t iovcnt, uint64_t *len)
+{
+    if (iovcnt && !iov)
         return KV_EINVAL;
     for (uint32_t i = 0; i < iovcnt; i++)
         if (!iov[i].base && iov[i].len)
             return KV_EINVAL;
-    uint64_t len = kv__iov_len(iov, iovcnt);
-    if (len > KV_VALUE_MAX)
+    *len = kv__iov_len(iov, iovcnt);
+    return *len > KV_VALUE_MAX ? KV_EINVAL : KV_OK;
+}
+
+/*
+ * Writes shards[0..n) in one WriteBatch: one write group, one WAL record
+ * (one sync with ssd.sync: fsync) for the lot, where n kv__ssd_write calls
+ * would pay each n times. results[i] is each shard's outcome; a shard
+ * already stored is skipped (KV_OK). A value only queued for spill
+ * (PENDING) is not durable yet, and this caller (write-through, the ssd
+ * pipeline) is promised it is, so it is written now; the spill writer's
+ * copy lands later, harmlessly.
+ */
+int kv__ssd_write_many(struct kv__ssd *s, int ns, const kv_shard *sh, size_t n, int *results)
+{
+    if (!s || !ns_ok(ns) || (n && (!sh || !results)))
         return KV_EINVAL;
-    /* Present: skipped. But a value only queued for spill (PENDING) is not
-     * durable yet, and this caller (write-through) is promised it is, so
-     * it is written now; the spill writer's copy lands later, harmlessly. */
-    struct kv__sent cur;
-    bool pending = false;
-    if (kv__sidx_get(&s->idx, ns, id->bytes, index, &cur)) {
-        if (cur.state == KV__ENT_STORED)
-            return KV_OK;
-        pending = true;
+    uint64_t extra = 0, disk = 0, lens[64];
+    bool write[64];
+    if (n > KV__ARRAY_LEN(lens))
+        return KV_EINVAL;
+    size_t todo = 0;
+    for (size_t i = 0; i < n; i++) {
+        write[i] = false;
+        results[i] = check_iov(sh[i].iov, sh[i].iovcnt, &lens[i]);
+        if (results[i] != KV_OK)
+            continue;
+        struct kv__sent cur;
+        bool have = kv__sidx_get(&s->idx, ns, sh[i].block.bytes, sh[i].index, &cur);
+        if (have && cur.state == KV__ENT_STORED)
+            continue;
+        /* The same shard twice in one batch is written once. */
+        bool dup = false;
+        for (size_t k = 0; k < i && !dup; k++)
+            dup = write[k] && sh[k].index == sh[i].index &&
+                  memcmp(sh[k].block.bytes, sh[i].block.bytes, KV_BLOCK_ID_LEN) == 0;
+        if (dup)
+            continue;
+        write[i] = true;
+        todo++;
+        extra += have ? 0 : lens[i];
+        disk += lens[i] + HDR_LEN;
     }
-    int rc = kv__ssd_make_room(s, pending ? 0 : len, len + HDR_LEN);
-    if (rc != KV_OK) {
-        atomic_fetch_add(&s->enospc, 1);
-        return rc;
-    }
-    uint64_t stamp = atomic_fetch_add(&s->clock, 1);
-    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-    kv__ssd_batch_put(wb, ns, id->bytes, index, iov, iovcnt, len, stamp);
-    rc = rocksdb_writebatch_count(wb) == 2 ? kv__ssd_batch_write(s, wb) : KV_ENOMEM;
-    rocksdb_writebatch_destroy(wb);
+    if (todo == 0)
+        return KV_OK;
+    int rc = kv__ssd_make_room(s, extra, disk);
+    uint64_t stamp0 = atomic_fetch_add(&s->clock, todo);
+    rocksdb_writebatch_t *wb = NULL;
     if (rc == KV_OK) {
-        struct kv__sent e;
-        memset(&e, 0, sizeof e);
-        e.ns = (unsigned)ns;
-        memcpy(e.id, id->bytes, KV_BLOCK_ID_LEN);
-        e.index = index;
-        e.size = (uint32_t)len;
-        e.stamp = stamp;
-        e.state = KV__ENT_STORED;
-        int ins = kv__sidx_insert(&s->idx, &e, NULL);
-        if (ins == 0)
-            kv__sidx_transition(&s->idx, ns, id->bytes, index, KV__ENT_PENDING, KV__ENT_STORED);
-        else if (ins < 0)
-            rc = KV_ENOMEM;
-    } else if (rc == KV_ENOSPC) {
-        atomic_fetch_add(&s->enospc, 1);
-    } else if (rc == KV_ECORRUPT) {
-        rc = KV_EIO;
+        wb = rocksdb_writebatch_create();
+        uint64_t stamp = stamp0;
+        for (size_t i = 0; i < n; i++)
+            if (write[i])
+                kv__ssd_batch_put(wb, ns, sh[i].block.bytes, sh[i].index, sh[i].iov, sh[i].iovcnt,
+                                  lens[i], stamp++);
+        rc = (size_t)rocksdb_writebatch_count(wb) == 2 * todo ? kv__ssd_batch_write(s, wb)
+                                                               : KV_ENOMEM;
+        rocksdb_writebatch_destroy(wb);
     }
-    return rc;
+    if (rc == KV_ENOSPC)
+        atomic_fetch_add(&s->enospc, 1);
+    else if (rc == KV_ECORRUPT)
+        rc = KV_EIO;
+    uint64_t stamp = stamp0;
+    for (size_t i = 0; i < n; i++) {
+        if (!write[i])
+            continue;
+        results[i] = rc != KV_OK ? rc : index_stored(s, ns, &sh[i].block, sh[i].index, lens[i], stamp);
+        stamp++;
+    }
+    return KV_OK;
+}
+
+int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
+                  const kv_iov *iov, uint32_t iovcnt)
+{
+    if (!id)
+        return KV_EINVAL;
+    kv_shard one = { *id, index, iov, iovcnt };
+    int result;
+    int rc = kv__ssd_write_many(s, ns, &one, 1, &result);
+    return rc != KV_OK ? rc : result;
 }
 
 int kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,

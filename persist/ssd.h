@@ -53,6 +53,11 @@ int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t ind
 size_t kv__ssd_block_shards(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t *idx,
                             size_t cap);
 
+/* kv__ssd_write for up to 64 shards at once, in one WriteBatch (one WAL
+ * record and sync for them all); results[i] gets each shard's outcome and
+ * the return value is KV_OK unless the arguments are bad. */
+int kv__ssd_write_many(struct kv__ssd *s, int ns, const kv_shard *shards, size_t n, int *results);
+
 /* Deletes every stored shard of (ns, id) (index UINT32_MAX) or one shard. */
 int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index);
 
