@@ -373,6 +373,26 @@ static int on_batch(struct sconn *sc)
     return 0;
 }
 
+/* Reads what the socket has, up to want (> 0) bytes, into p: the bytes
+ * read; 0 when it would block; -1 when the peer is gone (the connection is
+ * closed then). Every server-side read goes through here. */
+static ssize_t sconn_read(struct sconn *sc, void *p, size_t want)
+{
+    for (;;) {
+        ssize_t r = read(sc->fd, p, want);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (r <= 0) {
+            sconn_close(sc);
+            return -1;
+        }
+        sc->progress_ms = kv__now_ms();
+        return r;
+    }
+}
+
 /* Receives dump data; returns 1 when closed, 0 when it should wait for more
  * input, 2 when the batch moved on to writing. */
 static int on_data(struct sconn *sc)
@@ -416,17 +436,10 @@ static int on_data(struct sconn *sc)
             }
             if (left > (1u << 30))
                 left = 1u << 30;
-            ssize_t r = read(sc->fd, dst, (size_t)left);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return 0;
-            if (r <= 0) {
-                sconn_close(sc);
-                return 1;
-            }
+            ssize_t r = sconn_read(sc, dst, (size_t)left);
+            if (r <= 0)
+                return r == 0 ? 0 : 1;
             sc->cur_got += (uint64_t)r;
-            sc->progress_ms = kv__now_ms();
         }
         if (sc->resv_ok) {
             sc->resv_ok = 0;
@@ -447,17 +460,10 @@ static void on_readable(struct sconn *sc)
 {
     for (;;) {
         if (sc->state == S_HDR) {
-            ssize_t r = read(sc->fd, sc->hdrbuf + sc->got, KV_PROTO_HDR_LEN - sc->got);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            ssize_t r = sconn_read(sc, sc->hdrbuf + sc->got, KV_PROTO_HDR_LEN - sc->got);
+            if (r <= 0)
                 return;
-            if (r <= 0) {
-                sconn_close(sc);
-                return;
-            }
             sc->got += (size_t)r;
-            sc->progress_ms = kv__now_ms();
             if (sc->got < KV_PROTO_HDR_LEN)
                 continue;
             if (kv__hdr_decode(sc->hdrbuf, UINT64_MAX, &sc->h) != KV_OK ||
@@ -476,17 +482,10 @@ static void on_readable(struct sconn *sc)
         }
         if (sc->state == S_BODY) {
             while (sc->got < sc->h.body_len) {
-                ssize_t r = read(sc->fd, sc->body + sc->got, sc->h.body_len - sc->got);
-                if (r < 0 && errno == EINTR)
-                    continue;
-                if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                ssize_t r = sconn_read(sc, sc->body + sc->got, sc->h.body_len - sc->got);
+                if (r <= 0)
                     return;
-                if (r <= 0) {
-                    sconn_close(sc);
-                    return;
-                }
                 sc->got += (size_t)r;
-                sc->progress_ms = kv__now_ms();
             }
             int rc = sc->h.type == KV_MSG_HELLO ? on_hello(sc) : on_batch(sc);
             if (rc)
