@@ -40,6 +40,22 @@ static bool same_key(const uint8_t *stored, uint64_t slen, const void *key, size
     return slen >= 1 + klen && stored[0] == klen && memcmp(stored + 1, key, klen) == 0;
 }
 
+/* Copies the value out of a stored [klen][key][value] record, wherever it
+ * was read from: KV_ENOTFOUND for another key's record (a hash collision),
+ * KV_ENOBUFS with *vlen set when cap is too small (buf untouched). */
+static int copy_value(const uint8_t *stored, uint64_t slen, const void *key, size_t klen,
+                      void *buf, size_t cap, size_t *vlen)
+{
+    if (!same_key(stored, slen, key, klen))
+        return KV_ENOTFOUND;
+    *vlen = slen - 1 - klen;
+    if (*vlen > cap)
+        return KV_ENOBUFS;
+    if (*vlen)
+        memcpy(buf, stored + 1 + klen, *vlen);
+    return KV_OK;
+}
+
 /* Unlinks the key's DRAM entry, if any. Returns true when there was one. */
 static bool dram_unlink(kv_engine *e, const kv_block_id *id)
 {
@@ -107,15 +123,7 @@ KV__EXPORT int kv_get(kv_engine *e, const void *key, size_t klen, void *buf, siz
     uint64_t len;
     kv__pin pin;
     if (kv__local_pin(e, KV_NS_KEY, &id, 0, &data, &len, &pin) == KV_OK) {
-        if (!same_key(data, len, key, klen)) {
-            rc = KV_ENOTFOUND;
-        } else {
-            *vlen = len - 1 - klen;
-            if (*vlen > cap)
-                rc = KV_ENOBUFS;
-            else if (*vlen)
-                memcpy(buf, (const uint8_t *)data + 1 + klen, *vlen);
-        }
+        rc = copy_value(data, len, key, klen, buf, cap, vlen);
         kv__local_unpin(e, &pin);
         atomic_fetch_add(rc == KV_OK ? &e->ct.hits_dram : &e->ct.misses, rc != KV_ENOBUFS);
         return rc;
@@ -129,15 +137,8 @@ KV__EXPORT int kv_get(kv_engine *e, const void *key, size_t klen, void *buf, siz
         return KV_ENOMEM;
     kv_iov iov = { tmp, len };
     rc = kv__ssd_read(e->ssd, KV_NS_KEY, &id, 0, &iov, 1);
-    if (rc == KV_OK && !same_key(tmp, len, key, klen))
-        rc = KV_ENOTFOUND;
-    if (rc == KV_OK) {
-        *vlen = len - 1 - klen;
-        if (*vlen > cap)
-            rc = KV_ENOBUFS;
-        else if (*vlen)
-            memcpy(buf, tmp + 1 + klen, *vlen);
-    }
+    if (rc == KV_OK)
+        rc = copy_value(tmp, len, key, klen, buf, cap, vlen);
     free(tmp);
     if (rc != KV_ENOBUFS)
         atomic_fetch_add(rc == KV_OK ? &e->ct.hits_ssd : &e->ct.misses, 1);
