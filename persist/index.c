@@ -4,7 +4,7 @@
  * never touch the disk.
  *
  * Key design choice: open addressing with linear probing and backward-shift
- * deletion, 32-byte slots stored inline, split into locked shards picked by
+ * deletion, 48-byte slots stored inline, split into locked shards picked by
  * a hash of (ns, id) only. Inline slots keep the index near 43 bytes a shard
  * at the 0.75 load limit (no per-entry malloc, no pointers), and picking the
  * shard from the block alone puts all shards of a block under one lock, so
@@ -189,6 +189,55 @@ bool kv__sidx_transition(struct kv__sindex *x, int ns, const uint8_t *id, uint32
     return done;
 }
 
+/* The slot of (ns, id, index) when it is in state 'from' at 'at'
+ * (UINT64_MAX: anywhere), else NULL. Shard lock held. */
+static struct kv__sent *find_in(struct kv__sishard *s, uint64_t h, int ns, const uint8_t *id,
+                                uint32_t index, int from, uint64_t at)
+{
+    if (!s->cap)
+        return NULL;
+    struct kv__sent *t = &s->tab[probe(s, h, ns, id, index)];
+    if (t->state != (unsigned)from || (at != UINT64_MAX && t->loc != at))
+        return NULL;
+    return t;
+}
+
+bool kv__sidx_store(struct kv__sindex *x, const struct kv__sent *e, int from, uint64_t token)
+{
+    uint64_t hb = hash_block((int)e->ns, e->id), h = hash_slot(hb, e->index);
+    struct kv__sishard *s = shard_of(x, hb);
+    pthread_mutex_lock(&s->mu);
+    struct kv__sent *t = find_in(s, h, (int)e->ns, e->id, e->index, from, token);
+    if (t) {
+        account(x, t, -1);
+        t->size = e->size;
+        t->stamp = e->stamp;
+        t->loc = e->loc;
+        t->slen = e->slen;
+        t->state = KV__ENT_STORED;
+        account(x, t, +1);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return t != NULL;
+}
+
+bool kv__sidx_swap(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int from,
+                   uint64_t at, int to, uint64_t token, struct kv__sent *old)
+{
+    uint64_t hb = hash_block(ns, id), h = hash_slot(hb, index);
+    struct kv__sishard *s = shard_of(x, hb);
+    pthread_mutex_lock(&s->mu);
+    struct kv__sent *t = find_in(s, h, ns, id, index, from, at);
+    if (t) {
+        if (old)
+            *old = *t;
+        t->state = (unsigned)to;
+        t->loc = token;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return t != NULL;
+}
+
 /* Backward-shift deletion: pulls later members of the probe run into the
  * hole so that lookups never need tombstones. Shard lock held. */
 static void delete_slot(struct kv__sishard *s, uint32_t i)
@@ -212,8 +261,10 @@ static void delete_slot(struct kv__sishard *s, uint32_t i)
     }
 }
 
-bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
-                  struct kv__sent *old)
+/* Deletes the entry when its state is in mask and, unless loc is
+ * UINT64_MAX, it is at loc. */
+static bool del_if(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
+                   uint64_t loc, struct kv__sent *old)
 {
     uint64_t hb = hash_block(ns, id), h = hash_slot(hb, index);
     struct kv__sishard *s = shard_of(x, hb);
@@ -222,7 +273,7 @@ bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t inde
     if (s->cap) {
         uint32_t i = probe(s, h, ns, id, index);
         struct kv__sent e = s->tab[i];
-        if (e.state != KV__ENT_EMPTY && (mask & (1u << e.state))) {
+        if (e.state != KV__ENT_EMPTY && (mask & (1u << e.state)) && (loc == UINT64_MAX || e.loc == loc)) {
             if (old)
                 *old = e;
             delete_slot(s, i);
@@ -233,6 +284,18 @@ bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t inde
     }
     pthread_mutex_unlock(&s->mu);
     return done;
+}
+
+bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
+                  struct kv__sent *old)
+{
+    return del_if(x, ns, id, index, mask, UINT64_MAX, old);
+}
+
+bool kv__sidx_del_at(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int state,
+                     uint64_t at)
+{
+    return del_if(x, ns, id, index, 1u << state, at, NULL);
 }
 
 size_t kv__sidx_del_block(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,

@@ -8,17 +8,25 @@
  * eviction and the write landing, contains/size answer "present" and a read
  * copies straight from the victim's DRAM bytes under the queue lock. The
  * writer takes victims in FIFO order up to tune.batch_bytes into one
- * WriteBatch (one WAL record, one group commit); only after the batch is
- * written does it flip their entries to STORED, unlink them from the queue
- * and call release(). A victim that would push the queue past
- * ssd.spill_queue bytes is refused at once (released, counted in
+ * kv__ssd_put (one value log append each, one WriteBatch of pointers);
+ * only after that lands does it flip their entries to STORED, unlink them
+ * from the queue and call release(). A victim that would push the queue
+ * past ssd.spill_queue bytes is refused at once (released, counted in
  * spill_drops): the evictor never waits for the disk.
+ *
+ * The PENDING entries carry the item's claim token (ssd_int.h, "Claims"):
+ * a synchronous writer may steal a shard not yet in flight (SKIP_STOLEN:
+ * not written here, still readable from the queue), a remove cancels one
+ * (SKIP_CANCELLED; in flight, the entry turns CANCELLED and the writer
+ * deletes what it wrote).
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "ssd_int.h"
+
+enum { SKIP_NO = 0, SKIP_CANCELLED = 1, SKIP_STOLEN = 2, SKIP_PRESENT = 3 };
 
 static void drop(struct kv__ssd *s, struct kv__victim *v)
 {
@@ -41,6 +49,7 @@ static void sink_accept(void *ctx, struct kv__victim *v)
     it->v = v;
     it->bytes = bytes;
     it->stamp = atomic_fetch_add(&s->clock, 1);
+    it->token = kv__ssd_token(s);
     it->skip = (uint8_t *)(it + 1);
 
     pthread_mutex_lock(&s->qmu);
@@ -60,12 +69,14 @@ static void sink_accept(void *ctx, struct kv__victim *v)
         e.size = v->shards[i].len;
         e.stamp = it->stamp;
         e.state = KV__ENT_PENDING;
-        /* Already on SSD (write-through, or spilled before): nothing to do
-         * for this shard. Out of memory: not written, not indexed. */
+        e.loc = it->token;
+        /* Already on SSD (write-through, or spilled before), or being
+         * written by someone else: nothing to do for this shard. Out of
+         * memory: not written, not indexed. */
         if (kv__sidx_insert(&s->idx, &e, NULL) == 1)
             towrite++;
         else
-            it->skip[i] = 1;
+            it->skip[i] = SKIP_PRESENT;
     }
     if (towrite == 0) {
         pthread_mutex_unlock(&s->qmu);
@@ -112,36 +123,82 @@ struct kv__sink kv__ssd_sink(struct kv__ssd *s)
     return k;
 }
 
-/* Writes the n items from first (taken by the writer, qmu not held; the
- * last one's next may be changing under an accept, so count, not follow). */
-static int write_items(struct kv__ssd *s, struct kv__sq_item *first, size_t n)
+/* Counts the shards of n items from first still to be written (qmu not
+ * held; the last one's next may be changing under an accept, so count, not
+ * follow). */
+static size_t count_puts(struct kv__sq_item *first, size_t n, uint64_t *disk)
 {
-    uint64_t need = 0;
+    size_t np = 0;
     struct kv__sq_item *it = first;
     for (size_t k = 0; k < n; k++, it = k < n ? it->next : NULL)
         for (uint32_t i = 0; i < it->v->nshards; i++)
-            if (!it->skip[i])
-                need += it->v->shards[i].len + 16;
-    int rc = kv__ssd_make_room(s, 0, need);
-    if (rc != KV_OK)
-        return rc;
-    rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-    int expect = 0;
-    it = first;
+            if (it->skip[i] == SKIP_NO) {
+                np++;
+                *disk += kv__vlog_span(it->v->shards[i].len);
+            }
+    return np;
+}
+
+/* Writes the shards of n items, in p (np slots); rc of the batch. The skip
+ * flags read here cannot change: a shard in flight is neither stolen nor
+ * cancelled (kv__spill_steal, kv__spill_cancel check inflight). */
+static int write_items(struct kv__ssd *s, struct kv__sq_item *first, size_t n,
+                       struct kv__sput *p, kv_iov *iov, size_t np, uint64_t disk)
+{
+    int rc = kv__ssd_make_room(s, 0, disk);
+    size_t j = 0;
+    struct kv__sq_item *it = first;
     for (size_t k = 0; k < n; k++, it = k < n ? it->next : NULL) {
         struct kv__victim *v = it->v;
-        for (uint32_t i = 0; i < v->nshards; i++) {
-            if (it->skip[i])
+        for (uint32_t i = 0; i < v->nshards && j < np; i++) {
+            if (it->skip[i] != SKIP_NO)
                 continue;
-            kv_iov iov = { (void *)v->shards[i].data, v->shards[i].len };
-            kv__ssd_batch_put(wb, v->ns, v->id.bytes, v->shards[i].index, &iov, 1, iov.len,
-                              it->stamp);
-            expect += 2;
+            iov[j] = (kv_iov){ (void *)v->shards[i].data, v->shards[i].len };
+            p[j] = (struct kv__sput){ .ns = v->ns, .id = v->id.bytes, .index = v->shards[i].index,
+                                      .iov = &iov[j], .iovcnt = 1, .len = iov[j].len,
+                                      .stamp = it->stamp, .rc = rc };
+            j++;
         }
     }
-    rc = rocksdb_writebatch_count(wb) == expect ? kv__ssd_batch_write(s, wb) : KV_ENOMEM;
-    rocksdb_writebatch_destroy(wb);
+    if (rc == KV_OK)
+        rc = kv__ssd_put(s, p, np);
     return rc;
+}
+
+/* After a batch: each written shard becomes STORED; one removed while in
+ * flight (CANCELLED) is undone; one that failed leaves the index. Returns
+ * the entries to undo (into undo, at most np). qmu held. */
+static size_t settle_items(struct kv__ssd *s, struct kv__sq_item *first, struct kv__sq_item *last,
+                           const struct kv__sput *p, size_t np, struct kv__sent *undo)
+{
+    size_t j = 0, nundo = 0;
+    for (struct kv__sq_item *it = first; it != last->next; it = it->next) {
+        struct kv__victim *v = it->v;
+        bool ok = true;
+        for (uint32_t i = 0; i < v->nshards && j < np; i++) {
+            if (it->skip[i] != SKIP_NO)
+                continue;
+            const struct kv__sput *q = &p[j++];
+            struct kv__sent e;
+            memset(&e, 0, sizeof e);
+            e.ns = (unsigned)v->ns;
+            memcpy(e.id, v->id.bytes, KV_BLOCK_ID_LEN);
+            e.index = q->index;
+            e.size = (uint32_t)q->len;
+            e.stamp = it->stamp;
+            e.loc = q->loc;
+            e.slen = q->slen;
+            if (q->rc != KV_OK) {
+                ok = false;
+                kv__sidx_del_at(&s->idx, v->ns, v->id.bytes, q->index, KV__ENT_PENDING, it->token);
+                kv__sidx_del_at(&s->idx, v->ns, v->id.bytes, q->index, KV__ENT_CANCELLED, it->token);
+            } else if (!kv__sidx_store(&s->idx, &e, KV__ENT_PENDING, it->token)) {
+                undo[nundo++] = e;   /* CANCELLED: removed while being written */
+            }
+        }
+        atomic_fetch_add(ok ? &s->spills : &s->spill_drops, 1);
+    }
+    return nundo;
 }
 
 static void *writer_main(void *arg)
@@ -165,39 +222,35 @@ static void *writer_main(void *arg)
             ntaken++;
             last = it;
         }
+        uint64_t disk = 0;
+        size_t np = count_puts(first, ntaken, &disk);
         pthread_mutex_unlock(&s->qmu);
 
-        int rc = write_items(s, first, ntaken);
-
-        struct kv__sent gone[64];
-        size_t ngone = 0;
-        pthread_mutex_lock(&s->qmu);
-        for (struct kv__sq_item *it = first; it != last->next; it = it->next) {
-            struct kv__victim *v = it->v;
-            for (uint32_t i = 0; i < v->nshards; i++) {
-                if (it->skip[i])
-                    continue;
-                uint32_t idx = v->shards[i].index;
-                if (rc == KV_OK) {
-                    /* Not PENDING any more: either a synchronous write made it
-                     * STORED (fine) or a remove deleted it while in flight. */
-                    if (!kv__sidx_transition(&s->idx, v->ns, v->id.bytes, idx, KV__ENT_PENDING,
-                                             KV__ENT_STORED) &&
-                        !kv__sidx_get(&s->idx, v->ns, v->id.bytes, idx, NULL) &&
-                        ngone < KV__ARRAY_LEN(gone)) {
-                        /* Removed while being written: undo on disk. */
-                        memset(&gone[ngone], 0, sizeof gone[ngone]);
-                        gone[ngone].ns = (unsigned)v->ns;
-                        memcpy(gone[ngone].id, v->id.bytes, KV_BLOCK_ID_LEN);
-                        gone[ngone].index = idx;
-                        ngone++;
-                    }
-                } else {
-                    kv__sidx_del(&s->idx, v->ns, v->id.bytes, idx, 1u << KV__ENT_PENDING, NULL);
-                }
-            }
-            atomic_fetch_add(rc == KV_OK ? &s->spills : &s->spill_drops, 1);
+        struct kv__sput *p = calloc(np ? np : 1, sizeof *p);
+        kv_iov *iov = calloc(np ? np : 1, sizeof *iov);
+        struct kv__sent *undo = calloc(np ? np : 1, sizeof *undo);
+        int rc = p && iov && undo ? write_items(s, first, ntaken, p, iov, np, disk) : KV_ENOMEM;
+        if (rc == KV_ENOMEM && !(p && iov && undo)) {
+            free(p);
+            p = NULL;
+            np = 0;
         }
+
+        pthread_mutex_lock(&s->qmu);
+        size_t nundo = 0;
+        if (p)
+            nundo = settle_items(s, first, last, p, np, undo);
+        else
+            for (struct kv__sq_item *it = first; it != last->next; it = it->next) {
+                for (uint32_t i = 0; i < it->v->nshards; i++)
+                    if (it->skip[i] == SKIP_NO) {
+                        kv__sidx_del_at(&s->idx, it->v->ns, it->v->id.bytes, it->v->shards[i].index,
+                                        KV__ENT_PENDING, it->token);
+                        kv__sidx_del_at(&s->idx, it->v->ns, it->v->id.bytes, it->v->shards[i].index,
+                                        KV__ENT_CANCELLED, it->token);
+                    }
+                atomic_fetch_add(&s->spill_drops, 1);
+            }
         /* Unlinked before release: no reader copies from them after it. */
         s->qhead = last->next;
         if (!s->qhead)
@@ -205,15 +258,25 @@ static void *writer_main(void *arg)
         pthread_mutex_unlock(&s->qmu);
 
         if (rc != KV_OK)
-            KV_WARN("ssd: spill batch of %llu bytes not written: %s", (unsigned long long)taken,
-                    kv_strerror(rc));
+            KV_WARN("ssd: spill batch of %llu bytes not (fully) written: %s",
+                    (unsigned long long)taken, kv_strerror(rc));
+        /* The CANCELLED claims are still ours: delete what we wrote, then
+         * let the entries go. */
+        kv__ssd_unput(s, undo, nundo);
         struct kv__sq_item *nx;
         for (struct kv__sq_item *it = first; ntaken > 0; it = nx) {
             nx = --ntaken ? it->next : NULL;
+            for (size_t u = 0; u < nundo; u++)
+                if (undo[u].ns == (unsigned)it->v->ns &&
+                    memcmp(undo[u].id, it->v->id.bytes, KV_BLOCK_ID_LEN) == 0)
+                    kv__sidx_del_at(&s->idx, it->v->ns, undo[u].id, undo[u].index,
+                                    KV__ENT_CANCELLED, it->token);
             it->v->release(it->v);
             free(it);
         }
-        kv__ssd_delete_keys(s, gone, ngone);
+        free(p);
+        free(iov);
+        free(undo);
         pthread_mutex_lock(&s->qmu);
         /* Counted out only now that release() has run: drain's "bytes still
          * held" means DRAM the engine cannot reuse yet. */
@@ -251,7 +314,8 @@ int kv__spill_read(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index,
         if (v->ns != ns || memcmp(v->id.bytes, id, KV_BLOCK_ID_LEN) != 0)
             continue;
         for (uint32_t i = 0; i < v->nshards; i++) {
-            if (v->shards[i].index == index && !it->skip[i]) {
+            if (v->shards[i].index == index &&
+                (it->skip[i] == SKIP_NO || it->skip[i] == SKIP_STOLEN)) {
                 if (kv__iov_len(iov, iovcnt) != v->shards[i].len) {
                     rc = KV_EINVAL;
                     break;
@@ -272,15 +336,46 @@ size_t kv__spill_cancel(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t i
     pthread_mutex_lock(&s->qmu);
     for (struct kv__sq_item *it = s->qhead; it; it = it->next) {
         struct kv__victim *v = it->v;
-        if (it->inflight || v->ns != ns || memcmp(v->id.bytes, id, KV_BLOCK_ID_LEN) != 0)
+        if (v->ns != ns || memcmp(v->id.bytes, id, KV_BLOCK_ID_LEN) != 0)
             continue;
         for (uint32_t i = 0; i < v->nshards; i++) {
-            if ((index == UINT32_MAX || v->shards[i].index == index) && !it->skip[i]) {
-                it->skip[i] = 1;
-                n += kv__sidx_del(&s->idx, ns, id, v->shards[i].index, 1u << KV__ENT_PENDING, NULL);
+            uint32_t idx = v->shards[i].index;
+            if ((index != UINT32_MAX && idx != index) || it->skip[i] != SKIP_NO)
+                continue;
+            if (it->inflight) {
+                n += kv__sidx_swap(&s->idx, ns, id, idx, KV__ENT_PENDING, it->token,
+                                   KV__ENT_CANCELLED, it->token, NULL);
+            } else {
+                it->skip[i] = SKIP_CANCELLED;
+                n += kv__sidx_del_at(&s->idx, ns, id, idx, KV__ENT_PENDING, it->token);
             }
         }
     }
     pthread_mutex_unlock(&s->qmu);
     return n;
+}
+
+int kv__spill_steal(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index, uint64_t token)
+{
+    int rc = KV_ENOTFOUND;
+    pthread_mutex_lock(&s->qmu);
+    for (struct kv__sq_item *it = s->qhead; it && rc == KV_ENOTFOUND; it = it->next) {
+        struct kv__victim *v = it->v;
+        if (v->ns != ns || memcmp(v->id.bytes, id, KV_BLOCK_ID_LEN) != 0)
+            continue;
+        for (uint32_t i = 0; i < v->nshards; i++) {
+            if (v->shards[i].index != index || it->skip[i] != SKIP_NO)
+                continue;
+            if (it->inflight) {
+                rc = KV_EBUSY;
+            } else if (kv__sidx_swap(&s->idx, ns, id, index, KV__ENT_PENDING, it->token,
+                                     KV__ENT_WRITING, token, NULL)) {
+                it->skip[i] = SKIP_STOLEN;
+                rc = KV_OK;
+            }
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->qmu);
+    return rc;
 }

@@ -53,9 +53,9 @@ int kv__ssd_write(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t ind
 size_t kv__ssd_block_shards(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t *idx,
                             size_t cap);
 
-/* kv__ssd_write for up to 64 shards at once, in one WriteBatch (one WAL
- * record and sync for them all); results[i] gets each shard's outcome and
- * the return value is KV_OK unless the arguments are bad. */
+/* kv__ssd_write for up to 64 shards at once (one sync and one WriteBatch
+ * for them all); results[i] gets each shard's outcome and the return value
+ * is KV_OK unless the arguments are bad. */
 int kv__ssd_write_many(struct kv__ssd *s, int ns, const kv_shard *shards, size_t n, int *results);
 
 /* Deletes every stored shard of (ns, id) (index UINT32_MAX) or one shard. */
@@ -75,39 +75,32 @@ void kv__ssd_stats(struct kv__ssd *s, kv_stats *out);
 /* The knobs chosen by measurement (see the comment at the top of rocks.c).
  * kv__ssd_open uses kv__ssd_tuning_defaults; benchmarks vary them. */
 struct kv__ssd_tuning {
-    uint64_t write_buffer;      /* memtable bytes (values sit there until flush) */
+    uint64_t vlog_file_size;    /* value log files are rotated at this size */
+    uint64_t write_buffer;      /* RocksDB memtable bytes (pointers only) */
     int write_buffers;          /* memtables, filling or waiting for their flush */
-    int flushes;                /* flushes that may run at once */
-    uint64_t blob_file_size;    /* bytes a blob file holds at most */
-    uint64_t min_blob_size;     /* values at least this big go to blob files */
     int bg_jobs;                /* RocksDB background flushes + compactions */
-    uint64_t batch_bytes;       /* spill writer: bytes per WriteBatch, at most */
-    bool wal_when_none;         /* use the WAL (unsynced) in sync: none */
-    bool no_disk_precheck;      /* tests: let RocksDB itself hit ENOSPC */
-    uint64_t bytes_per_sync;    /* written files are synced in steps of this many bytes */
-    uint64_t file_buffer;       /* RocksDB's file write buffer, at most */
-    bool verify_reads;          /* RocksDB's blob CRC on reads too (ours is always on) */
-    bool direct_reads;          /* O_DIRECT reads (no page cache) */
-    bool direct_flush;          /* O_DIRECT flush and compaction writes */
+    uint64_t batch_bytes;       /* spill writer: bytes per batch, at most */
+    unsigned sync_ms;           /* ssd.sync: wal: background sync period */
+    bool no_disk_precheck;      /* tests: let the writes themselves hit ENOSPC */
 };
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t);
 int  kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning *t,
                         struct kv__ssd **out, char *err, size_t errlen);
 
 /* Figures beyond kv_stats: memory of the key index, GC rounds and blocks
- * deleted by capacity GC, writes refused for lack of room, RocksDB's live
- * blob and SST bytes on disk. */
+ * deleted by capacity GC, writes refused for lack of room, bytes the value
+ * log's files take on disk (allocated blocks) and RocksDB's SST bytes. */
 struct kv__ssd_info {
     uint64_t index_bytes, entries, blocks, used;
     uint64_t gc_runs, gc_blocks, enospc;
-    uint64_t blob_file_bytes, sst_bytes;
+    uint64_t vlog_bytes, sst_bytes;
     uint64_t queued_bytes;
     uint64_t reopens;           /* recoveries after RocksDB stopped on a full disk */
 };
 void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
 
-/* Runs capacity GC now (as if past the trigger) and a full compaction so
- * blob GC reclaims the space; for kvctl compact and the tests. */
+/* Runs capacity GC now (as if past the trigger) and a full RocksDB
+ * compaction; for kvctl compact and the tests. */
 int  kv__ssd_gc_now(struct kv__ssd *s);
 
 /* Tests only: stores data as (ns, id, index) with a correct header and

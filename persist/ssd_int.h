@@ -57,7 +57,12 @@ static inline void kv__ssd_key(uint8_t *k, int ns, const uint8_t *id, uint32_t i
  * shard is picked from (ns, id) alone), so "every shard of a block" is a scan
  * of one shard, not of the whole table. 32 bytes a slot.
  */
-enum { KV__ENT_EMPTY = 0, KV__ENT_STORED = 1, KV__ENT_PENDING = 2 };
+/* STORED: on disk at loc. PENDING: queued for spill, its bytes still in
+ * DRAM. The others are claims in progress (see "Claims" below). */
+enum {
+    KV__ENT_EMPTY = 0, KV__ENT_STORED = 1, KV__ENT_PENDING = 2, KV__ENT_WRITING = 3,
+    KV__ENT_DELETING = 4, KV__ENT_CANCELLED = 5
+};
 
 struct kv__sent {
     uint8_t id[KV_BLOCK_ID_LEN];
@@ -66,6 +71,9 @@ struct kv__sent {
     uint64_t stamp : 48;     /* coldness: the tier's logical clock at last use */
     uint64_t ns : 8;
     uint64_t state : 8;      /* KV__ENT_* */
+    uint64_t loc;            /* value log file and offset (STORED only) */
+    uint32_t slen;           /* bytes stored there (less than size when lz4 paid) */
+    uint32_t pad_;
 };
 
 struct kv__sishard {
@@ -90,12 +98,34 @@ int  kv__sidx_insert(struct kv__sindex *x, const struct kv__sent *e, struct kv__
 bool kv__sidx_get(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, struct kv__sent *out);
 /* Sets the stamp of a present entry (a read made it warm). */
 void kv__sidx_touch(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, uint64_t stamp);
+/*
+ * Claims. Only the holder of an entry's claim writes or deletes its key in
+ * RocksDB, so two writers, or a writer and a remove, never race on one key:
+ * PENDING (the spill writer's), WRITING (a synchronous writer's) and
+ * DELETING (a remove's, GC's or a bad read's) entries carry the holder's
+ * token in loc (bit 63 set, never a real loc); whoever finds another's
+ * claim backs off (a writer retries, a remove leaves a WRITING entry to the
+ * write it raced). CANCELLED is a PENDING entry removed while the spill
+ * writer had it in flight: the writer deletes what it wrote.
+ */
+#define KV__TOKEN_BIT (1ull << 63)
+/* Marks the entry in state 'from' holding 'token' STORED, with e's size,
+ * stamp, loc and slen; false when it is no longer so. */
+bool kv__sidx_store(struct kv__sindex *x, const struct kv__sent *e, int from, uint64_t token);
+/* Moves the entry from (state 'from', loc 'at' or UINT64_MAX for any) to
+ * (state 'to', loc 'token'); *old gets it as it was. */
+bool kv__sidx_swap(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int from,
+                   uint64_t at, int to, uint64_t token, struct kv__sent *old);
 /* Changes state from 'from' to 'to'; true when the entry was in 'from'. */
 bool kv__sidx_transition(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int from, int to);
 /* Deletes an entry when its state is in the mask (1 << KV__ENT_*); true when
  * deleted, *old filled when non-NULL. */
 bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
                   struct kv__sent *old);
+/* Deletes the entry only while it is in 'state' at 'at' (a claim's token,
+ * or a STORED value's loc). */
+bool kv__sidx_del_at(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int state,
+                     uint64_t at);
 /* Every entry of block (ns, id) whose state is in mask, deleted and copied
  * into out (at most cap; the count found is returned, deleted or not). */
 size_t kv__sidx_del_block(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
@@ -110,13 +140,77 @@ ssize_t kv__sidx_snapshot(struct kv__sindex *x, unsigned mask, struct kv__sent *
 /* Bytes the index holds (tables and shard headers). */
 uint64_t kv__sidx_mem(struct kv__sindex *x);
 
+/* ---- the value log (vlog.c) ------------------------------------------------
+ * Where values' bytes live; RocksDB holds a pointer (loc) per value. A loc
+ * is a file number (24 bits, from 1) and a byte offset (40 bits). */
+#define KV__VLOG_HDR 48
+#define KV__VLOG_MAX_FILE (1u << 23)   /* keeps bit 63 of a loc clear */
+#define KV__VLOG_SYNC_MAX 8
+#define KV__LOC_NONE 0ull
+#define KV__LOC_FILE(l) ((uint32_t)((l) >> 40))
+#define KV__LOC_OFF(l) ((l) & ((1ull << 40) - 1))
+static inline uint64_t kv__loc(uint32_t file, uint64_t off) { return ((uint64_t)file << 40) | off; }
+
+struct kv__vfile;
+struct kv__vlog {
+    char dir[KV_CFG_STR + 16];
+    pthread_rwlock_t lk;             /* files[]: held only to look up or edit */
+    struct kv__vfile **files;        /* sorted by number */
+    size_t n, cap;
+    pthread_mutex_t amu;             /* the active file and its tail; a leaf */
+    struct kv__vfile *active;
+    uint64_t tail;
+    uint32_t next_no;
+    uint64_t file_size;
+    bool compress;
+    _Atomic bool punch;              /* false once the file system refused */
+};
+
+/* One value to append: key, bytes in; where it went (loc, slen), its
+ * checksum and the outcome out. */
+struct kv__vrec {
+    uint8_t key[KV__SSD_KEY_LEN];
+    const kv_iov *iov;
+    uint32_t iovcnt;
+    uint64_t len;
+    uint64_t loc, sum;
+    uint32_t slen;
+    int rc;
+};
+struct kv__vext { uint64_t loc; uint32_t slen; };
+
+int  kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool compress,
+                   char *err, size_t errlen);
+void kv__vlog_close(struct kv__vlog *v);
+/* Appends n values (r[i].rc each); with sync, fdatasyncs what it wrote
+ * before returning. KV_OK when all of them landed. */
+int  kv__vlog_append(struct kv__vlog *v, struct kv__vrec *r, size_t n, bool sync);
+/* Reads the value at loc into iov (lengths adding up to len), checking the
+ * record's header and checksum: KV_OK; KV_ECORRUPT with *why; KV_EIO. On
+ * failure iov is zeroed. */
+int  kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
+                   const kv_iov *iov, uint32_t iovcnt, const char **why);
+/* Gives a record's space back (hole punched; the file unlinked when it was
+ * its last live record). */
+void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen);
+/* After the open scan: live bytes per file from the pointers found; the
+ * rest of each file punched, files with nothing live unlinked; then the
+ * first file to append to. KV_OK or KV_EIO with a message. */
+int  kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *err, size_t errlen);
+/* fdatasync of every file (the wal mode's once-a-second sync). */
+int  kv__vlog_sync(struct kv__vlog *v);
+uint64_t kv__vlog_disk_bytes(struct kv__vlog *v);
+uint64_t kv__vlog_span(uint32_t slen);
+uint64_t kv__vlog_checksum(const uint8_t *key, const kv_iov *iov, uint32_t iovcnt);
+
 /* ---- the spill queue (spill.c) --------------------------------------------- */
 struct kv__sq_item {
     struct kv__sq_item *next;
     struct kv__victim *v;
     uint64_t bytes;          /* DRAM bytes it holds until released */
     uint64_t stamp;          /* coldness stamp given at accept */
-    uint8_t *skip;           /* per shard: 1 = not to be written (present, removed) */
+    uint64_t token;          /* the claim its PENDING entries carry */
+    uint8_t *skip;           /* per shard: SKIP_* (spill.c) */
     bool inflight;           /* taken by the writer, being written */
 };
 
@@ -138,17 +232,18 @@ struct kv__ssd {
     rocksdb_writeoptions_t *wo;
     rocksdb_readoptions_t *ro;
 
+    struct kv__vlog vlog;
     struct kv__sindex idx;
     _Atomic uint64_t clock;          /* logical time for coldness stamps */
+    _Atomic uint64_t tokens;         /* claim tokens (see "Claims") */
 
     _Atomic uint64_t spills, spill_drops, checksum_failures;
     _Atomic uint64_t gc_runs, gc_blocks, enospc;
-    _Atomic bool compact_wanted;
 
     pthread_mutex_t gc_mu;
 
-    /* The maintenance thread: runs the compaction that reclaims space after
-     * a GC round, off the write paths (it can take seconds). mmu is a leaf. */
+    /* The maintenance thread: with ssd.sync: wal, syncs the value log and
+     * the WAL every tune.sync_ms. mmu is a leaf. */
     pthread_mutex_t mmu;
     pthread_cond_t mcv;
     bool mstop, mrunning;
@@ -171,13 +266,36 @@ struct kv__ssd {
  * lock taken in between and no nested enter. */
 rocksdb_t *kv__ssd_db_enter(struct kv__ssd *s);
 void kv__ssd_db_leave(struct kv__ssd *s);
-/* Builds a write batch's entries for one value (data + meta). */
-void kv__ssd_batch_put(rocksdb_writebatch_t *wb, int ns, const uint8_t *id, uint32_t index,
-                       const kv_iov *iov, uint32_t iovcnt, uint64_t len, uint64_t stamp);
-/* Writes a batch with the tier's write options; KV_OK or a KV_E*. */
-int  kv__ssd_batch_write(struct kv__ssd *s, rocksdb_writebatch_t *wb);
-/* Deletes one value's data and meta keys (a batch of its own). */
-int  kv__ssd_delete_keys(struct kv__ssd *s, const struct kv__sent *ents, size_t n);
+uint64_t kv__ssd_token(struct kv__ssd *s);
+
+/* One value to store, for kv__ssd_put: the caller holds its claim. */
+struct kv__sput {
+    int ns;
+    const uint8_t *id;
+    uint32_t index;
+    const kv_iov *iov;
+    uint32_t iovcnt;
+    uint64_t len, stamp;
+    uint64_t loc;                    /* out: where it went */
+    uint32_t slen;                   /* out: bytes stored */
+    int rc;                          /* out */
+};
+/* Stores n claimed values: appended to the value log, then their pointers
+ * in one WriteBatch, durable as ssd.sync says. p[i].rc each (a value whose
+ * pointer could not be written has its log space given back); KV_OK when
+ * every one landed. */
+int  kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n);
+/* Deletes the pointers of claimed entries (DELETING or CANCELLED, or
+ * WRITING being undone) and gives their log space back; loc/slen in each
+ * entry say where (KV__LOC_NONE: nothing written). */
+int  kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n);
+/* Reads and checks a STORED value at e->loc into iov: KV_OK, KV_ECORRUPT
+ * (*why says how), KV_EIO. No index change. */
+int  kv__ssd_fetch(struct kv__ssd *s, const struct kv__sent *e, const kv_iov *iov, uint32_t iovcnt,
+                   const char **why);
+/* A value that failed its check: deleted (if it is still the one at
+ * e->loc) and counted. True when this call deleted it. */
+bool kv__ssd_drop_bad(struct kv__ssd *s, const struct kv__sent *e, const char *why);
 /* Capacity: makes room for 'extra' bytes not yet counted in the index, then
  * checks the disk has room for 'disk' bytes; KV_OK or KV_ENOSPC. */
 int  kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk);
@@ -189,8 +307,13 @@ void kv__spill_stop(struct kv__ssd *s);
  * is no longer queued (it is then on disk). */
 int  kv__spill_read(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index,
                     const kv_iov *iov, uint32_t iovcnt);
-/* Marks queued shards of (ns, id, index | UINT32_MAX) not to be written and
- * drops them from the index; returns how many. */
+/* Removes queued shards of (ns, id, index | UINT32_MAX): not to be written,
+ * dropped from the index (or CANCELLED when in flight); returns how many. */
 size_t kv__spill_cancel(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index);
+/* Takes a PENDING shard over for a synchronous writer: its entry becomes
+ * WRITING with 'token' and the spill writer will not write it (its bytes
+ * stay readable from the queue). KV_OK; KV_EBUSY while the spill writer
+ * has it in flight; KV_ENOTFOUND when it is not queued any more. */
+int  kv__spill_steal(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index, uint64_t token);
 
 #endif
