@@ -337,11 +337,12 @@ static int cmp_ext(const void *a, const void *b)
  */
 int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *err, size_t errlen)
 {
-    qsort(ext, n, sizeof *ext, cmp_ext);
+    if (n)
+        qsort(ext, n, sizeof *ext, cmp_ext);
     if (n && KV__LOC_FILE(ext[n - 1].loc) >= v->next_no)
         v->next_no = KV__LOC_FILE(ext[n - 1].loc) + 1;
     size_t j = 0;
-    struct kv__vfile **dead = malloc(v->n * sizeof *dead);
+    struct kv__vfile **dead = malloc((v->n ? v->n : 1) * sizeof *dead);
     size_t ndead = 0;
     for (size_t i = 0; i < v->n; i++) {
         struct kv__vfile *f = v->files[i];
@@ -563,7 +564,7 @@ int kv__vlog_sync(struct kv__vlog *v)
     int rc = KV_OK;
     pthread_rwlock_rdlock(&v->lk);
     size_t n = v->n;
-    struct kv__vfile **fs = malloc(n * sizeof *fs);
+    struct kv__vfile **fs = malloc((n ? n : 1) * sizeof *fs);
     for (size_t i = 0; fs && i < n; i++) {
         fs[i] = v->files[i];
         atomic_fetch_add(&fs[i]->refs, 1);

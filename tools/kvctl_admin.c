@@ -112,8 +112,8 @@ static const struct {
       "           the hash of its name), shard index, size; from the index, no I/O\n"
       "  scrub    read every value and verify its checksum; lists the bad ones and\n"
       "           exits 1 when there are any\n"
-      "  compact  full compaction with blob garbage collection: gives the space of\n"
-      "           deleted values back to the file system\n"
+      "  compact  full compaction of the RocksDB index (drops deleted values'\n"
+      "           pointers; their bytes' space was given back when deleted)\n"
       "\n"
       "  -r, --repair           scrub: delete the bad values (a load would too)\n"
       "  -j, --json             one JSON object on stdout\n" },
