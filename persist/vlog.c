@@ -192,6 +192,10 @@ static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create
     }
     f->no = no;
     f->fd = fd;
+    /* Reads are random, whole records, from several threads sharing this
+     * descriptor (and its readahead state): no readahead, each read
+     * fetches exactly its record. */
+    posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     atomic_init(&f->refs, 1);
     return f;
 }
