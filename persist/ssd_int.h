@@ -146,6 +146,10 @@ uint64_t kv__sidx_mem(struct kv__sindex *x);
 #define KV__VLOG_HDR 48
 #define KV__VLOG_MAX_FILE (1u << 23)   /* keeps bit 63 of a loc clear */
 #define KV__VLOG_SYNC_MAX 8
+/* Files appended to at once: ext4 serialises buffered writes to one inode
+ * (i_rwsem), so writer threads each take a stripe (measured: one file,
+ * 4 io threads, 20% of CPU spinning in rwsem_spin_on_owner). */
+#define KV__VLOG_STRIPES 4
 #define KV__LOC_NONE 0ull
 #define KV__LOC_FILE(l) ((uint32_t)((l) >> 40))
 #define KV__LOC_OFF(l) ((l) & ((1ull << 40) - 1))
@@ -157,9 +161,10 @@ struct kv__vlog {
     pthread_rwlock_t lk;             /* files[]: held only to look up or edit */
     struct kv__vfile **files;        /* sorted by number */
     size_t n, cap;
-    pthread_mutex_t amu;             /* the active file and its tail; a leaf */
-    struct kv__vfile *active;
-    uint64_t tail;
+    pthread_mutex_t amu;             /* the active files and their tails; a leaf */
+    struct kv__vfile *active[KV__VLOG_STRIPES];
+    uint64_t tail[KV__VLOG_STRIPES];
+    _Atomic unsigned next_stripe;
     uint32_t next_no;
     uint64_t file_size;
     bool compress;

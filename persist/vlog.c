@@ -200,9 +200,9 @@ static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create
     return f;
 }
 
-/* A fresh file to append to; the old active one is retired if empty. amu
- * held. */
-static int rotate(struct kv__vlog *v)
+/* A fresh file to append to for stripe k; the old one is retired if empty.
+ * amu held. */
+static int rotate(struct kv__vlog *v, int k)
 {
     char err[256];
     struct kv__vfile *f = vfile_open(v, v->next_no, true, err, sizeof err);
@@ -218,12 +218,30 @@ static int rotate(struct kv__vlog *v)
         return rc;
     }
     v->next_no++;
-    struct kv__vfile *old = v->active;
-    v->active = f;
-    v->tail = 0;
+    struct kv__vfile *old = v->active[k];
+    v->active[k] = f;
+    v->tail[k] = 0;
     if (old && atomic_load(&old->live) == 0)
         retire(v, old);
     return KV_OK;
+}
+
+/* amu held. */
+static bool is_active(const struct kv__vlog *v, const struct kv__vfile *f)
+{
+    for (int k = 0; k < KV__VLOG_STRIPES; k++)
+        if (v->active[k] == f)
+            return true;
+    return false;
+}
+
+/* The stripe this thread appends to: threads take stripes in turn. */
+static int my_stripe(struct kv__vlog *v)
+{
+    static _Thread_local int stripe = -1;
+    if (stripe < 0)
+        stripe = (int)(atomic_fetch_add(&v->next_stripe, 1) % KV__VLOG_STRIPES);
+    return stripe;
 }
 
 /* ---- open / close ------------------------------------------------------------ */
@@ -281,7 +299,7 @@ void kv__vlog_close(struct kv__vlog *v)
     free(v->files);
     v->files = NULL;
     v->n = v->cap = 0;
-    v->active = NULL;
+    memset(v->active, 0, sizeof v->active);
     pthread_rwlock_destroy(&v->lk);
     pthread_mutex_destroy(&v->amu);
 }
@@ -317,7 +335,7 @@ void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
     uint64_t was = atomic_fetch_sub(&f->live, span);
     if (was == span) {
         pthread_mutex_lock(&v->amu);
-        bool active = f == v->active;
+        bool active = is_active(v, f);
         pthread_mutex_unlock(&v->amu);
         if (!active)
             retire(v, f);
@@ -350,7 +368,7 @@ int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *er
     size_t ndead = 0;
     for (size_t i = 0; i < v->n; i++) {
         struct kv__vfile *f = v->files[i];
-        if (f == v->active)
+        if (is_active(v, f))
             continue;
         while (j < n && KV__LOC_FILE(ext[j].loc) < f->no)
             j++;
@@ -377,10 +395,12 @@ int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *er
         kv__errf(err, errlen, "value log '%s': file numbers exhausted", v->dir);
         return KV_EIO;
     }
-    if (rotate(v) != KV_OK) {
-        kv__errf(err, errlen, "cannot create a value log file in '%s': %s", v->dir, strerror(errno));
-        return KV_EIO;
-    }
+    for (int k = 0; k < KV__VLOG_STRIPES; k++)
+        if (rotate(v, k) != KV_OK) {
+            kv__errf(err, errlen, "cannot create a value log file in '%s': %s", v->dir,
+                     strerror(errno));
+            return KV_EIO;
+        }
     return KV_OK;
 }
 
@@ -465,16 +485,17 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
     r->sum = kv__vlog_checksum(r->key, r->iov, r->iovcnt);
     uint64_t span = kv__vlog_span(r->slen);
 
+    int k = my_stripe(v);
     pthread_mutex_lock(&v->amu);
     int rc = KV_OK;
-    uint64_t off = align_up(v->tail, rec_align(r->slen));
+    uint64_t off = align_up(v->tail[k], rec_align(r->slen));
     if (off > 0 && off + span > v->file_size) {
-        rc = rotate(v);
+        rc = rotate(v, k);
         off = 0;
     }
-    struct kv__vfile *f = v->active;
+    struct kv__vfile *f = v->active[k];
     if (rc == KV_OK) {
-        v->tail = off + span;
+        v->tail[k] = off + span;
         atomic_fetch_add(&f->live, span);   /* before any rotation can see 0 */
         atomic_fetch_add(&f->refs, 1);
     }
