@@ -861,18 +861,22 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
     if (!s || !id || !ns_ok(ns) || (iovcnt && !iov))
         return KV_EINVAL;
     struct kv__sent ent;
-    if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &ent) || ent.state == KV__ENT_DELETING)
-        return KV_ENOTFOUND;
+    if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &ent) || ent.state == KV__ENT_DELETING ||
+        ent.state == KV__ENT_CANCELLED)
+        return KV_ENOTFOUND;   /* being removed */
     if (kv__iov_len(iov, iovcnt) != ent.size)
         return KV_EINVAL;
     uint64_t stamp = atomic_fetch_add(&s->clock, 1);
     if (ent.state != KV__ENT_STORED) {
-        /* Queued (or taken from the queue by a writer): from DRAM. */
-        int rc = kv__spill_read(s, ns, id->bytes, index, iov, iovcnt);
-        if (rc != KV_OK)
+        /* Queued (or taken from the queue by a writer): from DRAM. Gone
+         * from the queue meanwhile: it landed, so read it from disk. */
+        if (kv__spill_read(s, ns, id->bytes, index, iov, iovcnt) == KV_OK) {
+            kv__sidx_touch(&s->idx, ns, id->bytes, index, stamp);
+            return KV_OK;
+        }
+        if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &ent) || ent.state != KV__ENT_STORED ||
+            kv__iov_len(iov, iovcnt) != ent.size)
             return KV_ENOTFOUND;
-        kv__sidx_touch(&s->idx, ns, id->bytes, index, stamp);
-        return KV_OK;
     }
     const char *why = NULL;
     int rc = kv__ssd_fetch(s, &ent, iov, iovcnt, &why);
