@@ -144,7 +144,7 @@ static const struct key keys[] = {
     RATIO("ssd.gc_ratio", ssd.gc_ratio, false, "0.1",
           "share of ssd.capacity deleted per collection, coldest first, in (0,1)"),
     ENUM("ssd.sync", ssd.sync, syncs, "none",
-         "durability of writes: none, wal (write-ahead log) or fsync (sync every write)"),
+         "durability of writes: none, wal (synced every second) or fsync (sync every write)"),
     BOOL("ssd.promote", ssd.promote, "true", "copy blocks loaded from SSD back into DRAM"),
     SIZE("ssd.spill_queue", ssd.spill_queue, UINT64_MAX, "256MiB",
          "bytes of evicted blocks that may wait to be written to SSD"),
