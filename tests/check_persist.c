@@ -727,9 +727,9 @@ START_TEST(corrupt_store_directory)
 }
 END_TEST
 
-/* Bytes flipped in the value log (payloads, and a record header): each
- * damaged value reads as a miss, is counted and deleted; the rest are
- * right. */
+/* Bytes flipped in the value log (payloads, and a record header) and the
+ * file cut short: each damaged value reads as a miss, is counted and
+ * deleted; the rest are right. */
 START_TEST(corrupt_value_log)
 {
     char *dir = tu_mkdtemp();
@@ -757,6 +757,8 @@ START_TEST(corrupt_value_log)
         b[0] ^= 0xff;
         ck_assert_int_eq(pwrite(fd, b, 1, at[k]), 1);
     }
+    /* And the file cut short in the middle of its last record. */
+    ck_assert_int_eq(ftruncate(fd, 39 * span + KV__VLOG_HDR + 100), 0);
     close(fd);
     s = open_ok(c);
     int ok = 0, miss = 0;
@@ -766,8 +768,8 @@ START_TEST(corrupt_value_log)
         ok += rc == KV_OK;
         miss += rc == KV_ENOTFOUND;
     }
-    ck_assert_int_eq(miss, 4);
-    ck_assert_int_eq(ok, 36);
+    ck_assert_int_eq(miss, 5);
+    ck_assert_int_eq(ok, 35);
     ck_assert_uint_eq(stats(s).checksum_failures, (uint64_t)miss);
     kv__ssd_close(s);
     kv_config_free(c);
