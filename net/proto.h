@@ -141,16 +141,4 @@ static inline int kv__status_valid(int32_t s)
     return s == KV_OK || (s <= KV_EINVAL && s >= KV_ENOTSUP);
 }
 
-/* Little-endian helpers. */
-static inline void kv__put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void kv__put32(uint8_t *p, uint32_t v)
-{ for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static inline void kv__put64(uint8_t *p, uint64_t v)
-{ for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static inline uint16_t kv__get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t kv__get32(const uint8_t *p)
-{ uint32_t v = 0; for (int i = 3; i >= 0; i--) v = (v << 8) | p[i]; return v; }
-static inline uint64_t kv__get64(const uint8_t *p)
-{ uint64_t v = 0; for (int i = 7; i >= 0; i--) v = (v << 8) | p[i]; return v; }
-
 #endif

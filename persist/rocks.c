@@ -99,20 +99,6 @@
 
 /* ---- little-endian helpers ------------------------------------------------ */
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -194,13 +180,13 @@ static int batch_write(struct kv__ssd *s, rocksdb_writebatch_t *wb)
 
 static void make_ptr(uint8_t *p, const struct kv__sput *v, uint64_t sum)
 {
-    put32(p, PTR_MAGIC);
-    put32(p + 4, (uint32_t)v->len);
-    put32(p + 8, v->slen);
-    put32(p + 12, 0);
-    put64(p + 16, v->loc);
-    put64(p + 24, v->stamp);
-    put64(p + 32, sum);
+    kv__put32(p, PTR_MAGIC);
+    kv__put32(p + 4, (uint32_t)v->len);
+    kv__put32(p + 8, v->slen);
+    kv__put32(p + 12, 0);
+    kv__put64(p + 16, v->loc);
+    kv__put64(p + 24, v->stamp);
+    kv__put64(p + 32, sum);
 }
 
 int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
@@ -617,8 +603,8 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
         size_t kl = 0, vl = 0;
         const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
         const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
-        if (kl != KV__SSD_KEY_LEN || vl != PTR_LEN || get32(v) != PTR_MAGIC || k[0] >= KV_NS_COUNT ||
-            get64(v + 16) == KV__LOC_NONE || (get64(v + 16) & KV__TOKEN_BIT)) {
+        if (kl != KV__SSD_KEY_LEN || vl != PTR_LEN || kv__get32(v) != PTR_MAGIC || k[0] >= KV_NS_COUNT ||
+            kv__get64(v + 16) == KV__LOC_NONE || (kv__get64(v + 16) & KV__TOKEN_BIT)) {
             bad++;
             continue;
         }
@@ -627,10 +613,10 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
         e.ns = k[0];
         memcpy(e.id, k + 1, KV_BLOCK_ID_LEN);
         e.index = ((uint32_t)k[17] << 24) | ((uint32_t)k[18] << 16) | ((uint32_t)k[19] << 8) | k[20];
-        e.size = get32(v + 4);
-        e.slen = get32(v + 8);
-        e.loc = get64(v + 16);
-        e.stamp = get64(v + 24) & ((1ull << 48) - 1);
+        e.size = kv__get32(v + 4);
+        e.slen = kv__get32(v + 8);
+        e.loc = kv__get64(v + 16);
+        e.stamp = kv__get64(v + 24) & ((1ull << 48) - 1);
         e.state = KV__ENT_STORED;
         if (next == extcap) {
             extcap = extcap ? 2 * extcap : 4096;

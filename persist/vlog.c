@@ -55,20 +55,6 @@ struct kv__vfile {
     _Atomic uint64_t live;       /* span bytes of records still pointed to */
 };
 
-static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
-static uint32_t get32(const uint8_t *p)
-{
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
-static uint64_t get64(const uint8_t *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
-    return v;
-}
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
 
@@ -424,6 +410,20 @@ static int errno_code(int e)
     return e == ENOSPC || e == EDQUOT ? KV_ENOSPC : KV_EIO;
 }
 
+/* Drops the first n bytes from an iovec array (after a short transfer). */
+static void consume(struct iovec **io, int *cnt, size_t n)
+{
+    while (*cnt > 0 && n >= (*io)->iov_len) {
+        n -= (*io)->iov_len;
+        (*io)++;
+        (*cnt)--;
+    }
+    if (*cnt > 0) {
+        (*io)->iov_base = (char *)(*io)->iov_base + n;
+        (*io)->iov_len -= n;
+    }
+}
+
 /* pwritev until all of it is written; KV_OK or a code from errno. */
 static int write_all(int fd, struct iovec *io, int cnt, uint64_t off)
 {
@@ -437,15 +437,7 @@ static int write_all(int fd, struct iovec *io, int cnt, uint64_t off)
         if (w == 0)
             return KV_EIO;
         off += (uint64_t)w;
-        while (cnt > 0 && (size_t)w >= io->iov_len) {
-            w -= (ssize_t)io->iov_len;
-            io++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            io->iov_base = (char *)io->iov_base + w;
-            io->iov_len -= (size_t)w;
-        }
+        consume(&io, &cnt, (size_t)w);
     }
     return KV_OK;
 }
@@ -507,11 +499,11 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
 
     uint8_t hdr[KV__VLOG_HDR];
     memset(hdr, 0, sizeof hdr);
-    put32(hdr, VLOG_MAGIC);
-    put32(hdr + 4, zlen ? FLAG_LZ4 : 0);
-    put32(hdr + 8, (uint32_t)r->len);
-    put32(hdr + 12, r->slen);
-    put64(hdr + 16, r->sum);
+    kv__put32(hdr, VLOG_MAGIC);
+    kv__put32(hdr + 4, zlen ? FLAG_LZ4 : 0);
+    kv__put32(hdr + 8, (uint32_t)r->len);
+    kv__put32(hdr + 12, r->slen);
+    kv__put64(hdr + 16, r->sum);
     memcpy(hdr + 24, r->key, KV__SSD_KEY_LEN);
 
     struct iovec stack[17], *io = stack;
@@ -633,15 +625,7 @@ static int64_t read_all(int fd, struct iovec *io, int cnt, uint64_t off, uint64_
         if (r == 0)
             break;
         got += (uint64_t)r;
-        while (cnt > 0 && (size_t)r >= io->iov_len) {
-            r -= (ssize_t)io->iov_len;
-            io++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            io->iov_base = (char *)io->iov_base + r;
-            io->iov_len -= (size_t)r;
-        }
+        consume(&io, &cnt, (size_t)r);
     }
     return (int64_t)got;
 }
@@ -649,12 +633,12 @@ static int64_t read_all(int fd, struct iovec *io, int cnt, uint64_t off, uint64_
 /* Checks a record's header against what the pointer promised. */
 static const char *check_hdr(const uint8_t *hdr, uint64_t got, const uint8_t *key, uint64_t len)
 {
-    uint32_t flags = get32(hdr + 4), slen = get32(hdr + 12);
-    if (got < KV__VLOG_HDR || get32(hdr) != VLOG_MAGIC)
+    uint32_t flags = kv__get32(hdr + 4), slen = kv__get32(hdr + 12);
+    if (got < KV__VLOG_HDR || kv__get32(hdr) != VLOG_MAGIC)
         return "bad record header";
     if (memcmp(hdr + 24, key, KV__SSD_KEY_LEN) != 0)
         return "record holds another key";
-    if (get32(hdr + 8) != len || (flags & ~FLAG_LZ4) || (flags & FLAG_LZ4 ? slen >= len : slen != len))
+    if (kv__get32(hdr + 8) != len || (flags & ~FLAG_LZ4) || (flags & FLAG_LZ4 ? slen >= len : slen != len))
         return "bad record length";
     if (got < KV__VLOG_HDR + (uint64_t)slen)
         return "record cut short";
@@ -712,14 +696,14 @@ static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64
     vfile_put(f);
     if ((*why = check_hdr(hdr, (uint64_t)got, key, len)))
         return KV_ECORRUPT;
-    if (get32(hdr + 4) & FLAG_LZ4) {
-        int rc = unpack_lz4(iov, iovcnt, get32(hdr + 12), len);
+    if (kv__get32(hdr + 4) & FLAG_LZ4) {
+        int rc = unpack_lz4(iov, iovcnt, kv__get32(hdr + 12), len);
         if (rc != KV_OK) {
             *why = rc == KV_ECORRUPT ? "lz4 data does not decompress" : NULL;
             return rc;
         }
     }
-    if (kv__vlog_checksum(key, iov, iovcnt) != get64(hdr + 16)) {
+    if (kv__vlog_checksum(key, iov, iovcnt) != kv__get64(hdr + 16)) {
         *why = "checksum mismatch";
         return KV_ECORRUPT;
     }
