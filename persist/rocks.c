@@ -74,11 +74,19 @@
  * - what is left is the copy into the page cache (copy_folio_from_iter,
  *   42%) and page zeroing for new files: the same work the file layout does.
  *
- * TUNING: vlog_file_size 128 MiB (rotation costs a create; holes make the
- * size matter little for space); RocksDB memtables 3 x 16 MiB (pointers:
- * ~400,000 per memtable), WAL always on, SSTs uncompressed; records of
- * 32 KiB or more 4 KiB-aligned so a punched hole gives all their space
- * back (costs 1.6% of disk at 256 KiB); spill batches up to 4 MiB.
+ * TUNING. Throughput no longer depends on RocksDB's knobs: bench_ssd rocks
+ * (one writer, 10,000 x 256 KiB, cache dropped, blocks/s, two runs each)
+ * gave value log files of 32/128/512 MiB 11270 11184 / 11738 11430 /
+ * 11525 11588; memtables of 4/16/64 MiB 11474 9866 / 11243 10746 / 11512
+ * 11540; spill batches of 1/4/16 MiB 11507 11759 / 11355 11595 / 10911
+ * 11856 -- all one figure within the noise. So the choices follow other
+ * costs: log files of 128 MiB (a file is unlinked when its last record
+ * dies: a finer grain than 512 MiB, fewer files than 32); memtables 3 x 16
+ * MiB (~400,000 pointers each, little memory); WAL always on (a pointer is
+ * ~70 bytes of WAL); SSTs uncompressed; spill batches up to 4 MiB (one
+ * sync per batch with ssd.sync: fsync). Records of 32 KiB or more are
+ * 4 KiB-aligned so a punched hole gives all their space back (1.6% of disk
+ * at 256 KiB).
  */
 #include <errno.h>
 #include <fcntl.h>
