@@ -331,10 +331,12 @@ KV_EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err,
  *   unless repair is nonzero: then it is deleted (and counted in
  *   checksum_failures), as a load that met it would. *checked and *bad
  *   (either may be NULL) receive the counts. KV_ENOTSUP without an SSD tier.
- * kv_ssd_compact: a full compaction of the tier's RocksDB index, dropping
- *   the pointers of deleted values (their bytes' space went back to the
- *   file system when they were deleted). Blocks until done (seconds on a
- *   large store). KV_ENOTSUP without an SSD tier.
+ * kv_ssd_compact: gives the space of deleted values back to the file
+ *   system: value log files more than half dead are compacted (their live
+ *   values copied out, readable throughout, the files removed), then the
+ *   tier's RocksDB index is fully compacted. Large values' space comes back
+ *   when they are deleted; this is for what small ones leave. Blocks until
+ *   done (seconds on a large store). KV_ENOTSUP without an SSD tier.
  */
 #define KV_SSD_NS_BLOCK 0
 #define KV_SSD_NS_KEY   1

@@ -30,7 +30,8 @@ int kv__ssd_scan(struct kv__ssd *s, kv_ssd_cb cb, void *ctx)
     if (!s || !cb)
         return KV_EINVAL;
     struct kv__sent *snap = NULL;
-    ssize_t n = kv__sidx_snapshot(&s->idx, (1u << KV__ENT_STORED) | (1u << KV__ENT_PENDING), &snap);
+    ssize_t n = kv__sidx_snapshot(&s->idx, (1u << KV__ENT_STORED) | (1u << KV__ENT_MOVING) |
+                                                 (1u << KV__ENT_PENDING), &snap);
     if (n < 0)
         return (int)n;
     for (ssize_t i = 0; i < n; i++) {

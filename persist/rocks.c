@@ -141,6 +141,7 @@ void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
     t->bg_jobs = 2;
     t->batch_bytes = 4ull << 20;
     t->sync_ms = 1000;
+    t->compact_min = 16ull << 20;
     t->no_disk_precheck = false;
 }
 
@@ -265,11 +266,33 @@ int kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
     return rc;
 }
 
-/* Deletes the STORED entries in ents (at their loc) under a DELETING
- * claim: the index first (lookups stop at once), RocksDB and the log after.
- * Entries that changed since the caller saw them are left alone. Returns
- * how many were deleted; *rc gets the first error. */
-static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size_t n, int *rc)
+/* Claims one STORED entry for deletion (DELETING with tok; *old gets it as
+ * it was). With exact, only while it is still the value at e->loc (a read
+ * that found that copy bad must not delete a newer one); without, whatever
+ * copy is stored, waiting (up to a second) for a compaction moving it. */
+static bool claim_delete(struct kv__ssd *s, const struct kv__sent *e, bool exact, uint64_t tok,
+                         struct kv__sent *old)
+{
+    for (int tries = 0; tries < 5000; tries++) {
+        if (kv__sidx_swap(&s->idx, (int)e->ns, e->id, e->index, KV__ENT_STORED,
+                          exact ? e->loc : UINT64_MAX, KV__ENT_DELETING, tok, old))
+            return true;
+        struct kv__sent cur;
+        if (exact || !kv__sidx_get(&s->idx, (int)e->ns, e->id, e->index, &cur) ||
+            cur.state != KV__ENT_MOVING)
+            return false;
+        struct timespec nap = { 0, 200000 };
+        nanosleep(&nap, NULL);
+    }
+    return false;
+}
+
+/* Deletes the STORED entries in ents under DELETING claims: the index
+ * first (lookups stop at once), RocksDB and the log after. Entries that
+ * changed since the caller saw them are left alone (exact: see
+ * claim_delete). Returns how many were deleted; *rc gets the first error. */
+static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size_t n, bool exact,
+                            int *rc)
 {
     size_t done = 0;
     *rc = KV_OK;
@@ -279,8 +302,7 @@ static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size
         size_t k = 0;
         for (; i < n && k < KV__ARRAY_LEN(del); i++) {
             tok[k] = kv__ssd_token(s);
-            if (kv__sidx_swap(&s->idx, (int)ents[i].ns, ents[i].id, ents[i].index, KV__ENT_STORED,
-                              ents[i].loc, KV__ENT_DELETING, tok[k], &del[k]))
+            if (claim_delete(s, &ents[i], exact, tok[k], &del[k]))
                 k++;
         }
         int r = kv__ssd_unput(s, del, k);
@@ -353,7 +375,7 @@ static int gc_run(struct kv__ssd *s, uint64_t need)
     int rc = KV_OK;
     for (size_t b = 0; b < nb && freed < target; b++) {
         int r;
-        nvals += delete_stored(s, &ents[blk[b].first], blk[b].count, &r);
+        nvals += delete_stored(s, &ents[blk[b].first], blk[b].count, false, &r);
         if (r != KV_OK && rc == KV_OK)
             rc = r;
         freed += blk[b].bytes;
@@ -458,6 +480,91 @@ static void compact(struct kv__ssd *s)
     kv__ssd_db_leave(s);
 }
 
+/*
+ * Value log compaction. A hole punched for a deleted record gives back the
+ * 4 KiB blocks wholly inside it, so records of 32 KiB and more (aligned)
+ * come back entire; smaller ones share blocks with their neighbours, and
+ * their space comes back only when their whole file dies. Small values
+ * deleted at random would then pin files. So a file that holds more than
+ * tune.compact_min dead bytes, and is more than half dead, has its live
+ * records copied to the end of the log, one at a time under a MOVING claim
+ * (readers keep reading the old copy, writers see it stored, removers
+ * wait), its pointer switched, the old copy freed; the emptied file is
+ * unlinked. The maintenance thread compacts one file per tick;
+ * kv__ssd_compact all that qualify. Returns the bytes moved.
+ */
+static uint64_t compact_file(struct kv__ssd *s, uint32_t no)
+{
+    struct kv__sent *ents = NULL;
+    ssize_t n = kv__sidx_snapshot(&s->idx, 1u << KV__ENT_STORED, &ents);
+    uint64_t moved = 0;
+    void *buf = NULL;
+    size_t cap = 0;
+    for (ssize_t i = 0; i < n; i++) {
+        struct kv__sent cur, e = ents[i];
+        if (KV__LOC_FILE(e.loc) != no ||
+            !kv__sidx_swap(&s->idx, (int)e.ns, e.id, e.index, KV__ENT_STORED, e.loc,
+                           KV__ENT_MOVING, e.loc, &cur))
+            continue;
+        if (cur.size > cap) {
+            void *nb = realloc(buf, cur.size);
+            if (!nb) {
+                kv__sidx_swap(&s->idx, (int)e.ns, e.id, e.index, KV__ENT_MOVING, e.loc,
+                              KV__ENT_STORED, e.loc, NULL);
+                break;
+            }
+            buf = nb;
+            cap = cur.size;
+        }
+        kv_iov iov = { buf, cur.size };
+        const char *why = NULL;
+        int rc = kv__ssd_fetch(s, &cur, &iov, 1, &why);
+        struct kv__sput p = { .ns = (int)e.ns, .id = e.id, .index = e.index, .iov = &iov,
+                              .iovcnt = 1, .len = cur.size, .stamp = cur.stamp };
+        if (rc == KV_OK)
+            rc = kv__ssd_put(s, &p, 1);
+        if (rc != KV_OK) {
+            kv__sidx_swap(&s->idx, (int)e.ns, e.id, e.index, KV__ENT_MOVING, e.loc,
+                          KV__ENT_STORED, e.loc, NULL);
+            if (rc == KV_ECORRUPT) {
+                kv__ssd_drop_bad(s, &cur, why);
+                continue;
+            }
+            KV_WARN("ssd: compacting value log %u stopped: %s", no, kv_strerror(rc));
+            break;   /* a full disk, most likely: try again later */
+        }
+        struct kv__sent to = cur;
+        to.loc = p.loc;
+        to.slen = p.slen;
+        kv__sidx_store(&s->idx, &to, KV__ENT_MOVING, cur.loc);   /* ours: cannot fail */
+        kv__vlog_free(&s->vlog, cur.loc, cur.slen);
+        moved += cur.size;
+    }
+    free(buf);
+    free(ents);
+    atomic_fetch_add(&s->moved_bytes, moved);
+    return moved;
+}
+
+/* Compacts the sparsest qualifying file (all of them with every), under
+ * cmu. Returns the bytes moved. */
+static uint64_t compact_log(struct kv__ssd *s, bool every)
+{
+    uint64_t moved = 0;
+    pthread_mutex_lock(&s->cmu);
+    uint32_t last = 0, no;
+    while ((no = kv__vlog_sparse(&s->vlog, s->tune.compact_min)) != 0 && no != last) {
+        moved += compact_file(s, no);
+        last = no;   /* a file that could not be emptied is not retried now */
+        if (!every)
+            break;
+    }
+    pthread_mutex_unlock(&s->cmu);
+    if (moved)
+        KV_INFO("ssd: value log compaction moved %llu bytes", (unsigned long long)moved);
+    return moved;
+}
+
 /* ssd.sync: wal: the value log, then the WAL, synced every tune.sync_ms, so
  * a power loss costs at most that much of the newest writes. */
 static void sync_behind(struct kv__ssd *s)
@@ -483,9 +590,11 @@ static void *maint_main(void *arg)
         uint64_t ns = (uint64_t)dl.tv_nsec + (uint64_t)s->tune.sync_ms * 1000000ull;
         dl.tv_sec += (time_t)(ns / 1000000000ull);
         dl.tv_nsec = (long)(ns % 1000000000ull);
-        if (pthread_cond_timedwait(&s->mcv, &s->mmu, &dl) == ETIMEDOUT && s->sync == KV_SYNC_WAL) {
+        if (pthread_cond_timedwait(&s->mcv, &s->mmu, &dl) == ETIMEDOUT && !s->mstop) {
             pthread_mutex_unlock(&s->mmu);
-            sync_behind(s);
+            if (s->sync == KV_SYNC_WAL)
+                sync_behind(s);
+            compact_log(s, false);
             pthread_mutex_lock(&s->mmu);
         }
     }
@@ -500,6 +609,7 @@ int kv__ssd_gc_now(struct kv__ssd *s)
     pthread_mutex_lock(&s->gc_mu);
     int rc = gc_run(s, 0);
     pthread_mutex_unlock(&s->gc_mu);
+    compact_log(s, true);
     compact(s);
     return rc;
 }
@@ -508,6 +618,7 @@ int kv__ssd_compact(struct kv__ssd *s)
 {
     if (!s)
         return KV_EINVAL;
+    compact_log(s, true);
     compact(s);
     return KV_OK;
 }
@@ -707,6 +818,7 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     s->gc_bytes = (uint64_t)((double)s->capacity * ratio);
     s->qcap = cfg->ssd.spill_queue ? cfg->ssd.spill_queue : 256ull << 20;
     pthread_mutex_init(&s->gc_mu, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     /* Writer-preferring: a reopen must not wait behind a stream of reads. */
@@ -796,6 +908,7 @@ fail_idx:
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->qmu);
     pthread_mutex_destroy(&s->gc_mu);
+    pthread_mutex_destroy(&s->cmu);
     free(s);
     return rc;
 }
@@ -823,6 +936,7 @@ void kv__ssd_close(struct kv__ssd *s)
     pthread_cond_destroy(&s->qcv);
     pthread_mutex_destroy(&s->qmu);
     pthread_mutex_destroy(&s->gc_mu);
+    pthread_mutex_destroy(&s->cmu);
     free(s);
 }
 
@@ -830,8 +944,10 @@ void kv__ssd_close(struct kv__ssd *s)
 
 static bool ns_ok(int ns) { return ns >= 0 && ns < KV_NS_COUNT; }
 
-/* What lookups see: values on disk and values queued for it. */
-#define VISIBLE ((1u << KV__ENT_STORED) | (1u << KV__ENT_PENDING))
+/* On disk (a MOVING value is too), and what lookups see: those and values
+ * queued for the disk. */
+#define STORED_MASK ((1u << KV__ENT_STORED) | (1u << KV__ENT_MOVING))
+#define VISIBLE (STORED_MASK | (1u << KV__ENT_PENDING))
 
 static bool visible(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index, struct kv__sent *e)
 {
@@ -874,8 +990,8 @@ int kv__ssd_fetch(struct kv__ssd *s, const struct kv__sent *e, const kv_iov *iov
 bool kv__ssd_drop_bad(struct kv__ssd *s, const struct kv__sent *e, const char *why)
 {
     int rc;
-    if (delete_stored(s, e, 1, &rc) == 0)
-        return false;   /* removed or rewritten since: not this value's fault */
+    if (delete_stored(s, e, 1, true, &rc) == 0)
+        return false;   /* removed, moved or rewritten since: not this value's fault */
     atomic_fetch_add(&s->checksum_failures, 1);
     KV_WARN("ssd: value (ns %u, shard %u) failed its check (%s); deleted", (unsigned)e->ns,
             e->index, why);
@@ -894,19 +1010,28 @@ int kv__ssd_read(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t inde
     if (kv__iov_len(iov, iovcnt) != ent.size)
         return KV_EINVAL;
     uint64_t stamp = atomic_fetch_add(&s->clock, 1);
-    if (ent.state != KV__ENT_STORED) {
+    if (!(STORED_MASK & (1u << ent.state))) {
         /* Queued (or taken from the queue by a writer): from DRAM. Gone
          * from the queue meanwhile: it landed, so read it from disk. */
         if (kv__spill_read(s, ns, id->bytes, index, iov, iovcnt) == KV_OK) {
             kv__sidx_touch(&s->idx, ns, id->bytes, index, stamp);
             return KV_OK;
         }
-        if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &ent) || ent.state != KV__ENT_STORED ||
-            kv__iov_len(iov, iovcnt) != ent.size)
+        if (!kv__sidx_get(&s->idx, ns, id->bytes, index, &ent) ||
+            !(STORED_MASK & (1u << ent.state)) || kv__iov_len(iov, iovcnt) != ent.size)
             return KV_ENOTFOUND;
     }
     const char *why = NULL;
     int rc = kv__ssd_fetch(s, &ent, iov, iovcnt, &why);
+    if (rc == KV_ECORRUPT) {
+        /* Moved by a compaction while we read the old copy: once more. */
+        struct kv__sent now;
+        if (kv__sidx_get(&s->idx, ns, id->bytes, index, &now) && now.loc != ent.loc &&
+            (STORED_MASK & (1u << now.state)) && now.size == ent.size) {
+            ent = now;
+            rc = kv__ssd_fetch(s, &ent, iov, iovcnt, &why);
+        }
+    }
     if (rc == KV_ECORRUPT) {
         kv__ssd_drop_bad(s, &ent, why);
         return KV_ENOTFOUND;
@@ -945,7 +1070,7 @@ static int claim(struct kv__ssd *s, int ns, const kv_shard *sh, uint64_t len, ui
         return KV_ENOMEM;
     if (ins == 1)
         return 1;
-    if (old.state == KV__ENT_STORED)
+    if (old.state == KV__ENT_STORED || old.state == KV__ENT_MOVING)
         return 0;
     /* Queued for spill but not durable, and this caller is promised it is:
      * take it over from the spill writer (which then skips it). */
@@ -1096,16 +1221,16 @@ int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t in
         /* A WRITING entry is left to its writer: the write is then ordered
          * after this remove. */
         do {
-            total = kv__sidx_block_shards(&s->idx, ns, id->bytes, 1u << KV__ENT_STORED, idx,
+            total = kv__sidx_block_shards(&s->idx, ns, id->bytes, STORED_MASK, idx,
                                           KV__ARRAY_LEN(idx));
             size_t got = total < KV__ARRAY_LEN(idx) ? total : KV__ARRAY_LEN(idx);
             n = 0;
             for (size_t i = 0; i < got; i++)
                 if (kv__sidx_get(&s->idx, ns, id->bytes, idx[i], &ents[n]) &&
-                    ents[n].state == KV__ENT_STORED)
+                    (STORED_MASK & (1u << ents[n].state)))
                     n++;
             int r;
-            size_t del = delete_stored(s, ents, n, &r);
+            size_t del = delete_stored(s, ents, n, false, &r);
             found += del;
             if (r != KV_OK)
                 rc = r;
@@ -1113,8 +1238,8 @@ int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t in
                 break;   /* what is left changed under us; nothing more to take */
         } while (total > KV__ARRAY_LEN(idx));
     } else if (kv__sidx_get(&s->idx, ns, id->bytes, index, &ents[0]) &&
-               ents[0].state == KV__ENT_STORED) {
-        found += delete_stored(s, ents, 1, &rc);
+               (ents[0].state == KV__ENT_STORED || ents[0].state == KV__ENT_MOVING)) {
+        found += delete_stored(s, ents, 1, false, &rc);
     }
     if (rc != KV_OK)
         return rc;
@@ -1146,6 +1271,7 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out)
     out->gc_blocks = atomic_load(&s->gc_blocks);
     out->enospc = atomic_load(&s->enospc);
     out->reopens = atomic_load(&s->reopens);
+    out->moved_bytes = atomic_load(&s->moved_bytes);
     out->vlog_bytes = kv__vlog_disk_bytes(&s->vlog);
     rocksdb_t *db = kv__ssd_db_enter(s);
     if (!db || rocksdb_property_int(db, "rocksdb.live-sst-files-size", &out->sst_bytes) != 0)

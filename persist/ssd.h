@@ -80,7 +80,8 @@ struct kv__ssd_tuning {
     int write_buffers;          /* memtables, filling or waiting for their flush */
     int bg_jobs;                /* RocksDB background flushes + compactions */
     uint64_t batch_bytes;       /* spill writer: bytes per batch, at most */
-    unsigned sync_ms;           /* ssd.sync: wal: background sync period */
+    unsigned sync_ms;           /* maintenance tick: wal's sync, log compaction */
+    uint64_t compact_min;       /* dead bytes a log file needs to be compacted */
     bool no_disk_precheck;      /* tests: let the writes themselves hit ENOSPC */
 };
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t);
@@ -96,11 +97,12 @@ struct kv__ssd_info {
     uint64_t vlog_bytes, sst_bytes;
     uint64_t queued_bytes;
     uint64_t reopens;           /* recoveries after RocksDB stopped on a full disk */
+    uint64_t moved_bytes;       /* copied by value log compaction */
 };
 void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
 
-/* Runs capacity GC now (as if past the trigger) and a full RocksDB
- * compaction; for kvctl compact and the tests. */
+/* Runs capacity GC now (as if past the trigger), then what kv__ssd_compact
+ * does; for the tests. */
 int  kv__ssd_gc_now(struct kv__ssd *s);
 
 /* Tests only: stores data as (ns, id, index) with a correct header and

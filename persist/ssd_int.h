@@ -10,6 +10,8 @@
  *   gc_mu  >  spill queue lock (qmu)  >  index shard lock
  *   gc_mu  >  maintenance lock (mmu)
  *   gc_mu  >  database handle lock (dblk)  >  index shard lock
+ *   compaction lock (cmu)  >  dblk, amu, index shard lock
+ *   value log: active files (amu)  >  file table (lk)
  *
  * - An index shard lock is a leaf: held only for a probe, an insert or a
  *   delete in one shard's table, never across I/O.
@@ -22,6 +24,10 @@
  *   after RocksDB stopped on a full disk (see recover() in rocks.c). Never
  *   read-held twice by one thread (a waiting writer would deadlock it), and
  *   never held while taking qmu or gc_mu.
+ * - amu and lk (vlog.c) are held for an offset bump, a table lookup or
+ *   edit, never across I/O other than creating or unlinking a file.
+ * - cmu serialises value log compactions (the maintenance thread's and
+ *   kv__ssd_compact's); held across I/O, taken with no other lock held.
  */
 #ifndef KV_PERSIST_SSD_INT_H
 #define KV_PERSIST_SSD_INT_H
@@ -61,7 +67,7 @@ static inline void kv__ssd_key(uint8_t *k, int ns, const uint8_t *id, uint32_t i
  * DRAM. The others are claims in progress (see "Claims" below). */
 enum {
     KV__ENT_EMPTY = 0, KV__ENT_STORED = 1, KV__ENT_PENDING = 2, KV__ENT_WRITING = 3,
-    KV__ENT_DELETING = 4, KV__ENT_CANCELLED = 5
+    KV__ENT_DELETING = 4, KV__ENT_CANCELLED = 5, KV__ENT_MOVING = 6
 };
 
 struct kv__sent {
@@ -202,6 +208,10 @@ void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen);
  * rest of each file punched, files with nothing live unlinked; then the
  * first file to append to. KV_OK or KV_EIO with a message. */
 int  kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *err, size_t errlen);
+/* A file worth compacting: not appended to, at least min_dead bytes on
+ * disk beyond its live records, which are under half of it. Its number,
+ * or 0. */
+uint32_t kv__vlog_sparse(struct kv__vlog *v, uint64_t min_dead);
 /* fdatasync of every file (the wal mode's once-a-second sync). */
 int  kv__vlog_sync(struct kv__vlog *v);
 uint64_t kv__vlog_disk_bytes(struct kv__vlog *v);
@@ -246,6 +256,8 @@ struct kv__ssd {
     _Atomic uint64_t gc_runs, gc_blocks, enospc;
 
     pthread_mutex_t gc_mu;
+    pthread_mutex_t cmu;             /* one value log compaction at a time */
+    _Atomic uint64_t moved_bytes;    /* by compaction */
 
     /* The maintenance thread: with ssd.sync: wal, syncs the value log and
      * the WAL every tune.sync_ms. mmu is a leaf. */

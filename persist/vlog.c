@@ -17,8 +17,9 @@
  * Records of 32 KiB or more start and end on a 4 KiB boundary, so deleting
  * one punches a hole (fallocate PUNCH_HOLE) that gives all of its space
  * back at once; smaller ones are 16-byte aligned and their space comes back
- * when their file dies. A file whose live bytes drop to zero is unlinked
- * (never the one being appended to). The header makes every record
+ * when their file dies or is compacted (rocks.c, compact_file). A file
+ * whose live bytes drop to zero is unlinked (never one being appended to).
+ * The header makes every record
  * self-describing: a read checks magic, key and length before the
  * checksum, so a pointer to the wrong place is caught, not just a flipped
  * bit.
@@ -388,6 +389,28 @@ int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *er
             return KV_EIO;
         }
     return KV_OK;
+}
+
+uint32_t kv__vlog_sparse(struct kv__vlog *v, uint64_t min_dead)
+{
+    uint32_t best = 0;
+    uint64_t best_dead = 0;
+    pthread_mutex_lock(&v->amu);
+    pthread_rwlock_rdlock(&v->lk);
+    for (size_t i = 0; i < v->n; i++) {
+        struct kv__vfile *f = v->files[i];
+        struct stat st;
+        if (is_active(v, f) || fstat(f->fd, &st) != 0)
+            continue;
+        uint64_t disk = (uint64_t)st.st_blocks * 512, live = atomic_load(&f->live);
+        if (disk > live && disk - live >= min_dead && live < disk / 2 && disk - live > best_dead) {
+            best = f->no;
+            best_dead = disk - live;
+        }
+    }
+    pthread_rwlock_unlock(&v->lk);
+    pthread_mutex_unlock(&v->amu);
+    return best;
 }
 
 uint64_t kv__vlog_disk_bytes(struct kv__vlog *v)

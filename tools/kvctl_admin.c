@@ -112,8 +112,8 @@ static const struct {
       "           the hash of its name), shard index, size; from the index, no I/O\n"
       "  scrub    read every value and verify its checksum; lists the bad ones and\n"
       "           exits 1 when there are any\n"
-      "  compact  full compaction of the RocksDB index (drops deleted values'\n"
-      "           pointers; their bytes' space was given back when deleted)\n"
+      "  compact  compact the value log files left mostly dead (small values'\n"
+      "           space) and the RocksDB index: gives deleted values' space back\n"
       "\n"
       "  -r, --repair           scrub: delete the bad values (a load would too)\n"
       "  -j, --json             one JSON object on stdout\n" },
