@@ -19,10 +19,9 @@
  * back at once; smaller ones are 16-byte aligned and their space comes back
  * when their file dies or is compacted (rocks.c, compact_file). A file
  * whose live bytes drop to zero is unlinked (never one being appended to).
- * The header makes every record
- * self-describing: a read checks magic, key and length before the
- * checksum, so a pointer to the wrong place is caught, not just a flipped
- * bit.
+ * The header makes every record self-describing: a read checks magic,
+ * key and length before the checksum, so a pointer to the wrong place is
+ * caught, not just a flipped bit.
  *
  * Threading: appends reserve their range under amu (a short critical
  * section: an offset bump); the writes themselves run in parallel. Files
