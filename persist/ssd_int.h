@@ -1,7 +1,7 @@
 /*
  * ssd_int.h — what the files of persist/ share: the tier's state, the
- * in-memory key index (index.c), the store (rocks.c) and the spill queue
- * (spill.c). Only persist/ includes this header, and only persist/ sees
+ * in-memory key index (index.c), the store (rocks.c), the value log
+ * (vlog.c) and the spill queue (spill.c). Only persist/ includes this header, and only persist/ sees
  * RocksDB's types.
  *
  * LOCK ORDER inside persist/ (outside it, the engine never calls us holding
