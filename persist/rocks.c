@@ -51,10 +51,12 @@
  * --drop-caches; ratio = kvengine / UCM's file layout, same blocks, same
  * run; three interleaved runs each, 2026-11-29; all figures in README):
  *
- *   write 10,000 x 256 KiB, sync none   4.36x 5.65x 3.67x
- *   write  2,500 x 1 MiB,   sync none   7.78x 2.87x 1.98x
- *   write 256 KiB, sync wal / fsync     2.9-4.5x / 0.94-1.45x
- *   cold read 256 KiB / 1 MiB           1.35-1.51x / 1.28-2.29x
+ *   write 10,000 x 256 KiB, sync none   2.40x 1.76x 2.01x (earlier: 4.36x
+ *                                       5.65x 3.67x; the file layout ran at
+ *                                       540-940 MiB/s then, 1.3-1.7 GiB/s now)
+ *   write  2,500 x 1 MiB,   sync none   6.80x 6.47x 8.06x (earlier 1.98-7.78x)
+ *   write 256 KiB, sync wal / fsync     1.6-4.5x / 0.49-1.45x
+ *   cold read 256 KiB / 1 MiB           1.29-1.60x / 1.28-2.29x
  *   lookup, cold cache                  228-621x (index only)
  *   bytes written per byte stored       1.02 (files 1.00)
  *
