@@ -46,6 +46,23 @@ static struct kv__ssd *open_ok(const kv_config *c)
     return s;
 }
 
+/* A store with small value log files, compacted once compact_min of a file
+ * is dead, checked every tick_ms. */
+static struct kv__ssd *open_compacting(const kv_config *c, uint64_t file_size, uint64_t compact_min,
+                                       unsigned tick_ms)
+{
+    struct kv__ssd_tuning t;
+    kv__ssd_tuning_defaults(&t);
+    t.vlog_file_size = file_size;
+    t.compact_min = compact_min;
+    t.sync_ms = tick_ms;
+    struct kv__ssd *s = NULL;
+    char err[512] = "";
+    int rc = kv__ssd_open_tuned(c, &t, &s, err, sizeof err);
+    ck_assert_msg(rc == KV_OK, "kv__ssd_open_tuned: %s: %s", kv_strerror(rc), err);
+    return s;
+}
+
 static int put(struct kv__ssd *s, int ns, uint64_t n, uint32_t index, size_t len)
 {
     void *b = malloc(len ? len : 1);
@@ -327,14 +344,8 @@ START_TEST(compaction_gives_back_small_values_space)
     char *dir = tu_mkdtemp();
     kv_config *c = cfg_for(dir);
     c->ssd.sync = KV_SYNC_NONE;
-    struct kv__ssd_tuning t;
-    kv__ssd_tuning_defaults(&t);
-    t.vlog_file_size = 1u << 20;
-    t.compact_min = 128u << 10;
-    t.sync_ms = 60000;   /* only the explicit compaction below */
-    struct kv__ssd *s = NULL;
-    char err[256];
-    ck_assert_int_eq(kv__ssd_open_tuned(c, &t, &s, err, sizeof err), KV_OK);
+    /* Only the explicit compaction below: the tick is a minute. */
+    struct kv__ssd *s = open_compacting(c, 1u << 20, 128u << 10, 60000);
     const size_t len = 5000;
     const uint64_t n = 2000;
     for (uint64_t i = 0; i < n; i++)
@@ -466,13 +477,7 @@ START_TEST(racing_writers_removers_and_spill)
     /* Small log files compacted as soon as 32 KiB of them is dead (holes
      * give most of a dead 16 KiB record back, not all), checked every
      * 20 ms: the compactor moves values under the racers. */
-    struct kv__ssd_tuning t;
-    kv__ssd_tuning_defaults(&t);
-    t.vlog_file_size = 512u << 10;
-    t.compact_min = 32u << 10;
-    t.sync_ms = 20;
-    char err[256];
-    ck_assert_int_eq(kv__ssd_open_tuned(c, &t, &race_s, err, sizeof err), KV_OK);
+    race_s = open_compacting(c, 512u << 10, 32u << 10, 20);
     atomic_store(&race_stop, false);
     pthread_t th[4];
     for (uintptr_t i = 0; i < 4; i++)
