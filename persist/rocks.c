@@ -104,6 +104,8 @@
 
 #define PTR_LEN 40
 #define PTR_MAGIC 0x3150564bu    /* "KVP1" little-endian */
+#define OLD_DATA_MAGIC 0x3142564bu   /* "KVB1": the BlobDB layout's values */
+#define OLD_META_MAGIC 0x314d564bu   /* "KVM1": and its meta records */
 #define DISK_SLACK (1ull << 20)  /* WAL, SST, MANIFEST and LOG growth */
 #define CLAIM_WAIT_NS (10ull * 1000000000ull)
 
@@ -724,6 +726,13 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
         size_t kl = 0, vl = 0;
         const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
         const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+        if (vl >= 4 && (kv__get32(v) == OLD_DATA_MAGIC || kv__get32(v) == OLD_META_MAGIC)) {
+            kv__errf(err, errlen, "ssd.path '%s' holds a store in the BlobDB layout of an earlier "
+                     "kvengine, which this one does not read; move it away (or delete it) to "
+                     "start an empty store", s->path);
+            rc = KV_EIO;
+            break;
+        }
         if (kl != KV__SSD_KEY_LEN || vl != PTR_LEN || kv__get32(v) != PTR_MAGIC || k[0] >= KV_NS_COUNT ||
             kv__get64(v + 16) == KV__LOC_NONE || (kv__get64(v + 16) & KV__TOKEN_BIT)) {
             bad++;
@@ -761,7 +770,7 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
     rocksdb_iter_get_error(it, &e);
     if (rc == KV_ENOMEM)
         kv__errf(err, errlen, "ssd.path '%s': out of memory rebuilding the index", s->path);
-    else if (e) {
+    else if (e && rc == KV_OK) {
         kv__errf(err, errlen, "ssd.path '%s': scanning the store: %s", s->path, e);
         rc = KV_EIO;
     }
@@ -772,8 +781,7 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
         rc = kv__vlog_settle(&s->vlog, ext, next, err, errlen);
     free(ext);
     if (bad)
-        KV_WARN("ssd: %llu malformed pointer records ignored (a store from an older kvengine "
-                "keeps its values in a form this one does not read)", (unsigned long long)bad);
+        KV_WARN("ssd: %llu malformed pointer records ignored", (unsigned long long)bad);
     atomic_store(&s->clock, maxstamp + 1);
     KV_DEBUG("ssd: index rebuilt, %llu values", (unsigned long long)n);
     return rc;

@@ -780,6 +780,42 @@ static void biggest_vlog(const char *dir, char *out, size_t len)
     ck_assert_int_gt(best, 0);
 }
 
+/* A store written by the earlier BlobDB layout (values "KVB1", meta
+ * "KVM1"): refused with a message saying so, and left as it is. */
+START_TEST(old_layout_store_is_refused)
+{
+    char *dir = tu_mkdtemp();
+    rocksdb_options_t *o = rocksdb_options_create();
+    rocksdb_options_set_create_if_missing(o, 1);
+    char *e = NULL;
+    rocksdb_t *db = rocksdb_open(o, dir, &e);
+    ck_assert_msg(!e, "%s", e ? e : "");
+    uint8_t k[KV__SSD_KEY_LEN], v[20] = { 'K', 'V', 'B', '1', 4, 0, 0, 0 };
+    kv_block_id id = tu_id(1, KV_NS_BLOCK);
+    kv__ssd_key(k, KV_NS_BLOCK, id.bytes, 0, false);
+    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+    rocksdb_put(db, wo, (const char *)k, sizeof k, (const char *)v, sizeof v, &e);
+    ck_assert_msg(!e, "%s", e ? e : "");
+    rocksdb_writeoptions_destroy(wo);
+    rocksdb_close(db);
+    rocksdb_options_destroy(o);
+
+    kv_config *c = cfg_for(dir);
+    struct kv__ssd *s = NULL;
+    char err[512] = "";
+    ck_assert_int_eq(kv__ssd_open(c, &s, err, sizeof err), KV_EIO);
+    ck_assert_ptr_null(s);
+    ck_assert_msg(strstr(err, dir) && strstr(err, "BlobDB layout") && strstr(err, "move it away"),
+                  "%s", err);
+    /* Refused again, the same way: nothing was changed by the attempt. */
+    err[0] = '\0';
+    ck_assert_int_eq(kv__ssd_open(c, &s, err, sizeof err), KV_EIO);
+    ck_assert_msg(strstr(err, "BlobDB layout"), "%s", err);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
 START_TEST(corrupt_store_directory)
 {
     char *dir = tu_mkdtemp();
@@ -1076,6 +1112,7 @@ Suite *persist_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, bad_paths);
     tcase_add_test(tc, corrupt_store_directory);
+    tcase_add_test(tc, old_layout_store_is_refused);
     tcase_add_test(tc, corrupt_value_log);
     tcase_add_test(tc, missing_value_log);
     tcase_add_test(tc, full_disk_wal);
