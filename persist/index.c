@@ -171,24 +171,6 @@ void kv__sidx_touch(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t in
     pthread_mutex_unlock(&s->mu);
 }
 
-bool kv__sidx_transition(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index,
-                         int from, int to)
-{
-    uint64_t hb = hash_block(ns, id), h = hash_slot(hb, index);
-    struct kv__sishard *s = shard_of(x, hb);
-    bool done = false;
-    pthread_mutex_lock(&s->mu);
-    if (s->cap) {
-        uint32_t i = probe(s, h, ns, id, index);
-        if (s->tab[i].state == (unsigned)from) {
-            s->tab[i].state = (unsigned)to;
-            done = true;
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    return done;
-}
-
 /* The slot of (ns, id, index) when it is in state 'from' at 'at'
  * (UINT64_MAX: anywhere), else NULL. Shard lock held. */
 static struct kv__sent *find_in(struct kv__sishard *s, uint64_t h, int ns, const uint8_t *id,
@@ -261,68 +243,21 @@ static void delete_slot(struct kv__sishard *s, uint32_t i)
     }
 }
 
-/* Deletes the entry when its state is in mask and, unless loc is
- * UINT64_MAX, it is at loc. */
-static bool del_if(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
-                   uint64_t loc, struct kv__sent *old)
-{
-    uint64_t hb = hash_block(ns, id), h = hash_slot(hb, index);
-    struct kv__sishard *s = shard_of(x, hb);
-    bool done = false;
-    pthread_mutex_lock(&s->mu);
-    if (s->cap) {
-        uint32_t i = probe(s, h, ns, id, index);
-        struct kv__sent e = s->tab[i];
-        if (e.state != KV__ENT_EMPTY && (mask & (1u << e.state)) && (loc == UINT64_MAX || e.loc == loc)) {
-            if (old)
-                *old = e;
-            delete_slot(s, i);
-            s->n--;
-            account(x, &e, -1);
-            done = true;
-        }
-    }
-    pthread_mutex_unlock(&s->mu);
-    return done;
-}
-
-bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
-                  struct kv__sent *old)
-{
-    return del_if(x, ns, id, index, mask, UINT64_MAX, old);
-}
-
 bool kv__sidx_del_at(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int state,
                      uint64_t at)
 {
-    return del_if(x, ns, id, index, 1u << state, at, NULL);
-}
-
-size_t kv__sidx_del_block(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
-                          struct kv__sent *out, size_t cap)
-{
-    uint64_t hb = hash_block(ns, id);
+    uint64_t hb = hash_block(ns, id), h = hash_slot(hb, index);
     struct kv__sishard *s = shard_of(x, hb);
-    size_t found = 0, more = 0;
     pthread_mutex_lock(&s->mu);
-    /* Deleting shifts later slots back into i, so re-examine i after one. */
-    for (uint32_t i = 0; i < s->cap;) {
-        struct kv__sent e = s->tab[i];
-        if (e.state != KV__ENT_EMPTY && (int)e.ns == ns && memcmp(e.id, id, KV_BLOCK_ID_LEN) == 0 &&
-            (mask & (1u << e.state))) {
-            if (found < cap) {
-                out[found++] = e;
-                delete_slot(s, i);
-                s->n--;
-                account(x, &e, -1);
-                continue;
-            }
-            more++;
-        }
-        i++;
+    struct kv__sent *t = find_in(s, h, ns, id, index, state, at);
+    if (t) {
+        struct kv__sent e = *t;
+        delete_slot(s, (uint32_t)(t - s->tab));
+        s->n--;
+        account(x, &e, -1);
     }
     pthread_mutex_unlock(&s->mu);
-    return found + more;
+    return t != NULL;
 }
 
 size_t kv__sidx_block_shards(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,

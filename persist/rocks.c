@@ -149,15 +149,18 @@ void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
     t->no_disk_precheck = false;
 }
 
-/* ---- the RocksDB handle ------------------------------------------------------ */
+/* ---- the RocksDB handle ------------------------------------------------------
+ * db_enter returns it with dblk read-held until db_leave; NULL (the lock
+ * still held) while the store is down after a failed reopen. No other
+ * persist/ lock is taken in between, and enters never nest. */
 
-rocksdb_t *kv__ssd_db_enter(struct kv__ssd *s)
+static rocksdb_t *db_enter(struct kv__ssd *s)
 {
     pthread_rwlock_rdlock(&s->dblk);
     return s->db;
 }
 
-void kv__ssd_db_leave(struct kv__ssd *s)
+static void db_leave(struct kv__ssd *s)
 {
     pthread_rwlock_unlock(&s->dblk);
 }
@@ -170,10 +173,10 @@ uint64_t kv__ssd_token(struct kv__ssd *s)
 static int batch_write(struct kv__ssd *s, rocksdb_writebatch_t *wb)
 {
     char *e = NULL;
-    rocksdb_t *db = kv__ssd_db_enter(s);
+    rocksdb_t *db = db_enter(s);
     if (db)
         rocksdb_write(db, s->wo, wb, &e);
-    kv__ssd_db_leave(s);
+    db_leave(s);
     if (!db)
         return KV_ENOSPC;   /* down since a reopen failed; make_room retries it */
     if (!e)
@@ -478,10 +481,10 @@ int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
 
 static void compact(struct kv__ssd *s)
 {
-    rocksdb_t *db = kv__ssd_db_enter(s);
+    rocksdb_t *db = db_enter(s);
     if (db)
         rocksdb_compact_range(db, NULL, 0, NULL, 0);
-    kv__ssd_db_leave(s);
+    db_leave(s);
 }
 
 /*
@@ -576,10 +579,10 @@ static void sync_behind(struct kv__ssd *s)
     if (kv__vlog_sync(&s->vlog) != KV_OK)
         KV_WARN("ssd: background sync of the value log failed");
     char *e = NULL;
-    rocksdb_t *db = kv__ssd_db_enter(s);
+    rocksdb_t *db = db_enter(s);
     if (db)
         rocksdb_flush_wal(db, 1, &e);
-    kv__ssd_db_leave(s);
+    db_leave(s);
     if (e)
         rocks_err(e, "background WAL sync");
 }
@@ -787,6 +790,20 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
     return rc;
 }
 
+/* The locks and condition variables open sets up, then the tier itself. */
+static void free_tier(struct kv__ssd *s)
+{
+    pthread_rwlock_destroy(&s->dblk);
+    pthread_cond_destroy(&s->mcv);
+    pthread_mutex_destroy(&s->mmu);
+    pthread_cond_destroy(&s->dcv);
+    pthread_cond_destroy(&s->qcv);
+    pthread_mutex_destroy(&s->qmu);
+    pthread_mutex_destroy(&s->gc_mu);
+    pthread_mutex_destroy(&s->cmu);
+    free(s);
+}
+
 int kv__ssd_open(const struct kv_config *cfg, struct kv__ssd **out, char *err, size_t errlen)
 {
     struct kv__ssd_tuning t;
@@ -911,15 +928,7 @@ fail_vlog:
 fail_dirs:
     kv__sidx_destroy(&s->idx);
 fail_idx:
-    pthread_rwlock_destroy(&s->dblk);
-    pthread_cond_destroy(&s->mcv);
-    pthread_mutex_destroy(&s->mmu);
-    pthread_cond_destroy(&s->dcv);
-    pthread_cond_destroy(&s->qcv);
-    pthread_mutex_destroy(&s->qmu);
-    pthread_mutex_destroy(&s->gc_mu);
-    pthread_mutex_destroy(&s->cmu);
-    free(s);
+    free_tier(s);
     return rc;
 }
 
@@ -935,19 +944,11 @@ void kv__ssd_close(struct kv__ssd *s)
     rocksdb_writeoptions_destroy(s->wo);
     if (s->db)
         rocksdb_close(s->db);
-    pthread_rwlock_destroy(&s->dblk);
     rocksdb_options_destroy(s->opts);
     kv__vlog_close(&s->vlog);
     close(s->lockfd);
     kv__sidx_destroy(&s->idx);
-    pthread_cond_destroy(&s->mcv);
-    pthread_mutex_destroy(&s->mmu);
-    pthread_cond_destroy(&s->dcv);
-    pthread_cond_destroy(&s->qcv);
-    pthread_mutex_destroy(&s->qmu);
-    pthread_mutex_destroy(&s->gc_mu);
-    pthread_mutex_destroy(&s->cmu);
-    free(s);
+    free_tier(s);
 }
 
 /* ---- the calls ------------------------------------------------------------ */
@@ -1206,7 +1207,7 @@ int kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint
         return rc != KV_OK ? rc : KV_EIO;
     /* A silent bit flip in the stored bytes, after the checksum. */
     char path[KV_CFG_STR + 64];
-    snprintf(path, sizeof path, "%s/%08u.vlog", s->vlog.dir, KV__LOC_FILE(e.loc));
+    kv__vlog_file_name(&s->vlog, KV__LOC_FILE(e.loc), path, sizeof path);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     uint8_t b;
     off_t at = (off_t)(KV__LOC_OFF(e.loc) + KV__VLOG_HDR + (flip < e.slen ? flip : 0));
@@ -1283,10 +1284,10 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out)
     out->reopens = atomic_load(&s->reopens);
     out->moved_bytes = atomic_load(&s->moved_bytes);
     out->vlog_bytes = kv__vlog_disk_bytes(&s->vlog);
-    rocksdb_t *db = kv__ssd_db_enter(s);
+    rocksdb_t *db = db_enter(s);
     if (!db || rocksdb_property_int(db, "rocksdb.live-sst-files-size", &out->sst_bytes) != 0)
         out->sst_bytes = 0;
-    kv__ssd_db_leave(s);
+    db_leave(s);
     pthread_mutex_lock(&s->qmu);
     out->queued_bytes = s->qbytes;
     pthread_mutex_unlock(&s->qmu);

@@ -122,23 +122,13 @@ bool kv__sidx_store(struct kv__sindex *x, const struct kv__sent *e, int from, ui
  * (state 'to', loc 'token'); *old gets it as it was. */
 bool kv__sidx_swap(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int from,
                    uint64_t at, int to, uint64_t token, struct kv__sent *old);
-/* Changes state from 'from' to 'to'; true when the entry was in 'from'. */
-bool kv__sidx_transition(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int from, int to);
-/* Deletes an entry when its state is in the mask (1 << KV__ENT_*); true when
- * deleted, *old filled when non-NULL. */
-bool kv__sidx_del(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, unsigned mask,
-                  struct kv__sent *old);
 /* Deletes the entry only while it is in 'state' at 'at' (a claim's token,
  * or a STORED value's loc). */
 bool kv__sidx_del_at(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t index, int state,
                      uint64_t at);
-/* Every entry of block (ns, id) whose state is in mask, deleted and copied
- * into out (at most cap; the count found is returned, deleted or not). */
-size_t kv__sidx_del_block(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
-                          struct kv__sent *out, size_t cap);
 /* The shard indexes of (ns, id) whose state is in mask, at most cap of them
  * into idx; returns how many there are (may exceed cap). Scans the block's
- * lock shard, like kv__sidx_del_block. */
+ * lock shard only. */
 size_t kv__sidx_block_shards(struct kv__sindex *x, int ns, const uint8_t *id, unsigned mask,
                              uint32_t *idx, size_t cap);
 /* A copy of every entry in mask (malloc'd into *out); count or KV_ENOMEM. */
@@ -216,7 +206,8 @@ uint32_t kv__vlog_sparse(struct kv__vlog *v, uint64_t min_dead);
 int  kv__vlog_sync(struct kv__vlog *v);
 uint64_t kv__vlog_disk_bytes(struct kv__vlog *v);
 uint64_t kv__vlog_span(uint32_t slen);
-uint64_t kv__vlog_checksum(const uint8_t *key, const kv_iov *iov, uint32_t iovcnt);
+/* The path of log file number no. */
+void kv__vlog_file_name(const struct kv__vlog *v, uint32_t no, char *buf, size_t cap);
 
 /* ---- the spill queue (spill.c) --------------------------------------------- */
 struct kv__sq_item {
@@ -276,13 +267,7 @@ struct kv__ssd {
     pthread_t writer;
 };
 
-/* rocks.c, for spill.c and admin.c */
-/* The RocksDB handle, with dblk read-held until kv__ssd_db_leave; NULL (the
- * lock still held) while the store is down after a failed reopen. Every use
- * of s->db outside rocks.c goes between these two, with no other persist/
- * lock taken in between and no nested enter. */
-rocksdb_t *kv__ssd_db_enter(struct kv__ssd *s);
-void kv__ssd_db_leave(struct kv__ssd *s);
+/* rocks.c, for spill.c and admin.c (only rocks.c touches s->db) */
 uint64_t kv__ssd_token(struct kv__ssd *s);
 
 /* One value to store, for kv__ssd_put: the caller holds its claim. */

@@ -68,7 +68,7 @@ uint64_t kv__vlog_span(uint32_t slen)
     return align_up(KV__VLOG_HDR + (uint64_t)slen, rec_align(slen));
 }
 
-uint64_t kv__vlog_checksum(const uint8_t *key, const kv_iov *iov, uint32_t iovcnt)
+static uint64_t checksum(const uint8_t *key, const kv_iov *iov, uint32_t iovcnt)
 {
     /* Zeroed first: xxhash 0.8.1's reset reads the seed already in the
      * state (valgrind saw an uninitialised read). */
@@ -91,7 +91,7 @@ static void vfile_put(struct kv__vfile *f)
     }
 }
 
-static void file_name(const struct kv__vlog *v, uint32_t no, char *buf, size_t cap)
+void kv__vlog_file_name(const struct kv__vlog *v, uint32_t no, char *buf, size_t cap)
 {
     snprintf(buf, cap, "%s/%08u.vlog", v->dir, no);
 }
@@ -154,7 +154,7 @@ static void retire(struct kv__vlog *v, struct kv__vfile *f)
     if (!found)
         return;
     char path[KV_CFG_STR + 64];
-    file_name(v, f->no, path, sizeof path);
+    kv__vlog_file_name(v, f->no, path, sizeof path);
     if (unlink(path) != 0)
         KV_WARN("ssd: cannot remove the empty value log %s: %s", path, strerror(errno));
     vfile_put(f);   /* the table's reference */
@@ -164,7 +164,7 @@ static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create
                                     size_t errlen)
 {
     char path[KV_CFG_STR + 64];
-    file_name(v, no, path, sizeof path);
+    kv__vlog_file_name(v, no, path, sizeof path);
     int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0644);
     if (fd < 0) {
         kv__errf(err, errlen, "value log %s: %s", path, strerror(errno));
@@ -212,11 +212,12 @@ static int rotate(struct kv__vlog *v, int k)
     return KV_OK;
 }
 
-/* amu held. */
-static bool is_active(const struct kv__vlog *v, const struct kv__vfile *f)
+/* Whether f is one of the active files in 'active' (v->active under amu,
+ * or a copy of it). */
+static bool is_active(struct kv__vfile *const *active, const struct kv__vfile *f)
 {
     for (int k = 0; k < KV__VLOG_STRIPES; k++)
-        if (v->active[k] == f)
+        if (active[k] == f)
             return true;
     return false;
 }
@@ -321,7 +322,7 @@ void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
     uint64_t was = atomic_fetch_sub(&f->live, span);
     if (was == span) {
         pthread_mutex_lock(&v->amu);
-        bool active = is_active(v, f);
+        bool active = is_active(v->active, f);
         pthread_mutex_unlock(&v->amu);
         if (!active)
             retire(v, f);
@@ -354,7 +355,7 @@ int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *er
     size_t ndead = 0;
     for (size_t i = 0; i < v->n; i++) {
         struct kv__vfile *f = v->files[i];
-        if (is_active(v, f))
+        if (is_active(v->active, f))
             continue;
         while (j < n && KV__LOC_FILE(ext[j].loc) < f->no)
             j++;
@@ -392,14 +393,20 @@ int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *er
 
 uint32_t kv__vlog_sparse(struct kv__vlog *v, uint64_t min_dead)
 {
+    /* The active files, copied out: appends wait on amu, not on the fstats
+     * below. A file no longer active is never active again, so a stale
+     * copy can only make a file look active a tick longer. */
+    struct kv__vfile *active[KV__VLOG_STRIPES];
+    pthread_mutex_lock(&v->amu);
+    memcpy(active, v->active, sizeof active);
+    pthread_mutex_unlock(&v->amu);
     uint32_t best = 0;
     uint64_t best_dead = 0;
-    pthread_mutex_lock(&v->amu);
     pthread_rwlock_rdlock(&v->lk);
     for (size_t i = 0; i < v->n; i++) {
         struct kv__vfile *f = v->files[i];
         struct stat st;
-        if (is_active(v, f) || fstat(f->fd, &st) != 0)
+        if (is_active(active, f) || fstat(f->fd, &st) != 0)
             continue;
         uint64_t disk = (uint64_t)st.st_blocks * 512, live = atomic_load(&f->live);
         if (disk > live && disk - live >= min_dead && live < disk / 2 && disk - live > best_dead) {
@@ -408,7 +415,6 @@ uint32_t kv__vlog_sparse(struct kv__vlog *v, uint64_t min_dead)
         }
     }
     pthread_rwlock_unlock(&v->lk);
-    pthread_mutex_unlock(&v->amu);
     return best;
 }
 
@@ -496,7 +502,7 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
     uint8_t *zbuf = NULL;
     uint32_t zlen = v->compress ? try_lz4(r, &zbuf) : 0;
     r->slen = zlen ? zlen : (uint32_t)r->len;
-    r->sum = kv__vlog_checksum(r->key, r->iov, r->iovcnt);
+    r->sum = checksum(r->key, r->iov, r->iovcnt);
     uint64_t span = kv__vlog_span(r->slen);
 
     int k = my_stripe(v);
@@ -725,7 +731,7 @@ static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64
             return rc;
         }
     }
-    if (kv__vlog_checksum(key, iov, iovcnt) != kv__get64(hdr + 16)) {
+    if (checksum(key, iov, iovcnt) != kv__get64(hdr + 16)) {
         *why = "checksum mismatch";
         return KV_ECORRUPT;
     }
