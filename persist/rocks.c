@@ -1222,36 +1222,30 @@ int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t in
 {
     if (!s || !id || !ns_ok(ns))
         return KV_EINVAL;
-    size_t found = kv__spill_cancel(s, ns, id->bytes, index);
+    size_t found = kv__spill_cancel(s, ns, id->bytes, index), total, del;
     int rc = KV_OK;
-    struct kv__sent ents[64];
-    size_t n = 0;
-    if (index == UINT32_MAX) {
-        uint32_t idx[64];
-        size_t total;
-        /* A WRITING entry is left to its writer: the write is then ordered
-         * after this remove. */
-        do {
-            total = kv__sidx_block_shards(&s->idx, ns, id->bytes, STORED_MASK, idx,
-                                          KV__ARRAY_LEN(idx));
-            size_t got = total < KV__ARRAY_LEN(idx) ? total : KV__ARRAY_LEN(idx);
-            n = 0;
-            for (size_t i = 0; i < got; i++)
-                if (kv__sidx_get(&s->idx, ns, id->bytes, idx[i], &ents[n]) &&
-                    (STORED_MASK & (1u << ents[n].state)))
-                    n++;
-            int r;
-            size_t del = delete_stored(s, ents, n, false, &r);
-            found += del;
-            if (r != KV_OK)
-                rc = r;
-            if (del == 0)
-                break;   /* what is left changed under us; nothing more to take */
-        } while (total > KV__ARRAY_LEN(idx));
-    } else if (kv__sidx_get(&s->idx, ns, id->bytes, index, &ents[0]) &&
-               (ents[0].state == KV__ENT_STORED || ents[0].state == KV__ENT_MOVING)) {
-        found += delete_stored(s, ents, 1, false, &rc);
-    }
+    /* Stored shards are claimed and deleted 64 at a time (delete_stored
+     * needs only their keys). A WRITING entry is left to its writer: the
+     * write is then ordered after this remove. */
+    enum { BATCH = 64 };
+    do {
+        uint32_t idx[BATCH] = { index };
+        total = index != UINT32_MAX ? 1
+                : kv__sidx_block_shards(&s->idx, ns, id->bytes, STORED_MASK, idx, KV__ARRAY_LEN(idx));
+        size_t got = total < KV__ARRAY_LEN(idx) ? total : KV__ARRAY_LEN(idx);
+        struct kv__sent ents[BATCH];
+        memset(ents, 0, got * sizeof *ents);
+        for (size_t i = 0; i < got; i++) {
+            ents[i].ns = (unsigned)ns;
+            memcpy(ents[i].id, id->bytes, KV_BLOCK_ID_LEN);
+            ents[i].index = idx[i];
+        }
+        int r;
+        del = delete_stored(s, ents, got, false, &r);
+        found += del;
+        if (r != KV_OK)
+            rc = r;
+    } while (total > BATCH && del > 0);   /* del 0: what is left changed under us */
     if (rc != KV_OK)
         return rc;
     return found ? KV_OK : KV_ENOTFOUND;
