@@ -23,44 +23,6 @@
 
 #define QUERY_TIMEOUT_MS 2000u
 
-static int wait_fd(int fd, short ev, uint64_t deadline)
-{
-    for (;;) {
-        uint64_t now = kv__now_ms();
-        if (now >= deadline)
-            return KV_ETIMEDOUT;
-        struct pollfd pf = { .fd = fd, .events = ev };
-        int k = poll(&pf, 1, (int)(deadline - now));
-        if (k > 0)
-            return KV_OK;
-        if (k < 0 && errno != EINTR)
-            return KV_ENET;
-    }
-}
-
-static int io_all(int fd, void *p, size_t len, bool wr, uint64_t deadline)
-{
-    uint8_t *b = p;
-    while (len) {
-        ssize_t r = wr ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
-        if (r > 0) {
-            b += r;
-            len -= (size_t)r;
-            continue;
-        }
-        if (r == 0)
-            return KV_ENET;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK)
-            return KV_ENET;
-        int rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline);
-        if (rc != KV_OK)
-            return rc;
-    }
-    return KV_OK;
-}
-
 static int connect_to(const struct sockaddr_in *sa, uint64_t deadline, int *out)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -71,7 +33,7 @@ static int connect_to(const struct sockaddr_in *sa, uint64_t deadline, int *out)
             close(fd);
             return KV_ENET;
         }
-        int rc = wait_fd(fd, POLLOUT, deadline);
+        int rc = kv__sock_wait(fd, POLLOUT, deadline);
         int soerr = 0;
         socklen_t sl = sizeof soerr;
         if (rc == KV_OK && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr))
@@ -131,11 +93,11 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
     uint8_t h[KV_PROTO_HDR_LEN];
     struct kv__hdr hd = { .type = KV_MSG_LEAVE, .req_id = 1, .body_len = (uint32_t)blen };
     kv__hdr_encode(&hd, h);
-    rc = io_all(fd, h, sizeof h, true, deadline);
+    rc = kv__sock_xfer1(fd, h, sizeof h, 1, deadline);
     if (rc == KV_OK)
-        rc = io_all(fd, body, (size_t)blen, true, deadline);
+        rc = kv__sock_xfer1(fd, body, (size_t)blen, 1, deadline);
     if (rc == KV_OK)
-        rc = io_all(fd, h, sizeof h, false, deadline);
+        rc = kv__sock_xfer1(fd, h, sizeof h, 0, deadline);
     uint8_t *vb = NULL;
     if (rc == KV_OK && (kv__hdr_decode(h, 0, &hd) != KV_OK || hd.type != KV_MSG_VIEW))
         rc = KV_EPROTO;
@@ -144,7 +106,7 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
     if (rc == KV_OK && !(vb = malloc(hd.body_len ? hd.body_len : 1)))
         rc = KV_ENOMEM;
     if (rc == KV_OK)
-        rc = io_all(fd, vb, hd.body_len, false, deadline);
+        rc = kv__sock_xfer1(fd, vb, hd.body_len, 0, deadline);
     close(fd);
     struct kv__member *list = NULL;
     size_t cnt = 0;

@@ -33,32 +33,6 @@ unsigned kv__master_heartbeat_ms(uint64_t ttl)
 
 /* ---- small blocking-with-deadline helpers on nonblocking sockets -------- */
 
-static int io_all(int fd, void *p, size_t len, int wr, uint64_t deadline)
-{
-    uint8_t *b = p;
-    while (len) {
-        ssize_t r = wr ? send(fd, b, len, MSG_NOSIGNAL) : recv(fd, b, len, 0);
-        if (r > 0) {
-            b += r;
-            len -= (size_t)r;
-            continue;
-        }
-        if (r == 0 && !wr)
-            return KV_ENET;
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
-            return KV_ENET;
-        uint64_t now = kv__now_ms();
-        if (now >= deadline)
-            return KV_ETIMEDOUT;
-        struct pollfd pf = { .fd = fd, .events = wr ? POLLOUT : POLLIN };
-        if (poll(&pf, 1, (int)(deadline - now)) < 0 && errno != EINTR)
-            return KV_ENET;
-    }
-    return KV_OK;
-}
-
 static int send_frame(int fd, uint8_t type, int status, uint64_t req_id, const uint8_t *body,
                       size_t blen, uint64_t deadline)
 {
@@ -66,9 +40,9 @@ static int send_frame(int fd, uint8_t type, int status, uint64_t req_id, const u
     struct kv__hdr hd = { .type = type, .status = status, .req_id = req_id,
                           .body_len = (uint32_t)blen };
     kv__hdr_encode(&hd, h);
-    int rc = io_all(fd, h, sizeof h, 1, deadline);
+    int rc = kv__sock_xfer1(fd, h, sizeof h, 1, deadline);
     if (rc == KV_OK && blen)
-        rc = io_all(fd, (void *)body, blen, 1, deadline);
+        rc = kv__sock_xfer1(fd, (void *)body, blen, 1, deadline);
     return rc;
 }
 
@@ -423,9 +397,9 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
     struct kv__hdr h = { .type = type, .body_len = (uint32_t)blen, .req_id = id };
     kv__hdr_encode(&h, buf);
     uint8_t hb[KV_PROTO_HDR_LEN], *body = NULL;
-    if ((rc = io_all(m->fd, buf, KV_PROTO_HDR_LEN + (size_t)blen, 1, deadline)))
+    if ((rc = kv__sock_xfer1(m->fd, buf, KV_PROTO_HDR_LEN + (size_t)blen, 1, deadline)))
         goto fail;
-    if ((rc = io_all(m->fd, hb, sizeof hb, 0, deadline)))
+    if ((rc = kv__sock_xfer1(m->fd, hb, sizeof hb, 0, deadline)))
         goto fail;
     if (kv__hdr_decode(hb, 0, &h) || h.type != KV_MSG_VIEW || h.req_id != id) {
         rc = KV_EPROTO;
@@ -440,7 +414,7 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
         rc = KV_ENOMEM;
         goto fail;
     }
-    if ((rc = io_all(m->fd, body, h.body_len, 0, deadline)))
+    if ((rc = kv__sock_xfer1(m->fd, body, h.body_len, 0, deadline)))
         goto fail;
     uint64_t v;
     struct kv__member *list;

@@ -65,6 +65,16 @@ int kv__batch_count(const uint8_t *body, size_t len, size_t item_len, size_t *n)
     return KV_OK;
 }
 
+void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        out[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
+                                        .index = ops[i].index, .id = ops[i].id };
+        if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
+            out[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
+    }
+}
+
 int kv__batch_encode(const struct kv__wire_req *it, size_t n, uint8_t *out, size_t cap)
 {
     if (n > KV_PROTO_BATCH_MAX || cap < kv__batch_body_len(n))

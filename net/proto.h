@@ -104,6 +104,9 @@ struct kv__wire_resp {
  * KV_EPROTO. *n is in: capacity of out, out: the count. */
 size_t kv__batch_body_len(size_t n);
 size_t kv__batch_r_body_len(size_t n);
+/* The wire requests for ops[0..n): kind, namespace, shard, id, and the
+ * byte count of a dump or load. */
+void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *out);
 int kv__batch_encode(const struct kv__wire_req *items, size_t n, uint8_t *out, size_t cap);
 int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, size_t *n);
 int kv__batch_r_encode(const struct kv__wire_resp *items, size_t n, uint8_t *out, size_t cap);

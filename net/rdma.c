@@ -197,73 +197,10 @@ void kv__rdma_test_bad_rkeys(int n);
 static _Atomic int bad_rkeys;
 void kv__rdma_test_bad_rkeys(int n) { atomic_store(&bad_rkeys, n); }
 
-/* ---- socket I/O with deadlines (UINT64_MAX: none) ---------------------- */
-
-static int wait_fd(int fd, short ev, uint64_t deadline)
-{
-    for (;;) {
-        int ms = -1;
-        if (deadline != UINT64_MAX) {
-            uint64_t now = kv__now_ms();
-            if (now >= deadline)
-                return KV_ETIMEDOUT;
-            ms = deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
-        }
-        struct pollfd p = { .fd = fd, .events = ev };
-        int k = poll(&p, 1, ms);
-        if (k > 0)
-            return KV_OK;
-        if (k < 0 && errno != EINTR)
-            return KV_ENET;
-    }
-}
-
-/* Moves all of iov[0..cnt) (consuming it) through the nonblocking fd. */
-static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline)
-{
-    size_t i = 0;
-    while (i < cnt) {
-        if (iov[i].iov_len == 0) {
-            i++;
-            continue;
-        }
-        size_t c = cnt - i > IOV_MAX ? IOV_MAX : cnt - i;
-        /* sendmsg, not writev: a peer that has gone must not SIGPIPE us. */
-        struct msghdr m = { .msg_iov = iov + i, .msg_iovlen = c };
-        ssize_t n = wr ? sendmsg(fd, &m, MSG_NOSIGNAL) : readv(fd, iov + i, (int)c);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline);
-                if (rc)
-                    return rc;
-                continue;
-            }
-            return KV_ENET;
-        }
-        if (n == 0 && !wr)
-            return KV_ENET;
-        size_t left = (size_t)n;
-        while (i < cnt && left >= iov[i].iov_len)
-            left -= iov[i++].iov_len;
-        if (left) {
-            iov[i].iov_base = (uint8_t *)iov[i].iov_base + left;
-            iov[i].iov_len -= left;
-        }
-    }
-    return KV_OK;
-}
-
 /* Extra time for bytes moved, at a 10 MiB/s floor, so that a large batch on
  * a slow path is not cut off while a dead peer still fails in one timeout. */
 static uint64_t bytes_ms(uint64_t bytes) { return bytes / ((10u << 20) / 1000u); }
 
-static int xfer1(int fd, void *p, size_t len, int wr, uint64_t deadline)
-{
-    struct iovec v = { p, len };
-    return xfer(fd, &v, 1, wr, deadline);
-}
 
 /* Sends a header and a body in one write. */
 static int send_frame(int fd, uint8_t type, uint64_t req_id, int status, const void *body,
@@ -274,7 +211,7 @@ static int send_frame(int fd, uint8_t type, uint64_t req_id, int status, const v
                          .body_len = (uint32_t)blen, .data_len = data_len };
     kv__hdr_encode(&h, hb);
     struct iovec v[2] = { { hb, sizeof hb }, { (void *)body, blen } };
-    return xfer(fd, v, 2, 1, deadline);
+    return kv__sock_xfer(fd, v, 2, 1, deadline);
 }
 
 /* Reads a header and its body (malloc'd into *body, at most max_body). */
@@ -283,7 +220,7 @@ static int recv_frame(int fd, uint64_t max_data, size_t max_body, struct kv__hdr
 {
     uint8_t hb[KV_PROTO_HDR_LEN];
     *body = NULL;
-    int rc = xfer1(fd, hb, sizeof hb, 0, deadline);
+    int rc = kv__sock_xfer1(fd, hb, sizeof hb, 0, deadline);
     if (rc)
         return rc;
     if (kv__hdr_decode(hb, max_data, h) || h->body_len > max_body)
@@ -291,7 +228,7 @@ static int recv_frame(int fd, uint64_t max_data, size_t max_body, struct kv__hdr
     *body = malloc(h->body_len ? h->body_len : 1);
     if (!*body)
         return KV_ENOMEM;
-    if ((rc = xfer1(fd, *body, h->body_len, 0, deadline))) {
+    if ((rc = kv__sock_xfer1(fd, *body, h->body_len, 0, deadline))) {
         free(*body);
         *body = NULL;
     }
@@ -723,7 +660,7 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
             void *dst = ok ? (uint8_t *)rv.data + got : in ? (uint8_t *)in + got : sc->discard;
             if (!ok && !in && l > DISCARD_LEN)
                 l = DISCARD_LEN;
-            if ((rc = xfer1(sc->fd, dst, (size_t)l, 0, sc->deadline))) {
+            if ((rc = kv__sock_xfer1(sc->fd, dst, (size_t)l, 0, sc->deadline))) {
                 if (ok)
                     be->abort(be->ctx, &rv);
                 free(in);
@@ -781,7 +718,7 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
     kv__batch_r_encode(o, n, out + KV_PROTO_HDR_LEN, blen);
     iov[0] = (struct iovec){ out, KV_PROTO_HDR_LEN + blen };
     sc->deadline += bytes_ms(data);
-    rc = xfer(sc->fd, iov, k, 1, sc->deadline);
+    rc = kv__sock_xfer(sc->fd, iov, k, 1, sc->deadline);
 out:
     for (size_t i = 0; i < npins; i++)
         be->unpin(be->ctx, &pins[i]);
@@ -875,7 +812,7 @@ static void *sconn_main(void *arg)
     while (rc == KV_OK && !atomic_load(&r->stopping)) {
         /* An idle pooled connection may wait for ever; one holding pins or
          * reservations must finish its batch (RELEASE / COMMIT) in time. */
-        rc = wait_fd(sc->fd, POLLIN, sc->live ? kv__now_ms() + 2ull * r->o.timeout_ms
+        rc = kv__sock_wait(sc->fd, POLLIN, sc->live ? kv__now_ms() + 2ull * r->o.timeout_ms
                                               : UINT64_MAX);
         if (rc == KV_ETIMEDOUT)
             KV_WARN("rdma: '%s' went quiet holding %u pins/reservations; closing", id, sc->live);
@@ -919,7 +856,7 @@ static void *accept_main(void *arg)
 {
     struct rdma *r = arg;
     while (!atomic_load(&r->stopping)) {
-        if (wait_fd(r->lfd, POLLIN, kv__now_ms() + 200) != KV_OK)
+        if (kv__sock_wait(r->lfd, POLLIN, kv__now_ms() + 200) != KV_OK)
             continue;
         int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
@@ -1285,7 +1222,7 @@ static int rdma_connect(struct kv__transport *tp, const char *addr, struct kv__c
         socklen_t sl = sizeof soerr;
         if (errno != EINPROGRESS)
             goto fail;
-        if ((rc = wait_fd(c->fd, POLLOUT, deadline)))
+        if ((rc = kv__sock_wait(c->fd, POLLOUT, deadline)))
             goto fail;
         getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
         if (soerr) {
@@ -1566,12 +1503,7 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
     int rc = KV_ENOMEM;
     if (!buf || !q || !o || !iov)
         goto out;
-    for (size_t i = 0; i < n; i++) {
-        q[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
-                                      .index = ops[i].index, .id = ops[i].id };
-        if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
-            q[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
-    }
+    kv__wire_from_ops(ops, n, q);
     uint64_t id = c->next_id++;
     struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)blen, .req_id = id,
                          .data_len = dump_bytes };
@@ -1582,17 +1514,17 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
     for (size_t i = 0; i < n; i++)
         for (uint32_t j = 0; ops[i].kind == KV_OP_DUMP && j < ops[i].iovcnt; j++)
             iov[k++] = (struct iovec){ ops[i].iov[j].base, ops[i].iov[j].len };
-    if ((rc = xfer(c->fd, iov, k, 1, deadline)))
+    if ((rc = kv__sock_xfer(c->fd, iov, k, 1, deadline)))
         goto out;
     uint8_t hb[KV_PROTO_HDR_LEN];
-    if ((rc = xfer1(c->fd, hb, sizeof hb, 0, deadline)))
+    if ((rc = kv__sock_xfer1(c->fd, hb, sizeof hb, 0, deadline)))
         goto out;
     if (kv__hdr_decode(hb, load_bytes, &h) || h.type != KV_MSG_BATCH_R || h.req_id != id ||
         h.status || h.body_len != rlen) {
         rc = KV_EPROTO;
         goto out;
     }
-    if ((rc = xfer1(c->fd, buf, rlen, 0, deadline)))
+    if ((rc = kv__sock_xfer1(c->fd, buf, rlen, 0, deadline)))
         goto out;
     size_t got = n;
     if (kv__batch_r_decode(buf, rlen, o, &got) || got != n) {
@@ -1616,7 +1548,7 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
         rc = KV_EPROTO;
         goto out;
     }
-    if ((rc = xfer(c->fd, iov, k, 0, deadline)))
+    if ((rc = kv__sock_xfer(c->fd, iov, k, 0, deadline)))
         goto out;
     for (size_t i = 0; i < n; i++) {
         ops[i].result = o[i].status;
@@ -1649,12 +1581,7 @@ static int batch_chunk(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
     int rc = KV_ENOMEM, locked = 0;
     if (!q || !o || !buf || !rel || !com || !item_rc || !idx || !fb)
         goto out;
-    for (size_t i = 0; i < n; i++) {
-        q[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
-                                      .index = ops[i].index, .id = ops[i].id };
-        if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
-            q[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
-    }
+    kv__wire_from_ops(ops, n, q);
     kv__batch_encode(q, n, buf, blen);
     uint64_t id = c->next_id++;
     struct kv__hdr h;

@@ -148,6 +148,19 @@ static void release_response(struct sconn *sc)
     sc->npins = sc->nbounce = sc->oiovcnt = sc->oidx = sc->n = 0;
 }
 
+/* Takes sc off its loop's list of connections. */
+static void conn_unlink(struct loop *lp, struct sconn *sc)
+{
+    pthread_mutex_lock(&lp->lock);
+    if (sc->prev)
+        sc->prev->next = sc->next;
+    else
+        lp->conns = sc->next;
+    if (sc->next)
+        sc->next->prev = sc->prev;
+    pthread_mutex_unlock(&lp->lock);
+}
+
 static void sconn_close(struct sconn *sc)
 {
     struct loop *lp = sc->lp;
@@ -157,14 +170,7 @@ static void sconn_close(struct sconn *sc)
         lp->t->be->abort(lp->t->be->ctx, &sc->resv);
     free(sc->inbounce);
     release_response(sc);
-    pthread_mutex_lock(&lp->lock);
-    if (sc->prev)
-        sc->prev->next = sc->next;
-    else
-        lp->conns = sc->next;
-    if (sc->next)
-        sc->next->prev = sc->prev;
-    pthread_mutex_unlock(&lp->lock);
+    conn_unlink(lp, sc);
     free(sc);
 }
 
@@ -533,14 +539,7 @@ static void accept_all(struct tcp *t)
         struct epoll_event e = { .events = EPOLLIN, .data.ptr = sc };
         if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
             /* Not in any epoll set yet: only this thread knows it. */
-            pthread_mutex_lock(&lp->lock);
-            if (sc->prev)
-                sc->prev->next = sc->next;
-            else
-                lp->conns = sc->next;
-            if (sc->next)
-                sc->next->prev = sc->prev;
-            pthread_mutex_unlock(&lp->lock);
+            conn_unlink(lp, sc);
             close(fd);
             free(sc);
         }
@@ -982,12 +981,7 @@ static int frame_start(struct call *k)
     k->iov = malloc(((niov > nload_iov ? niov : nload_iov) + 2) * sizeof *k->iov);
     if (!k->buf || !k->q || !k->r || !k->iov)
         return KV_ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        k->q[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
-                                         .index = ops[i].index, .id = ops[i].id };
-        if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
-            k->q[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
-    }
+    kv__wire_from_ops(ops, n, k->q);
     k->id = k->c->next_id++;
     struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)blen, .req_id = k->id,
                          .data_len = dump_bytes };

@@ -6,11 +6,16 @@
  * process so that a cluster that silently runs on tcp is visible.
  */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include "transport.h"
 
@@ -104,4 +109,67 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->abort = e_abort;
     out->dump = e_dump;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
+}
+
+/* ---- socket I/O with deadlines (UINT64_MAX: none) ---------------------- */
+
+int kv__sock_wait(int fd, short ev, uint64_t deadline)
+{
+    for (;;) {
+        int ms = -1;
+        if (deadline != UINT64_MAX) {
+            uint64_t now = kv__now_ms();
+            if (now >= deadline)
+                return KV_ETIMEDOUT;
+            ms = deadline - now > INT_MAX ? INT_MAX : (int)(deadline - now);
+        }
+        struct pollfd p = { .fd = fd, .events = ev };
+        int k = poll(&p, 1, ms);
+        if (k > 0)
+            return KV_OK;
+        if (k < 0 && errno != EINTR)
+            return KV_ENET;
+    }
+}
+
+int kv__sock_xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline)
+{
+    size_t i = 0;
+    while (i < cnt) {
+        if (iov[i].iov_len == 0) {
+            i++;
+            continue;
+        }
+        size_t c = cnt - i > IOV_MAX ? IOV_MAX : cnt - i;
+        /* sendmsg, not writev: a peer that has gone must not SIGPIPE us. */
+        struct msghdr m = { .msg_iov = iov + i, .msg_iovlen = c };
+        ssize_t n = wr ? sendmsg(fd, &m, MSG_NOSIGNAL) : readv(fd, iov + i, (int)c);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int rc = kv__sock_wait(fd, wr ? POLLOUT : POLLIN, deadline);
+                if (rc)
+                    return rc;
+                continue;
+            }
+            return KV_ENET;
+        }
+        if (n == 0 && !wr)
+            return KV_ENET;
+        size_t left = (size_t)n;
+        while (i < cnt && left >= iov[i].iov_len)
+            left -= iov[i++].iov_len;
+        if (left) {
+            iov[i].iov_base = (uint8_t *)iov[i].iov_base + left;
+            iov[i].iov_len -= left;
+        }
+    }
+    return KV_OK;
+}
+
+int kv__sock_xfer1(int fd, void *p, size_t len, int wr, uint64_t deadline)
+{
+    struct iovec v = { p, len };
+    return kv__sock_xfer(fd, &v, 1, wr, deadline);
 }
