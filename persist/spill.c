@@ -166,8 +166,9 @@ static int write_items(struct kv__ssd *s, struct kv__sq_item *first, size_t n,
 }
 
 /* After a batch: each written shard becomes STORED; one removed while in
- * flight (CANCELLED) is undone; one that failed leaves the index. Returns
- * the entries to undo (into undo, at most np). qmu held. */
+ * flight (CANCELLED) is undone; one that failed (all of them when p is
+ * NULL: no memory to write with) leaves the index. Returns the entries to
+ * undo (into undo, at most np). qmu held. */
 static size_t settle_items(struct kv__ssd *s, struct kv__sq_item *first, struct kv__sq_item *last,
                            const struct kv__sput *p, size_t np, struct kv__sent *undo)
 {
@@ -175,26 +176,28 @@ static size_t settle_items(struct kv__ssd *s, struct kv__sq_item *first, struct 
     for (struct kv__sq_item *it = first; it != last->next; it = it->next) {
         struct kv__victim *v = it->v;
         bool ok = true;
-        for (uint32_t i = 0; i < v->nshards && j < np; i++) {
+        for (uint32_t i = 0; i < v->nshards && (!p || j < np); i++) {
             if (it->skip[i] != SKIP_NO)
                 continue;
-            const struct kv__sput *q = &p[j++];
+            const struct kv__sput *q = p ? &p[j++] : NULL;
+            uint32_t index = v->shards[i].index;
+            if (!q || q->rc != KV_OK) {
+                ok = false;
+                kv__sidx_del_at(&s->idx, v->ns, v->id.bytes, index, KV__ENT_PENDING, it->token);
+                kv__sidx_del_at(&s->idx, v->ns, v->id.bytes, index, KV__ENT_CANCELLED, it->token);
+                continue;
+            }
             struct kv__sent e;
             memset(&e, 0, sizeof e);
             e.ns = (unsigned)v->ns;
             memcpy(e.id, v->id.bytes, KV_BLOCK_ID_LEN);
-            e.index = q->index;
+            e.index = index;
             e.size = (uint32_t)q->len;
             e.stamp = it->stamp;
             e.loc = q->loc;
             e.slen = q->slen;
-            if (q->rc != KV_OK) {
-                ok = false;
-                kv__sidx_del_at(&s->idx, v->ns, v->id.bytes, q->index, KV__ENT_PENDING, it->token);
-                kv__sidx_del_at(&s->idx, v->ns, v->id.bytes, q->index, KV__ENT_CANCELLED, it->token);
-            } else if (!kv__sidx_store(&s->idx, &e, KV__ENT_PENDING, it->token)) {
+            if (!kv__sidx_store(&s->idx, &e, KV__ENT_PENDING, it->token))
                 undo[nundo++] = e;   /* CANCELLED: removed while being written */
-            }
         }
         atomic_fetch_add(ok ? &s->spills : &s->spill_drops, 1);
     }
@@ -237,20 +240,7 @@ static void *writer_main(void *arg)
         }
 
         pthread_mutex_lock(&s->qmu);
-        size_t nundo = 0;
-        if (p)
-            nundo = settle_items(s, first, last, p, np, undo);
-        else
-            for (struct kv__sq_item *it = first; it != last->next; it = it->next) {
-                for (uint32_t i = 0; i < it->v->nshards; i++)
-                    if (it->skip[i] == SKIP_NO) {
-                        kv__sidx_del_at(&s->idx, it->v->ns, it->v->id.bytes, it->v->shards[i].index,
-                                        KV__ENT_PENDING, it->token);
-                        kv__sidx_del_at(&s->idx, it->v->ns, it->v->id.bytes, it->v->shards[i].index,
-                                        KV__ENT_CANCELLED, it->token);
-                    }
-                atomic_fetch_add(&s->spill_drops, 1);
-            }
+        size_t nundo = settle_items(s, first, last, p, np, undo);   /* p NULL: none written */
         /* Unlinked before release: no reader copies from them after it. */
         s->qhead = last->next;
         if (!s->qhead)
