@@ -253,6 +253,18 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
     return all;
 }
 
+void kv__ssd_put_entry(const struct kv__sput *p, struct kv__sent *e)
+{
+    memset(e, 0, sizeof *e);
+    e->ns = (unsigned)p->ns;
+    memcpy(e->id, p->id, KV_BLOCK_ID_LEN);
+    e->index = p->index;
+    e->size = (uint32_t)p->len;
+    e->stamp = p->stamp;
+    e->loc = p->loc;
+    e->slen = p->slen;
+}
+
 int kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
 {
     if (n == 0)
@@ -1156,14 +1168,7 @@ int kv__ssd_write_many(struct kv__ssd *s, int ns, const kv_shard *sh, size_t n, 
         for (size_t j = 0; j < np; j++) {
             size_t i = idx[j];
             struct kv__sent e;
-            memset(&e, 0, sizeof e);
-            e.ns = (unsigned)ns;
-            memcpy(e.id, sh[i].block.bytes, KV_BLOCK_ID_LEN);
-            e.index = sh[i].index;
-            e.size = (uint32_t)lens[i];
-            e.stamp = put[j].stamp;
-            e.loc = put[j].loc;
-            e.slen = put[j].slen;
+            kv__ssd_put_entry(&put[j], &e);
             results[i] = put[j].rc;
             if (put[j].rc == KV_OK && !kv__sidx_store(&s->idx, &e, KV__ENT_WRITING, tokens[i]))
                 results[i] = KV_EIO;   /* cannot happen: nobody else moves our claim */

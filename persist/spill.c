@@ -188,14 +188,7 @@ static size_t settle_items(struct kv__ssd *s, struct kv__sq_item *first, struct 
                 continue;
             }
             struct kv__sent e;
-            memset(&e, 0, sizeof e);
-            e.ns = (unsigned)v->ns;
-            memcpy(e.id, v->id.bytes, KV_BLOCK_ID_LEN);
-            e.index = index;
-            e.size = (uint32_t)q->len;
-            e.stamp = it->stamp;
-            e.loc = q->loc;
-            e.slen = q->slen;
+            kv__ssd_put_entry(q, &e);
             if (!kv__sidx_store(&s->idx, &e, KV__ENT_PENDING, it->token))
                 undo[nundo++] = e;   /* CANCELLED: removed while being written */
         }

@@ -287,6 +287,8 @@ struct kv__sput {
  * pointer could not be written has its log space given back); KV_OK when
  * every one landed. */
 int  kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n);
+/* The index entry for a value kv__ssd_put stored (state left 0). */
+void kv__ssd_put_entry(const struct kv__sput *p, struct kv__sent *e);
 /* Deletes the pointers of claimed entries (DELETING or CANCELLED, or
  * WRITING being undone) and gives their log space back; loc/slen in each
  * entry say where (KV__LOC_NONE: nothing written). */
