@@ -1,0 +1,309 @@
+/*
+ * fuzz_proto.c — libFuzzer harness for every decoder of net/proto.c.
+ *
+ * Key design choice: each decoder is checked by a round trip, not only for
+ * crashes. The first input byte picks a decoder; what it accepts is encoded
+ * again and decoded again, and both decodings must agree field by field.
+ * Where the wire form has no free bytes (header, HELLO, JOIN, VIEW) the
+ * encoding must also equal the input byte for byte; batch items have pad
+ * bytes the decoder ignores, so only the other bytes are compared.
+ */
+#include <string.h>
+
+#include "proto.h"
+#include "fuzzutil.h"
+
+enum { SEL_HDR, SEL_BATCH, SEL_BATCH_R, SEL_HELLO, SEL_JOIN, SEL_VIEW, SEL_COUNT, SEL_N };
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static void hdr_case(const uint8_t *in, size_t n)
+{
+    if (n < KV_PROTO_HDR_LEN)
+        return;
+    /* The data cap the caller passes comes from the input too, so the
+     * refusal of an oversized data_len is exercised. */
+    uint64_t max_data = n > KV_PROTO_HDR_LEN + 8 ? kv__get64(in + KV_PROTO_HDR_LEN) : UINT64_MAX;
+    struct kv__hdr h, h2;
+    if (kv__hdr_decode(in, max_data, &h) != KV_OK)
+        return;
+    FZ_CHECK(h.body_len <= KV_PROTO_BODY_MAX);
+    FZ_CHECK(h.data_len <= max_data);
+    FZ_CHECK(h.data_len == 0 || h.type == KV_MSG_BATCH || h.type == KV_MSG_BATCH_R);
+    uint8_t out[KV_PROTO_HDR_LEN];
+    kv__hdr_encode(&h, out);
+    FZ_CHECK(memcmp(out, in, KV_PROTO_HDR_LEN) == 0);
+    FZ_CHECK(kv__hdr_decode(out, max_data, &h2) == KV_OK);
+    FZ_CHECK(h.version == h2.version && h.type == h2.type && h.flags == h2.flags &&
+             h.body_len == h2.body_len && h.status == h2.status && h.req_id == h2.req_id &&
+             h.data_len == h2.data_len);
+}
+
+static int req_equal(const struct kv__wire_req *a, const struct kv__wire_req *b)
+{
+    return a->kind == b->kind && a->ns == b->ns && a->index == b->index &&
+           memcmp(a->id.bytes, b->id.bytes, KV_BLOCK_ID_LEN) == 0 && a->len == b->len;
+}
+
+static int resp_equal(const struct kv__wire_resp *a, const struct kv__wire_resp *b)
+{
+    return a->status == b->status && a->hit == b->hit && a->len == b->len &&
+           a->addr == b->addr && a->rkey == b->rkey && a->handle == b->handle;
+}
+
+/* Input and re-encoding agree outside the item's pad bytes [p0, p1) and
+ * [q0, q1) (offsets within each item; q0 == q1 when there is one run). */
+static int same_but_pad(const uint8_t *a, const uint8_t *b, size_t cnt, size_t item,
+                        size_t p0, size_t p1, size_t q0, size_t q1)
+{
+    if (memcmp(a, b, 4) != 0)
+        return 0;
+    for (size_t i = 0; i < cnt; i++)
+        for (size_t j = 0; j < item; j++) {
+            if ((j >= p0 && j < p1) || (j >= q0 && j < q1))
+                continue;
+            if (a[4 + i * item + j] != b[4 + i * item + j])
+                return 0;
+        }
+    return 1;
+}
+
+static void batch_case(const uint8_t *in, size_t n)
+{
+    size_t cnt;
+    if (kv__batch_count(in, n, KV_PROTO_REQ_ITEM, &cnt) != KV_OK)
+        return;
+    FZ_CHECK(cnt <= KV_PROTO_BATCH_MAX && n == kv__batch_body_len(cnt));
+    struct kv__wire_req *a = calloc(cnt + 1, sizeof *a), *b = calloc(cnt + 1, sizeof *b);
+    uint8_t *out = malloc(n);
+    FZ_CHECK(a && b && out);
+    size_t got = cnt;
+    if (kv__batch_decode(in, n, a, &got) == KV_OK) {
+        FZ_CHECK(got == cnt);
+        for (size_t i = 0; i < cnt; i++) {
+            FZ_CHECK(a[i].kind >= KV_OP_LOOKUP && a[i].kind <= KV_OP_DUMP);
+            FZ_CHECK(a[i].ns < KV_NS_COUNT);
+            FZ_CHECK(a[i].kind < KV_OP_LOAD || a[i].len <= KV_VALUE_MAX);
+        }
+        /* One slot short of the count must be refused, not overrun. */
+        if (cnt) {
+            size_t small = cnt - 1;
+            FZ_CHECK(kv__batch_decode(in, n, b, &small) == KV_EPROTO);
+        }
+        if (n > 4)
+            FZ_CHECK(kv__batch_encode(a, cnt, out, n - 1) == KV_ENOBUFS);
+        FZ_CHECK(kv__batch_encode(a, cnt, out, n) == (int)n);
+        FZ_CHECK(same_but_pad(in, out, cnt, KV_PROTO_REQ_ITEM, 2, 4, 0, 0));
+        size_t got2 = cnt;
+        FZ_CHECK(kv__batch_decode(out, n, b, &got2) == KV_OK && got2 == cnt);
+        for (size_t i = 0; i < cnt; i++)
+            FZ_CHECK(req_equal(&a[i], &b[i]));
+    }
+    free(a);
+    free(b);
+    free(out);
+}
+
+static void batch_r_case(const uint8_t *in, size_t n)
+{
+    size_t cnt;
+    if (kv__batch_count(in, n, KV_PROTO_RESP_ITEM, &cnt) != KV_OK)
+        return;
+    struct kv__wire_resp *a = calloc(cnt + 1, sizeof *a), *b = calloc(cnt + 1, sizeof *b);
+    uint8_t *out = malloc(n);
+    FZ_CHECK(a && b && out);
+    size_t got = cnt;
+    if (kv__batch_r_decode(in, n, a, &got) == KV_OK) {
+        FZ_CHECK(got == cnt);
+        for (size_t i = 0; i < cnt; i++)
+            FZ_CHECK(kv__status_valid(a[i].status) && a[i].hit <= 1 &&
+                     a[i].len <= KV_VALUE_MAX);
+        if (cnt) {
+            size_t small = cnt - 1;
+            FZ_CHECK(kv__batch_r_decode(in, n, b, &small) == KV_EPROTO);
+        }
+        FZ_CHECK(kv__batch_r_encode(a, cnt, out, n) == (int)n);
+        FZ_CHECK(same_but_pad(in, out, cnt, KV_PROTO_RESP_ITEM, 5, 8, 28, 32));
+        size_t got2 = cnt;
+        FZ_CHECK(kv__batch_r_decode(out, n, b, &got2) == KV_OK && got2 == cnt);
+        for (size_t i = 0; i < cnt; i++)
+            FZ_CHECK(resp_equal(&a[i], &b[i]));
+    }
+    free(a);
+    free(b);
+    free(out);
+}
+
+static void hello_case(const uint8_t *in, size_t n)
+{
+    char tok[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1];
+    char tok2[KV_PROTO_ID_MAX + 1], id2[KV_PROTO_ID_MAX + 1];
+    if (kv__hello_decode(in, n, tok, sizeof tok, id, sizeof id) != KV_OK)
+        return;
+    uint8_t out[2 * (KV_PROTO_ID_MAX + 2)];
+    int len = kv__hello_encode(tok, id, out, sizeof out);
+    FZ_CHECK(len == (int)n && memcmp(out, in, n) == 0);
+    FZ_CHECK(kv__hello_decode(out, (size_t)len, tok2, sizeof tok2, id2, sizeof id2) == KV_OK);
+    FZ_CHECK(strcmp(tok, tok2) == 0 && strcmp(id, id2) == 0);
+    /* A buffer one byte short must be refused. */
+    FZ_CHECK(kv__hello_encode(tok, id, out, n - 1) == KV_ENOBUFS);
+}
+
+static int member_equal(const struct kv__member *a, const struct kv__member *b)
+{
+    if (strcmp(a->id, b->id) || strcmp(a->addr, b->addr) || a->flags != b->flags ||
+        a->nseg != b->nseg)
+        return 0;
+    for (uint32_t i = 0; i < a->nseg; i++)
+        if (a->seg[i].base != b->seg[i].base || a->seg[i].len != b->seg[i].len ||
+            a->seg[i].rkey != b->seg[i].rkey)
+            return 0;
+    return 1;
+}
+
+static void join_case(const uint8_t *in, size_t n)
+{
+    char tok[KV_PROTO_ID_MAX + 1], tok2[KV_PROTO_ID_MAX + 1];
+    static struct kv__member m, m2;
+    if (kv__join_decode(in, n, tok, sizeof tok, &m) != KV_OK)
+        return;
+    FZ_CHECK(m.id[0] && m.nseg <= KV_PROTO_SEG_MAX);
+    FZ_CHECK(2 + strlen(tok) + kv__member_wire_len(&m) == n);
+    uint8_t *out = malloc(n);
+    FZ_CHECK(out);
+    int len = kv__join_encode(tok, &m, out, n);
+    FZ_CHECK(len == (int)n && memcmp(out, in, n) == 0);
+    FZ_CHECK(kv__join_decode(out, n, tok2, sizeof tok2, &m2) == KV_OK);
+    FZ_CHECK(strcmp(tok, tok2) == 0 && member_equal(&m, &m2));
+    FZ_CHECK(kv__join_encode(tok, &m, out, n - 1) < 0);
+    free(out);
+}
+
+static void view_case(const uint8_t *in, size_t n)
+{
+    uint64_t ver, ver2;
+    struct kv__member *m, *m2;
+    size_t cnt, cnt2;
+    if (kv__view_decode(in, n, &ver, &m, &cnt) != KV_OK) {
+        FZ_CHECK(m == NULL && cnt == 0);
+        return;
+    }
+    FZ_CHECK(cnt <= KV_PROTO_VIEW_MAX);
+    size_t want = 12;
+    for (size_t i = 0; i < cnt; i++)
+        want += kv__member_wire_len(&m[i]);
+    FZ_CHECK(want == n);
+    uint8_t *out = malloc(n);
+    FZ_CHECK(out);
+    int len = kv__view_encode(ver, m, cnt, out, n);
+    FZ_CHECK(len == (int)n && memcmp(out, in, n) == 0);
+    FZ_CHECK(kv__view_decode(out, n, &ver2, &m2, &cnt2) == KV_OK);
+    FZ_CHECK(ver == ver2 && cnt == cnt2);
+    for (size_t i = 0; i < cnt; i++)
+        FZ_CHECK(member_equal(&m[i], &m2[i]));
+    free(m);
+    free(m2);
+    free(out);
+}
+
+static void count_case(const uint8_t *in, size_t n)
+{
+    static const size_t items[] = { KV_PROTO_REQ_ITEM, KV_PROTO_RESP_ITEM, 1, 20 };
+    for (size_t k = 0; k < sizeof items / sizeof items[0]; k++) {
+        size_t cnt = (size_t)-1;
+        if (kv__batch_count(in, n, items[k], &cnt) == KV_OK)
+            FZ_CHECK(cnt <= KV_PROTO_BATCH_MAX && n == 4 + cnt * items[k] &&
+                     cnt == kv__get32(in));
+        else
+            FZ_CHECK(cnt == (size_t)-1);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    /* An exact-size copy, so ASan sees a read one past the frame. */
+    uint8_t *in = malloc(size - 1 ? size - 1 : 1);
+    FZ_CHECK(in);
+    memcpy(in, data + 1, size - 1);
+    switch (data[0] % SEL_N) {
+    case SEL_HDR:     hdr_case(in, size - 1);     break;
+    case SEL_BATCH:   batch_case(in, size - 1);   break;
+    case SEL_BATCH_R: batch_r_case(in, size - 1); break;
+    case SEL_HELLO:   hello_case(in, size - 1);   break;
+    case SEL_JOIN:    join_case(in, size - 1);    break;
+    case SEL_VIEW:    view_case(in, size - 1);    break;
+    case SEL_COUNT:   count_case(in, size - 1);   break;
+    }
+    free(in);
+    return 0;
+}
+
+/* ---- seeds: frames from the encoders ------------------------------------ */
+
+static void seed(const char *dir, const char *name, int sel, const uint8_t *body, size_t len)
+{
+    uint8_t *buf = malloc(len + 1);
+    FZ_CHECK(buf);
+    buf[0] = (uint8_t)sel;
+    memcpy(buf + 1, body, len);
+    fz_seed(dir, name, buf, len + 1);
+    free(buf);
+}
+
+static void sample_member(struct kv__member *m, int i)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->id, sizeof m->id, "node-%d", i);
+    snprintf(m->addr, sizeof m->addr, "127.0.0.1:%d", 40000 + i);
+    m->flags = KV_MEMBER_OWNER;
+    m->nseg = (uint32_t)i;
+    for (int s = 0; s < i; s++)
+        m->seg[s] = (struct kv__segdesc){ 0x7f0000000000ull + (uint64_t)s * 4096, 1u << 20,
+                                          0x1000u + (uint32_t)s };
+}
+
+static void write_seeds(const char *dir)
+{
+    uint8_t buf[4096];
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = 68, .req_id = 7, .data_len = 4096 };
+    kv__hdr_encode(&h, buf);
+    seed(dir, "hdr-batch", SEL_HDR, buf, KV_PROTO_HDR_LEN);
+    h = (struct kv__hdr){ .type = KV_MSG_HELLO_OK, .status = KV_EPERM, .req_id = 1 };
+    kv__hdr_encode(&h, buf);
+    seed(dir, "hdr-hello-ok", SEL_HDR, buf, KV_PROTO_HDR_LEN);
+
+    struct kv__wire_req rq[3] = {
+        { .kind = KV_OP_LOOKUP, .ns = 0, .id.bytes = { 1, 2, 3 } },
+        { .kind = KV_OP_DUMP, .ns = 0, .index = 1, .id.bytes = { 4 }, .len = 4096 },
+        { .kind = KV_OP_LOAD, .ns = 1, .index = 2, .id.bytes = { 5 }, .len = 100 },
+    };
+    seed(dir, "batch", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 3, buf, sizeof buf));
+    seed(dir, "batch-empty", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 0, buf, sizeof buf));
+    struct kv__wire_resp rs[2] = {
+        { .status = KV_OK, .hit = 1, .len = 4096, .addr = 0x7f00, .rkey = 9, .handle = 3 },
+        { .status = KV_ENOTFOUND },
+    };
+    seed(dir, "batch-r", SEL_BATCH_R, buf, (size_t)kv__batch_r_encode(rs, 2, buf, sizeof buf));
+    seed(dir, "hello", SEL_HELLO, buf, (size_t)kv__hello_encode("secret", "node-1", buf, sizeof buf));
+    seed(dir, "hello-empty", SEL_HELLO, buf, (size_t)kv__hello_encode("", "x", buf, sizeof buf));
+    struct kv__member ms[3];
+    for (int i = 0; i < 3; i++)
+        sample_member(&ms[i], i);
+    seed(dir, "join", SEL_JOIN, buf, (size_t)kv__join_encode("secret", &ms[2], buf, sizeof buf));
+    seed(dir, "view", SEL_VIEW, buf, (size_t)kv__view_encode(42, ms, 3, buf, sizeof buf));
+    seed(dir, "view-empty", SEL_VIEW, buf, (size_t)kv__view_encode(1, ms, 0, buf, sizeof buf));
+    kv__put32(buf, 2);
+    seed(dir, "count", SEL_COUNT, buf, 4 + 2 * KV_PROTO_RESP_ITEM);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    fz_quiet();
+    fz_mkcorpus(write_seeds);
+    return 0;
+}
