@@ -2,14 +2,15 @@
  * cluster.c — the distributed DRAM tier: membership, routing, failover.
  *
  * Key design choice: every routing decision is local. A heartbeat thread
- * keeps a refcounted snapshot of the master's view (the live owners and
+ * keeps a refcounted snapshot of the membership view (the live owners and
  * their HRW seeds); a call takes a reference, computes each shard's owners
  * with placement.c, groups the items by owner, and sends one batch per
  * owner over a pooled connection. Owners are peers that outlive views, so
  * their connection pools survive view changes. A peer whose connection
  * fails is marked down for a short while (PEER_DOWN_MS) and tried last,
  * which is what makes a SIGKILLed replica cost one failed exchange instead
- * of one per call; the master drops it from the view within node_ttl_ms.
+ * of one per call; the membership store (kvmaster or etcd, membership.h)
+ * drops it from the view within node_ttl_ms.
  *
  * How a batch is driven (run_groups): all on the calling thread when it can
  * be. This node's own share runs first, in place (run_local). The remote
@@ -33,9 +34,10 @@
 #include <unistd.h>
 
 #include "cluster.h"
-#include "master.h"
+#include "membership.h"
 #include "placement.h"
 #include "proto.h"
+#include "serve.h"
 #include "transport.h"
 
 #define POOL_MAX 16
@@ -95,7 +97,8 @@ struct kv__cluster {
     struct kv__backend *be;             /* NULL: pure client */
     const struct kv__transport_ops *ops;
     struct kv__transport *t;
-    struct kv__mclient *mc;
+    struct kv__membership *ms;          /* kvmaster or etcd (membership.h) */
+    char where[KV_CFG_STR + 64];        /* the store, for messages */
     struct kv__member self;
     unsigned replicas;
 
@@ -106,10 +109,11 @@ struct kv__cluster {
     struct peer *peers;
 
     pthread_t hb;
-    int hb_started;
+    int hb_started, hb_inited;
     pthread_mutex_t hblock;
     pthread_cond_t hbcond;
     int stopping;
+    int view_dirty;                     /* the store said the view changed */
 
     _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
 
@@ -249,36 +253,58 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     return KV_OK;
 }
 
+/* The store's doorbell (etcd's watch): the heartbeat thread fetches the
+ * view now instead of at its next beat. */
+static void on_view_change(void *arg)
+{
+    struct kv__cluster *c = arg;
+    pthread_mutex_lock(&c->hblock);
+    c->view_dirty = 1;
+    pthread_cond_signal(&c->hbcond);
+    pthread_mutex_unlock(&c->hblock);
+}
+
 static void *hb_main(void *arg)
 {
     struct kv__cluster *c = arg;
-    unsigned every = kv__master_heartbeat_ms(c->cfg.cluster.node_ttl_ms);
+    unsigned every = kv__membership_heartbeat_ms(c->cfg.cluster.node_ttl_ms);
     int failing = 0;
+    uint64_t next = kv__now_ms() + every;
     pthread_mutex_lock(&c->hblock);
     while (!c->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += (long)(every % 1000) * 1000000L;
-        ts.tv_sec += every / 1000 + ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
-        if (c->stopping)
-            break;
+        uint64_t now = kv__now_ms();
+        if (!c->view_dirty && now < next) {
+            struct timespec ts;
+            uint64_t wait = next - now;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+            ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
+            ts.tv_nsec %= 1000000000L;
+            pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
+            continue;
+        }
+        int beat = now >= next;
+        c->view_dirty = 0;
         pthread_mutex_unlock(&c->hblock);
         uint64_t version;
         struct kv__member *m = NULL;
         size_t n = 0;
-        int rc = kv__mclient_join(c->mc, &c->self, &version, &m, &n);
+        int rc;
+        if (beat) {
+            next = now + every;
+            rc = c->ms->ops->heartbeat(c->ms, &c->self, &version, &m, &n);
+        } else {
+            rc = c->ms->ops->view(c->ms, &version, &m, &n);
+        }
         if (rc == KV_OK) {
             if (failing)
-                KV_INFO("cluster: master %s reachable again", c->cfg.cluster.master);
+                KV_INFO("cluster: %s reachable again", c->where);
             failing = 0;
             if (version != c->view->version)   /* only this thread writes it */
                 view_install(c, version, m, n);
-        } else if (!failing++) {
-            KV_WARN("cluster: heartbeat to master %s failed: %s; keeping view %llu",
-                    c->cfg.cluster.master, kv_strerror(rc),
-                    (unsigned long long)c->view->version);
+        } else if (beat && !failing++) {
+            KV_WARN("cluster: heartbeat to %s failed: %s; keeping view %llu", c->where,
+                    kv_strerror(rc), (unsigned long long)c->view->version);
         }
         free(m);
         pthread_mutex_lock(&c->hblock);
@@ -291,6 +317,10 @@ static void *hb_main(void *arg)
 
 static int start(struct kv__cluster *c, char *err, size_t errlen)
 {
+    /* Before the store is opened: its watch may ring from then on. */
+    pthread_mutex_init(&c->hblock, NULL);
+    pthread_cond_init(&c->hbcond, NULL);
+    c->hb_inited = 1;
     pthread_mutex_init(&c->fanlock, NULL);
     pthread_cond_init(&c->fancond, NULL);
     c->fantail = &c->fanq;
@@ -323,16 +353,15 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     if (c->be && (rc = c->ops->listen(c->t, cfg->cluster.listen, bound, sizeof bound, err,
                                       errlen)))
         return rc;
-    if ((rc = kv__mclient_open(cfg->cluster.master, cfg->cluster.token, o.timeout_ms, &c->mc))) {
-        kv__errf(err, errlen, "cluster.master: bad address '%s'", cfg->cluster.master);
-        return KV_ECONFIG;
-    }
+    kv__membership_where(cfg, c->where, sizeof c->where);
+    if ((rc = kv__membership_open(cfg, o.timeout_ms, on_view_change, c, &c->ms, err, errlen)))
+        return rc;
     /* A node bound to the wildcard advertises the address it reaches the
-     * master from: the one its peers can most likely reach it on too. */
+     * membership store from: the one its peers can most likely reach it
+     * on too. */
     char ip[64] = "127.0.0.1";
-    if ((rc = kv__mclient_local_ip(c->mc, ip, sizeof ip))) {
-        kv__errf(err, errlen, "cluster.master %s: unreachable (%s)", cfg->cluster.master,
-                 kv_strerror(rc));
+    if ((rc = c->ms->ops->local_ip(c->ms, ip, sizeof ip))) {
+        kv__errf(err, errlen, "%s: unreachable (%s)", c->where, kv_strerror(rc));
         return rc;
     }
     if (c->be) {
@@ -354,17 +383,17 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     uint64_t version;
     struct kv__member *m = NULL;
     size_t n = 0;
-    if ((rc = kv__mclient_join(c->mc, &c->self, &version, &m, &n))) {
-        kv__errf(err, errlen, "cluster.master %s: %s", cfg->cluster.master,
-                 rc == KV_EPERM ? "refused our cluster.token" : kv_strerror(rc));
+    if ((rc = c->ms->ops->join(c->ms, &c->self, &version, &m, &n))) {
+        kv__errf(err, errlen, "%s: %s", c->where,
+                 rc != KV_EPERM ? kv_strerror(rc)
+                 : cfg->cluster.metadata == KV_META_ETCD ? "refused our cluster.etcd_user"
+                                                         : "refused our cluster.token");
         return rc;
     }
     rc = view_install(c, version, m, n);
     free(m);
     if (rc)
         return rc;
-    pthread_mutex_init(&c->hblock, NULL);
-    pthread_cond_init(&c->hbcond, NULL);
     if (pthread_create(&c->hb, NULL, hb_main, c) != 0) {
         kv__errf(err, errlen, "cluster: cannot start heartbeat thread");
         return KV_ENOMEM;
@@ -447,13 +476,15 @@ void kv__cluster_stop(struct kv__cluster *c)
         pthread_cond_signal(&c->hbcond);
         pthread_mutex_unlock(&c->hblock);
         pthread_join(c->hb, NULL);
-        pthread_mutex_destroy(&c->hblock);
-        pthread_cond_destroy(&c->hbcond);
         /* Leave at once rather than after node_ttl_ms, so that peers stop
          * routing to us now. Best effort. */
-        kv__mclient_leave(c->mc, &c->self);
+        c->ms->ops->leave(c->ms, &c->self);
     }
-    kv__mclient_close(c->mc);
+    kv__membership_close(c->ms);   /* its watch thread ends here */
+    if (c->hb_inited) {
+        pthread_mutex_destroy(&c->hblock);
+        pthread_cond_destroy(&c->hbcond);
+    }
     for (struct peer *p = c->peers, *nx; p; p = nx) {
         nx = p->next;
         if (c->ops)
@@ -481,46 +512,10 @@ static int peer_is_down(struct peer *p)
 }
 
 /* Serves ops on this node's own store: no network, no copies beyond the
- * one into or out of the segment. */
+ * one into or out of the segment (the policy is serve.c's). */
 static void run_local(struct kv__cluster *c, struct kv__op *ops, size_t n)
 {
-    struct kv__backend *be = c->be;
-    for (size_t i = 0; i < n; i++) {
-        struct kv__op *o = &ops[i];
-        switch (o->kind) {
-        case KV_OP_LOOKUP:
-            o->result = be->lookup(be->ctx, o->ns, &o->id, 1, &o->hit);
-            break;
-        case KV_OP_SIZE:
-            o->result = be->size(be->ctx, o->ns, &o->id, o->index, &o->len);
-            break;
-        case KV_OP_LOAD:
-            o->result = be->load(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
-            break;
-        case KV_OP_DUMP: {
-            kv__resv r;
-            uint64_t len = kv__iov_len(o->iov, o->iovcnt), have;
-            if (be->size(be->ctx, o->ns, &o->id, o->index, &have) == KV_OK) {
-                o->result = KV_OK;   /* already stored: skipped, a success */
-                break;
-            }
-            if (be->dump) {   /* one copy either way; no reservation */
-                o->result = be->dump(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
-                break;
-            }
-            o->result = be->reserve(be->ctx, len, &r);
-            if (o->result == KV_OK) {
-                uint8_t *d = r.data;
-                for (uint32_t j = 0; j < o->iovcnt; j++) {
-                    memcpy(d, o->iov[j].base, o->iov[j].len);
-                    d += o->iov[j].len;
-                }
-                o->result = be->commit(be->ctx, &r, o->ns, &o->id, o->index);
-            }
-            break;
-        }
-        }
-    }
+    kv__serve_ops(c->be, ops, n);
 }
 
 /* One owner's share of a batch and the connection it runs on. */

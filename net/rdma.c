@@ -78,6 +78,7 @@
 #include <unistd.h>
 
 #include "proto.h"
+#include "serve.h"
 #include "transport.h"
 
 /* RDMA message types (proto.h leaves 32..63 to this file). None carries
@@ -130,6 +131,7 @@ struct rdma {
     struct kv__transport_base base;
     struct kv__net_opts o;
     struct kv__backend *be;
+    struct kv__serve serve;     /* the policy, and the node's budgets */
     struct ibv_context *ctx;
     struct ibv_pd *pd;
     struct ibv_device_attr dev;
@@ -197,10 +199,10 @@ void kv__rdma_test_bad_rkeys(int n);
 static _Atomic int bad_rkeys;
 void kv__rdma_test_bad_rkeys(int n) { atomic_store(&bad_rkeys, n); }
 
-/* Extra time for bytes moved, at a 10 MiB/s floor, so that a large batch on
- * a slow path is not cut off while a dead peer still fails in one timeout. */
-static uint64_t bytes_ms(uint64_t bytes) { return bytes / ((10u << 20) / 1000u); }
-
+/* Extra time for bytes moved, at the floor rate of serve.h, so that a large
+ * batch on a slow path is not cut off while a dead peer still fails in one
+ * timeout. */
+static uint64_t bytes_ms(uint64_t bytes) { return kv__net_floor_ms(bytes); }
 
 /* Sends a header and a body in one write. */
 static int send_frame(int fd, uint8_t type, uint64_t req_id, int status, const void *body,
@@ -472,27 +474,23 @@ static void prep_item(struct sconn *sc, const struct kv__wire_req *q, struct kv_
     memset(o, 0, sizeof *o);
     switch (q->kind) {
     case KV_OP_LOOKUP:
-        o->status = be->lookup(be->ctx, q->ns, &q->id, 1, &o->hit);
-        return;
     case KV_OP_SIZE:
-        o->status = be->size(be->ctx, q->ns, &q->id, q->index, &o->len);
+        kv__serve_query(&r->serve, q, o);
         return;
     case KV_OP_LOAD: {
         const void *d;
         uint64_t len;
         kv__pin pin;
-        int rc = be->pin ? be->pin(be->ctx, q->ns, &q->id, q->index, &d, &len, &pin) : KV_ENOTFOUND;
-        if (rc == KV_ENOTFOUND) {
-            /* Not in DRAM: a miss, or a value on SSD that BATCH will copy. */
-            o->status = be->size(be->ctx, q->ns, &q->id, q->index, &len);
-            if (o->status == KV_OK && len != q->len)
-                o->status = KV_EINVAL;
-            return;
-        }
-        if (rc != KV_OK || len != q->len || !in_segment(r, d, len)) {
+        int rc = kv__serve_pin(&r->serve, q, &d, &len, &pin);
+        /* Not in DRAM (a value on SSD) or outside the registered segment:
+         * fall back, and BATCH copies it. */
+        if (rc == KV__SERVE_COPY || (rc == KV_OK && !in_segment(r, d, len))) {
             if (rc == KV_OK)
                 be->unpin(be->ctx, &pin);
-            o->status = rc != KV_OK ? rc : len != q->len ? KV_EINVAL : KV_OK;
+            return;
+        }
+        if (rc != KV_OK) {
+            o->status = rc;
             return;
         }
         uint64_t hv = handle_new(sc, KV_OP_LOAD, q);
@@ -506,26 +504,29 @@ static void prep_item(struct sconn *sc, const struct kv__wire_req *q, struct kv_
         return;
     }
     case KV_OP_DUMP: {
-        uint64_t len;
-        if (be->size(be->ctx, q->ns, &q->id, q->index, &len) == KV_OK) {
+        if (!be->reserve || q->len == 0 || !r->nseg) {
+            uint64_t len;
+            o->hit = be->size(be->ctx, q->ns, &q->id, q->index, &len) == KV_OK;
+            return;                     /* stored (hit), or fall back */
+        }
+        struct kv__serve_dump d;
+        kv__serve_dump_begin(&r->serve, q, 0, &d);
+        if (d.how == KV__DUMP_SKIP) {
             o->hit = 1;                 /* already stored: nothing to send */
             return;
         }
-        if (!be->reserve || q->len == 0 || !r->nseg)
-            return;
-        kv__resv rv;
-        int rc = be->reserve(be->ctx, q->len, &rv);
-        if (rc != KV_OK) {
-            o->status = rc;
+        if (d.how != KV__DUMP_RESV) {
+            o->status = d.status;
             return;
         }
-        uint64_t hv = in_segment(r, rv.data, rv.len) ? handle_new(sc, KV_OP_DUMP, q) : 0;
+        uint64_t hv = in_segment(r, d.resv.data, d.resv.len) ? handle_new(sc, KV_OP_DUMP, q) : 0;
         if (!hv) {
-            be->abort(be->ctx, &rv);
+            kv__serve_dump_abort(&r->serve, &d);
             return;
         }
-        sc->h[(uint32_t)hv].resv = rv;
-        *o = (struct kv__wire_resp){ .status = KV_OK, .len = q->len, .addr = (uintptr_t)rv.data,
+        sc->h[(uint32_t)hv].resv = d.resv;
+        *o = (struct kv__wire_resp){ .status = KV_OK, .len = q->len,
+                                     .addr = (uintptr_t)d.resv.data,
                                      .rkey = r->seg[0].rkey, .handle = hv };
         return;
     }
@@ -610,20 +611,17 @@ static int on_commit(struct sconn *sc, const struct kv__hdr *h, const uint8_t *b
  * bytes inline in the answer. The fallback for what RDMA cannot reach. */
 static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *body)
 {
-    struct kv__backend *be = sc->r->be;
+    struct kv__serve *sv = &sc->r->serve;
+    struct kv__serve_out out = { 0 };
     size_t n;
     if (kv__batch_count(body, h->body_len, KV_PROTO_REQ_ITEM, &n))
         return KV_EPROTO;
     struct kv__wire_req *q = malloc((n ? n : 1) * sizeof *q);
     struct kv__wire_resp *o = calloc(n ? n : 1, sizeof *o);
-    struct iovec *iov = malloc((n + 1) * sizeof *iov);
-    void **bufs = calloc(n ? n : 1, sizeof *bufs);
-    kv__pin *pins = malloc((n ? n : 1) * sizeof *pins);
-    uint8_t *out = malloc(KV_PROTO_HDR_LEN + kv__batch_r_body_len(n));
-    size_t npins = 0, k = 1;
-    uint64_t sum = 0, data = 0;
+    uint8_t *hb = malloc(KV_PROTO_HDR_LEN + kv__batch_r_body_len(n));
+    uint64_t sum = 0;
     int rc = KV_ENOMEM;
-    if (!q || !o || !iov || !bufs || !pins || !out)
+    if (!q || !o || !hb)
         goto out;
     if ((rc = kv__batch_decode(body, h->body_len, q, &n)))
         goto out;
@@ -637,99 +635,44 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
     for (size_t i = 0; i < n; i++) {
         if (q[i].kind != KV_OP_DUMP)
             continue;
-        /* A shard already stored is skipped (and counts as success): its
-         * bytes are drained rather than given room that could evict others.
-         * Without a segment (an SSD-only node) they go through a bounce
-         * buffer to backend->dump. */
-        kv__resv rv;
-        uint64_t have;
-        void *in = NULL;
-        int st = KV_OK, ok = 0;
-        if (be->size(be->ctx, q[i].ns, &q[i].id, q[i].index, &have) != KV_OK) {
-            st = be->reserve(be->ctx, q[i].len, &rv);
-            ok = st == KV_OK;
-            if (!ok && be->dump && !be->seg_len && q[i].len <= KV_NET_BOUNCE_MAX &&
-                (in = malloc(q[i].len ? q[i].len : 1)))
-                st = KV_OK;
-            if (st != KV_OK && st != KV_ENOMEM)
-                st = KV_ENOSPC;
-        }
-        o[i].status = st;
+        struct kv__serve_dump d;
+        kv__serve_dump_begin(sv, &q[i], 1, &d);
         for (uint64_t got = 0; got < q[i].len;) {
             uint64_t l = q[i].len - got;
-            void *dst = ok ? (uint8_t *)rv.data + got : in ? (uint8_t *)in + got : sc->discard;
-            if (!ok && !in && l > DISCARD_LEN)
-                l = DISCARD_LEN;
+            void *dst = kv__serve_dump_dst(&d, got);
+            if (!dst) {
+                dst = sc->discard;
+                l = l > DISCARD_LEN ? DISCARD_LEN : l;
+            }
             if ((rc = kv__sock_xfer1(sc->fd, dst, (size_t)l, 0, sc->deadline))) {
-                if (ok)
-                    be->abort(be->ctx, &rv);
-                free(in);
+                kv__serve_dump_abort(sv, &d);
                 goto out;
             }
             got += l;
         }
-        if (ok) {
-            o[i].status = be->commit(be->ctx, &rv, q[i].ns, &q[i].id, q[i].index);
-        } else if (in) {
-            kv_iov v = { in, q[i].len };
-            o[i].status = be->dump(be->ctx, q[i].ns, &q[i].id, q[i].index, &v, 1);
-            free(in);
-        }
+        o[i].status = kv__serve_dump_end(sv, &q[i], &d);
     }
-    for (size_t i = 0; i < n; i++) {
-        if (q[i].kind == KV_OP_LOOKUP) {
-            o[i].status = be->lookup(be->ctx, q[i].ns, &q[i].id, 1, &o[i].hit);
-        } else if (q[i].kind == KV_OP_SIZE) {
-            o[i].status = be->size(be->ctx, q[i].ns, &q[i].id, q[i].index, &o[i].len);
-        } else if (q[i].kind == KV_OP_LOAD) {
-            const void *d = NULL;
-            uint64_t len = 0;
-            int st = be->pin ? be->pin(be->ctx, q[i].ns, &q[i].id, q[i].index, &d, &len, &pins[npins])
-                             : KV_ENOTFOUND;
-            if (st == KV_OK && len != q[i].len) {
-                be->unpin(be->ctx, &pins[npins]);
-                st = KV_EINVAL;
-            } else if (st == KV_OK) {
-                npins++;
-            } else if (st == KV_ENOTFOUND) {
-                st = be->size(be->ctx, q[i].ns, &q[i].id, q[i].index, &len);
-                if (st == KV_OK && len != q[i].len)
-                    st = KV_EINVAL;
-                if (st == KV_OK && !(bufs[i] = malloc(len ? len : 1)))
-                    st = KV_ENOMEM;
-                if (st == KV_OK) {
-                    kv_iov v = { bufs[i], len };
-                    st = be->load(be->ctx, q[i].ns, &q[i].id, q[i].index, &v, 1);
-                    d = bufs[i];
-                }
-            }
-            o[i].status = st;
-            if (st == KV_OK) {
-                o[i].len = len;
-                iov[k++] = (struct iovec){ (void *)d, len };
-                data += len;
-            }
-        }
-    }
+    if ((rc = kv__serve_items(sv, q, o, n, &out)))
+        goto out;
     size_t blen = kv__batch_r_body_len(n);
     struct kv__hdr rh = { .type = KV_MSG_BATCH_R, .req_id = h->req_id,
-                          .body_len = (uint32_t)blen, .data_len = data };
-    kv__hdr_encode(&rh, out);
-    kv__batch_r_encode(o, n, out + KV_PROTO_HDR_LEN, blen);
-    iov[0] = (struct iovec){ out, KV_PROTO_HDR_LEN + blen };
-    sc->deadline += bytes_ms(data);
-    rc = kv__sock_xfer(sc->fd, iov, k, 1, sc->deadline);
+                          .body_len = (uint32_t)blen, .data_len = out.data };
+    kv__hdr_encode(&rh, hb);
+    kv__batch_r_encode(o, n, hb + KV_PROTO_HDR_LEN, blen);
+    out.iov[0] = (struct iovec){ hb, KV_PROTO_HDR_LEN + blen };
+    sc->deadline += bytes_ms(out.data);
+    for (size_t at = 0, cnt; rc == KV_OK && at < out.cnt; at += cnt) {
+        if ((rc = kv__serve_out_ready(sv, q, &out, at, &cnt))) {
+            KV_WARN("rdma: a value went away while its response was being sent; closing");
+            break;
+        }
+        rc = kv__sock_xfer(sc->fd, out.iov + at, cnt, 1, sc->deadline);
+    }
 out:
-    for (size_t i = 0; i < npins; i++)
-        be->unpin(be->ctx, &pins[i]);
-    for (size_t i = 0; bufs && i < n; i++)
-        free(bufs[i]);
+    kv__serve_out_free(sv, &out);
     free(q);
     free(o);
-    free(iov);
-    free(bufs);
-    free(pins);
-    free(out);
+    free(hb);
     return rc;
 }
 
@@ -802,7 +745,7 @@ static void *sconn_main(void *arg)
                         kv__hello_decode(body, h.body_len, token, sizeof token, id, sizeof id)))
         rc = KV_EPROTO;
     free(body);
-    if (rc == KV_OK && strcmp(token, r->o.token) != 0) {
+    if (rc == KV_OK && !kv__token_eq(token, r->o.token)) {
         KV_WARN("rdma: refused a connection from '%s': wrong cluster token", id);
         send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_EPERM, NULL, 0, 0, sc->deadline);
         rc = KV_EPERM;
@@ -951,6 +894,7 @@ static int rdma_create(const struct kv__net_opts *o, struct kv__backend *be,
     if (!r->o.timeout_ms)
         r->o.timeout_ms = KV_NET_DEFAULT_TIMEOUT_MS;
     r->be = be;
+    kv__serve_init(&r->serve, be);
     r->lfd = -1;
     pthread_rwlock_init(&r->buf_lock, NULL);
     pthread_mutex_init(&r->lock, NULL);

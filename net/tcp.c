@@ -46,6 +46,7 @@
 #include <arpa/inet.h>
 
 #include "proto.h"
+#include "serve.h"
 #include "transport.h"
 
 #define TCP_LOOPS_MAX 8
@@ -73,17 +74,11 @@ struct sconn {
     size_t cur;                     /* dump item receiving data */
     int cur_started;
     uint64_t cur_got;
-    kv__resv resv;
-    int resv_ok;
-    void *inbounce;                 /* dump bytes for backend->dump */
-    /* the response being written */
+    struct kv__serve_dump dump;     /* where that item's bytes go */
+    /* the response being written: out.iov[0] is obuf */
     uint8_t *obuf;
-    struct iovec *oiov;
-    size_t oiovcnt, oidx;
-    kv__pin *pins;
-    size_t npins;
-    void **bounce;
-    size_t nbounce;
+    struct kv__serve_out out;
+    size_t oidx;
 };
 
 struct loop {
@@ -100,6 +95,7 @@ struct tcp {
     struct kv__transport_base base;
     struct kv__net_opts o;
     struct kv__backend *be;
+    struct kv__serve serve;         /* the policy, and the node's budgets */
     int lfd;
     int nloops;
     struct loop loops[TCP_LOOPS_MAX];
@@ -126,26 +122,16 @@ static ssize_t send_iov(int fd, struct iovec *iov, size_t cnt)
 
 static void release_response(struct sconn *sc)
 {
-    struct kv__backend *be = sc->lp->t->be;
-    for (size_t i = 0; i < sc->npins; i++)
-        be->unpin(be->ctx, &sc->pins[i]);
-    for (size_t i = 0; i < sc->nbounce; i++)
-        free(sc->bounce[i]);
-    free(sc->pins);
-    free(sc->bounce);
+    kv__serve_out_free(&sc->lp->t->serve, &sc->out);
     free(sc->obuf);
-    free(sc->oiov);
     free(sc->req);
     free(sc->resp);
     free(sc->body);
-    sc->pins = NULL;
-    sc->bounce = NULL;
     sc->obuf = NULL;
-    sc->oiov = NULL;
     sc->req = NULL;
     sc->resp = NULL;
     sc->body = NULL;
-    sc->npins = sc->nbounce = sc->oiovcnt = sc->oidx = sc->n = 0;
+    sc->oidx = sc->n = 0;
 }
 
 /* Takes sc off its loop's list of connections. */
@@ -166,9 +152,8 @@ static void sconn_close(struct sconn *sc)
     struct loop *lp = sc->lp;
     epoll_ctl(lp->epfd, EPOLL_CTL_DEL, sc->fd, NULL);
     close(sc->fd);
-    if (sc->cur_started && sc->resv_ok)
-        lp->t->be->abort(lp->t->be->ctx, &sc->resv);
-    free(sc->inbounce);
+    if (sc->cur_started)
+        kv__serve_dump_abort(&lp->t->serve, &sc->dump);
     release_response(sc);
     conn_unlink(lp, sc);
     free(sc);
@@ -183,11 +168,17 @@ static void set_events(struct sconn *sc, uint32_t ev)
 /* Writes what it can of the response; 1 when the connection was closed. */
 static int try_write(struct sconn *sc)
 {
-    while (sc->oidx < sc->oiovcnt) {
-        size_t cnt = sc->oiovcnt - sc->oidx;
+    struct kv__serve_out *out = &sc->out;
+    while (sc->oidx < out->cnt) {
+        size_t cnt;
+        if (kv__serve_out_ready(&sc->lp->t->serve, sc->req, out, sc->oidx, &cnt)) {
+            KV_WARN("tcp: a value went away while its response was being sent; closing");
+            sconn_close(sc);
+            return 1;
+        }
         if (cnt > IOV_MAX)
             cnt = IOV_MAX;
-        ssize_t w = send_iov(sc->fd, sc->oiov + sc->oidx, cnt);
+        ssize_t w = send_iov(sc->fd, out->iov + sc->oidx, cnt);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -200,8 +191,8 @@ static int try_write(struct sconn *sc)
         }
         size_t left = (size_t)w;
         sc->progress_ms = kv__now_ms();
-        while (left && sc->oidx < sc->oiovcnt) {
-            struct iovec *v = &sc->oiov[sc->oidx];
+        while (left && sc->oidx < out->cnt) {
+            struct iovec *v = &out->iov[sc->oidx];
             if (left >= v->iov_len) {
                 left -= v->iov_len;
                 sc->oidx++;
@@ -211,7 +202,8 @@ static int try_write(struct sconn *sc)
                 left = 0;
             }
         }
-        while (sc->oidx < sc->oiovcnt && sc->oiov[sc->oidx].iov_len == 0)
+        while (sc->oidx < out->cnt && out->iov[sc->oidx].iov_len == 0 &&
+               !out->item[sc->oidx])
             sc->oidx++;
     }
     release_response(sc);
@@ -230,14 +222,15 @@ static int respond_simple(struct sconn *sc, uint8_t type, int status)
 {
     struct kv__hdr h = { .type = type, .status = status, .req_id = sc->h.req_id };
     sc->obuf = malloc(KV_PROTO_HDR_LEN);
-    sc->oiov = malloc(sizeof *sc->oiov);
-    if (!sc->obuf || !sc->oiov) {
+    sc->out.iov = malloc(sizeof *sc->out.iov);
+    sc->out.item = calloc(1, sizeof *sc->out.item);
+    if (!sc->obuf || !sc->out.iov || !sc->out.item) {
         sconn_close(sc);
         return 1;
     }
     kv__hdr_encode(&h, sc->obuf);
-    sc->oiov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN };
-    sc->oiovcnt = 1;
+    sc->out.iov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN };
+    sc->out.cnt = 1;
     sc->oidx = 0;
     sc->state = S_WRITE;
     return try_write(sc);
@@ -252,7 +245,7 @@ static int on_hello(struct sconn *sc)
     }
     free(sc->body);
     sc->body = NULL;
-    if (strcmp(token, sc->lp->t->o.token) != 0) {
+    if (!kv__token_eq(token, sc->lp->t->o.token)) {
         KV_WARN("tcp: refused a connection from '%s': wrong cluster token", id);
         sc->close_after = 1;
         return respond_simple(sc, KV_MSG_HELLO_OK, KV_EPERM);
@@ -264,77 +257,18 @@ static int on_hello(struct sconn *sc)
 /* Serves the non-dump items once all dump data is in, then responds. */
 static int finish_batch(struct sconn *sc)
 {
-    struct kv__backend *be = sc->lp->t->be;
-    size_t n = sc->n, nload = 0;
-    for (size_t i = 0; i < n; i++)
-        nload += sc->req[i].kind == KV_OP_LOAD;
-    size_t blen = kv__batch_r_body_len(n);
+    size_t n = sc->n, blen = kv__batch_r_body_len(n);
     sc->obuf = malloc(KV_PROTO_HDR_LEN + blen);
-    sc->oiov = malloc((1 + nload) * sizeof *sc->oiov);
-    sc->pins = nload ? malloc(nload * sizeof *sc->pins) : NULL;
-    sc->bounce = nload ? malloc(nload * sizeof *sc->bounce) : NULL;
-    if (!sc->obuf || !sc->oiov || (nload && (!sc->pins || !sc->bounce))) {
+    if (!sc->obuf ||
+        kv__serve_items(&sc->lp->t->serve, sc->req, sc->resp, n, &sc->out) != KV_OK) {
         sconn_close(sc);
         return 1;
     }
-    size_t oc = 1;
-    uint64_t data = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct kv__wire_req *q = &sc->req[i];
-        struct kv__wire_resp *r = &sc->resp[i];
-        switch (q->kind) {
-        case KV_OP_LOOKUP:
-            r->status = be->lookup(be->ctx, q->ns, &q->id, 1, &r->hit);
-            break;
-        case KV_OP_SIZE:
-            r->status = be->size(be->ctx, q->ns, &q->id, q->index, &r->len);
-            break;
-        case KV_OP_LOAD: {
-            const void *d = NULL;
-            uint64_t len = 0;
-            kv__pin pin;
-            int rc = be->pin ? be->pin(be->ctx, q->ns, &q->id, q->index, &d, &len, &pin)
-                             : KV_ENOTFOUND;
-            if (rc == KV_OK) {
-                if (len != q->len) {
-                    be->unpin(be->ctx, &pin);
-                    rc = KV_EINVAL;
-                } else {
-                    sc->pins[sc->npins++] = pin;
-                }
-            } else if (rc == KV_ENOTFOUND) {
-                /* Not in DRAM: maybe on SSD; copy through a bounce buffer. */
-                rc = be->size(be->ctx, q->ns, &q->id, q->index, &len);
-                if (rc == KV_OK && len != q->len)
-                    rc = KV_EINVAL;
-                void *b = NULL;
-                if (rc == KV_OK && !(b = malloc(len ? len : 1)))
-                    rc = KV_ENOMEM;
-                if (rc == KV_OK) {
-                    kv_iov v = { b, len };
-                    rc = be->load(be->ctx, q->ns, &q->id, q->index, &v, 1);
-                    sc->bounce[sc->nbounce++] = b;
-                    d = b;
-                }
-            }
-            r->status = rc;
-            if (rc == KV_OK) {
-                r->len = len;
-                sc->oiov[oc++] = (struct iovec){ (void *)d, len };
-                data += len;
-            }
-            break;
-        }
-        default:
-            break;   /* dumps were served while their data arrived */
-        }
-    }
     struct kv__hdr h = { .type = KV_MSG_BATCH_R, .req_id = sc->h.req_id,
-                         .body_len = (uint32_t)blen, .data_len = data };
+                         .body_len = (uint32_t)blen, .data_len = sc->out.data };
     kv__hdr_encode(&h, sc->obuf);
     kv__batch_r_encode(sc->resp, n, sc->obuf + KV_PROTO_HDR_LEN, blen);
-    sc->oiov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN + blen };
-    sc->oiovcnt = oc;
+    sc->out.iov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN + blen };
     sc->oidx = 0;
     sc->state = S_WRITE;
     return try_write(sc);
@@ -403,39 +337,19 @@ static ssize_t sconn_read(struct sconn *sc, void *p, size_t want)
  * input, 2 when the batch moved on to writing. */
 static int on_data(struct sconn *sc)
 {
-    struct kv__backend *be = sc->lp->t->be;
+    struct kv__serve *sv = &sc->lp->t->serve;
     for (;;) {
         if (sc->cur >= sc->n)
             return finish_batch(sc) ? 1 : 2;
         struct kv__wire_req *q = &sc->req[sc->cur];
         if (!sc->cur_started) {
-            /* A shard already stored is skipped (it counts as success):
-             * drain its bytes rather than reserve room, which could evict
-             * other blocks for nothing. Commit still resolves races. */
-            uint64_t have;
-            if (be->size(be->ctx, q->ns, &q->id, q->index, &have) == KV_OK) {
-                sc->resv_ok = 0;
-                sc->resp[sc->cur].status = KV_OK;
-            } else {
-                int rc = be->reserve(be->ctx, q->len, &sc->resv);
-                sc->resv_ok = rc == KV_OK;
-                /* No segment (SSD only): copy in through a bounce buffer. */
-                if (rc != KV_OK && be->dump && !be->seg_len && q->len <= KV_NET_BOUNCE_MAX &&
-                    (sc->inbounce = malloc(q->len ? q->len : 1)))
-                    rc = KV_OK;
-                sc->resp[sc->cur].status = rc == KV_OK ? KV_OK : rc == KV_ENOMEM ? KV_ENOMEM
-                                                                                 : KV_ENOSPC;
-            }
+            kv__serve_dump_begin(sv, q, 1, &sc->dump);
             sc->cur_started = 1;
         }
         while (sc->cur_got < q->len) {
             uint64_t left = q->len - sc->cur_got;
-            void *dst;
-            if (sc->resv_ok) {
-                dst = (uint8_t *)sc->resv.data + sc->cur_got;
-            } else if (sc->inbounce) {
-                dst = (uint8_t *)sc->inbounce + sc->cur_got;
-            } else {
+            void *dst = kv__serve_dump_dst(&sc->dump, sc->cur_got);
+            if (!dst) {
                 dst = sc->lp->discard;
                 if (left > DISCARD_LEN)
                     left = DISCARD_LEN;
@@ -447,16 +361,7 @@ static int on_data(struct sconn *sc)
                 return r == 0 ? 0 : 1;
             sc->cur_got += (uint64_t)r;
         }
-        if (sc->resv_ok) {
-            sc->resv_ok = 0;
-            sc->resp[sc->cur].status =
-                be->commit(be->ctx, &sc->resv, q->ns, &q->id, q->index);
-        } else if (sc->inbounce) {
-            kv_iov v = { sc->inbounce, q->len };
-            sc->resp[sc->cur].status = be->dump(be->ctx, q->ns, &q->id, q->index, &v, 1);
-            free(sc->inbounce);
-            sc->inbounce = NULL;
-        }
+        sc->resp[sc->cur].status = kv__serve_dump_end(sv, q, &sc->dump);
         sc->cur++;
         next_dump(sc);
     }
@@ -655,6 +560,7 @@ static int tcp_create(const struct kv__net_opts *o, struct kv__backend *be,
     if (!t->o.timeout_ms)
         t->o.timeout_ms = KV_NET_DEFAULT_TIMEOUT_MS;
     t->be = be;
+    kv__serve_init(&t->serve, be);
     t->lfd = -1;
     snprintf(t->id, sizeof t->id, "pid-%ld", (long)getpid());
     *out = (struct kv__transport *)t;
@@ -736,11 +642,9 @@ struct dl {
     unsigned idle;
 };
 
-#define DL_FLOOR_BYTES_PER_MS (10u << 10)   /* 10 MiB/s */
-
 static struct dl dl_make(unsigned timeout_ms, uint64_t bytes)
 {
-    return (struct dl){ .end = kv__now_ms() + timeout_ms + bytes / DL_FLOOR_BYTES_PER_MS,
+    return (struct dl){ .end = kv__now_ms() + timeout_ms + kv__net_floor_ms(bytes),
                         .idle = timeout_ms };
 }
 

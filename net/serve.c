@@ -1,0 +1,289 @@
+/*
+ * serve.c — the serving policy of serve.h: one place that decides how a
+ * node answers lookups, sizes, loads and dumps, for every transport and for
+ * the cluster's own share of a batch.
+ *
+ * Key design choice: the policy works on decoded items (struct kv__wire_req)
+ * and hands the transports only what they cannot share — where bytes go
+ * (kv__serve_dump_dst), what to send (struct kv__serve_out) — so tcp's
+ * nonblocking state machine and rdma's blocking threads move bytes their
+ * own way over the same decisions.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve.h"
+
+void kv__serve_init(struct kv__serve *s, struct kv__backend *be)
+{
+    s->be = be;
+    atomic_store(&s->bounce_used, 0);
+    s->bounce_cap = KV__SERVE_BOUNCE_NODE;
+}
+
+int kv__token_eq(const char *given, const char *want)
+{
+    size_t lg = strlen(given), lw = strlen(want);
+    /* Every byte of want is read and compared whatever the mismatches: the
+     * accumulator, not a branch, carries the result. */
+    volatile unsigned char diff = lg != lw;
+    for (size_t i = 0; i < lw; i++)
+        diff |= (unsigned char)want[i] ^ (unsigned char)(i < lg ? given[i] : 0);
+    return diff == 0;
+}
+
+void *kv__serve_bounce_get(struct kv__serve *s, uint64_t len)
+{
+    uint64_t want = len ? len : 1;
+    uint64_t used = atomic_fetch_add(&s->bounce_used, want);
+    void *p = used + want <= s->bounce_cap ? malloc(want) : NULL;
+    if (!p)
+        atomic_fetch_sub(&s->bounce_used, want);
+    return p;
+}
+
+void kv__serve_bounce_put(struct kv__serve *s, void *p, uint64_t len)
+{
+    if (!p)
+        return;
+    free(p);
+    atomic_fetch_sub(&s->bounce_used, len ? len : 1);
+}
+
+static int present(struct kv__backend *be, int ns, const kv_block_id *id, uint32_t index)
+{
+    uint64_t have;
+    return be->size(be->ctx, ns, id, index, &have) == KV_OK;
+}
+
+/* ---- loads, lookups, sizes -------------------------------------------- */
+
+void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct kv__wire_resp *r)
+{
+    struct kv__backend *be = s->be;
+    if (q->kind == KV_OP_LOOKUP)
+        r->status = be->lookup(be->ctx, q->ns, &q->id, 1, &r->hit);
+    else
+        r->status = be->size(be->ctx, q->ns, &q->id, q->index, &r->len);
+}
+
+int kv__serve_pin(struct kv__serve *s, const struct kv__wire_req *q, const void **d,
+                  uint64_t *len, kv__pin *pin)
+{
+    struct kv__backend *be = s->be;
+    int rc = be->pin ? be->pin(be->ctx, q->ns, &q->id, q->index, d, len, pin) : KV_ENOTFOUND;
+    if (rc == KV_OK && *len != q->len) {
+        be->unpin(be->ctx, pin);
+        return KV_EINVAL;
+    }
+    if (rc != KV_ENOTFOUND)
+        return rc;
+    /* Not in DRAM: maybe on SSD, to be copied. */
+    rc = be->size(be->ctx, q->ns, &q->id, q->index, len);
+    if (rc == KV_OK && *len != q->len)
+        return KV_EINVAL;
+    return rc == KV_OK ? KV__SERVE_COPY : rc;
+}
+
+int kv__serve_items(struct kv__serve *s, const struct kv__wire_req *req,
+                    struct kv__wire_resp *resp, size_t n, struct kv__serve_out *out)
+{
+    struct kv__backend *be = s->be;
+    size_t nload = 0;
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < n; i++)
+        nload += req[i].kind == KV_OP_LOAD;
+    out->iov = malloc((1 + nload) * sizeof *out->iov);
+    out->item = calloc(1 + nload, sizeof *out->item);
+    out->pins = nload ? malloc(nload * sizeof *out->pins) : NULL;
+    out->bufs = nload ? calloc(nload, sizeof *out->bufs) : NULL;
+    if (!out->iov || !out->item || (nload && (!out->pins || !out->bufs)))
+        return KV_ENOMEM;
+    out->cnt = 1;
+    for (size_t i = 0; i < n; i++) {
+        const struct kv__wire_req *q = &req[i];
+        struct kv__wire_resp *r = &resp[i];
+        switch (q->kind) {
+        case KV_OP_LOOKUP:
+        case KV_OP_SIZE:
+            kv__serve_query(s, q, r);
+            break;
+        case KV_OP_LOAD: {
+            const void *d = NULL;
+            uint64_t len = 0;
+            kv__pin pin;
+            int rc = kv__serve_pin(s, q, &d, &len, &pin);
+            if (rc == KV_OK) {
+                out->pins[out->npins++] = pin;
+            } else if (rc == KV__SERVE_COPY) {
+                void *b = malloc(len ? len : 1);
+                rc = b ? KV_OK : KV_ENOMEM;
+                if (rc == KV_OK) {
+                    kv_iov v = { b, len };
+                    rc = be->load(be->ctx, q->ns, &q->id, q->index, &v, 1);
+                    out->bufs[out->nbufs++] = b;
+                    d = b;
+                }
+            }
+            r->status = rc;
+            if (rc == KV_OK) {
+                r->len = len;
+                out->iov[out->cnt++] = (struct iovec){ (void *)d, len };
+                out->data += len;
+            }
+            break;
+        }
+        default:
+            break;      /* dumps are served as their bytes arrive */
+        }
+    }
+    return KV_OK;
+}
+
+int kv__serve_out_ready(struct kv__serve *s, const struct kv__wire_req *req,
+                        struct kv__serve_out *out, size_t at, size_t *cnt)
+{
+    *cnt = out->cnt - at;
+    return KV_OK;
+}
+
+void kv__serve_out_free(struct kv__serve *s, struct kv__serve_out *out)
+{
+    struct kv__backend *be = s->be;
+    for (size_t i = 0; i < out->npins; i++)
+        be->unpin(be->ctx, &out->pins[i]);
+    for (size_t i = 0; i < out->nbufs; i++)
+        free(out->bufs[i]);
+    free(out->bufs);
+    free(out->pins);
+    free(out->iov);
+    free(out->item);
+    memset(out, 0, sizeof *out);
+}
+
+/* ---- dumps from the wire ---------------------------------------------- */
+
+void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int bounce_ok,
+                          struct kv__serve_dump *d)
+{
+    struct kv__backend *be = s->be;
+    memset(d, 0, sizeof *d);
+    /* A shard already stored is skipped (it counts as success): its bytes
+     * are drained rather than given room, which could evict other blocks
+     * for nothing. Commit still resolves races. */
+    if (present(be, q->ns, &q->id, q->index)) {
+        d->how = KV__DUMP_SKIP;
+        return;
+    }
+    int rc = be->reserve ? be->reserve(be->ctx, q->len, &d->resv) : KV_ENOSPC;
+    if (rc == KV_OK) {
+        d->how = KV__DUMP_RESV;
+        return;
+    }
+    /* No segment (SSD only): copy in through a bounce buffer. */
+    if (bounce_ok && be->dump && !be->seg_len && q->len <= KV_NET_BOUNCE_MAX &&
+        (d->buf = malloc(q->len ? q->len : 1))) {
+        d->how = KV__DUMP_BOUNCE;
+        return;
+    }
+    d->how = KV__DUMP_DRAIN;
+    d->status = rc == KV_ENOMEM ? KV_ENOMEM : KV_ENOSPC;
+}
+
+void *kv__serve_dump_dst(const struct kv__serve_dump *d, uint64_t got)
+{
+    if (d->how == KV__DUMP_RESV)
+        return (uint8_t *)d->resv.data + got;
+    if (d->how == KV__DUMP_BOUNCE)
+        return (uint8_t *)d->buf + got;
+    return NULL;
+}
+
+int kv__serve_dump_end(struct kv__serve *s, const struct kv__wire_req *q,
+                       struct kv__serve_dump *d)
+{
+    struct kv__backend *be = s->be;
+    if (d->how == KV__DUMP_RESV) {
+        d->status = be->commit(be->ctx, &d->resv, q->ns, &q->id, q->index);
+    } else if (d->how == KV__DUMP_BOUNCE) {
+        kv_iov v = { d->buf, q->len };
+        d->status = be->dump(be->ctx, q->ns, &q->id, q->index, &v, 1);
+        free(d->buf);
+        d->buf = NULL;
+    }
+    d->how = KV__DUMP_DRAIN;
+    return d->status;
+}
+
+void kv__serve_dump_abort(struct kv__serve *s, struct kv__serve_dump *d)
+{
+    if (d->how == KV__DUMP_RESV)
+        s->be->abort(s->be->ctx, &d->resv);
+    free(d->buf);
+    d->buf = NULL;
+    d->how = KV__DUMP_DRAIN;
+}
+
+/* ---- items whose bytes are in this process ---------------------------- */
+
+void kv__serve_ops(struct kv__backend *be, struct kv__op *ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct kv__op *o = &ops[i];
+        switch (o->kind) {
+        case KV_OP_LOOKUP:
+            o->result = be->lookup(be->ctx, o->ns, &o->id, 1, &o->hit);
+            break;
+        case KV_OP_SIZE:
+            o->result = be->size(be->ctx, o->ns, &o->id, o->index, &o->len);
+            break;
+        case KV_OP_LOAD:
+            o->result = be->load(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
+            break;
+        case KV_OP_DUMP: {
+            if (present(be, o->ns, &o->id, o->index)) {
+                o->result = KV_OK;   /* already stored: skipped, a success */
+                break;
+            }
+            if (be->dump) {   /* one copy either way; no reservation */
+                o->result = be->dump(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
+                break;
+            }
+            kv__resv r;
+            o->result = be->reserve(be->ctx, kv__iov_len(o->iov, o->iovcnt), &r);
+            if (o->result == KV_OK) {
+                uint8_t *d = r.data;
+                for (uint32_t j = 0; j < o->iovcnt; j++) {
+                    memcpy(d, o->iov[j].base, o->iov[j].len);
+                    d += o->iov[j].len;
+                }
+                o->result = be->commit(be->ctx, &r, o->ns, &o->id, o->index);
+            }
+            break;
+        }
+        }
+    }
+}
+
+/* ---- exposure --------------------------------------------------------- */
+
+int kv__net_check_exposure(const char *what, const char *addr, const char *token, int insecure,
+                           char *err, size_t errlen)
+{
+    struct sockaddr_in sa;
+    if (token[0] || kv__net_parse_addr(addr, &sa) != KV_OK)
+        return KV_OK;   /* a bad address is the listener's to report */
+    if ((ntohl(sa.sin_addr.s_addr) >> 24) == 127)
+        return KV_OK;
+    if (insecure) {
+        KV_WARN("%s %s: serving without cluster.token beyond loopback "
+                "(cluster.insecure: true): anyone who reaches it can read and write",
+                what, addr);
+        return KV_OK;
+    }
+    kv__errf(err, errlen, "%s %s listens beyond loopback without cluster.token: set a "
+             "token, listen on 127.0.0.1, or set cluster.insecure: true", what, addr);
+    return KV_ECONFIG;
+}
