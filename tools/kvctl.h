@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "kvengine.h"
 
@@ -93,6 +94,9 @@ struct kvctl_backend_info {
     uint64_t open_ns;       /* time its open took */
     uint64_t index_bytes;   /* memory its index holds */
     uint64_t shards;        /* shard values it holds in memory */
+    uint64_t dram_used;     /* bytes of its DRAM tier in use */
+    uint64_t hits_dram, hits_ssd;   /* shard reads served by each local tier,
+                                       since open */
 };
 
 /*
@@ -110,6 +114,10 @@ struct kvctl_backend {
     int  (*get)(void *st, const kv_shard *s, size_t n, int *res);
     int  (*lookup)(void *st, const kv_block_id *ids, size_t n, uint8_t *hit);
     void (*info)(void *st, struct kvctl_backend_info *out);
+    /* Optional (NULL: read off lookup's mask): kv_lookup_prefix's answer,
+     * the index of the last hit of the leading run, -1 when the first
+     * misses, or a KV_E* below -1. */
+    ssize_t (*lookup_prefix)(void *st, const kv_block_id *ids, size_t n);
 };
 
 extern const struct kvctl_backend kvctl_backend_kvengine;
@@ -188,18 +196,48 @@ double kvctl_phase_kvs_s(const struct kvctl_phase *p);
 void kvctl_phase_latency(struct kvctl_phase *p, uint64_t *lat, size_t n);
 
 #define KVCTL_MAX_PHASES 4
-/* kvengine and one run per --compare backend (posix, redis, memcached). */
-#define KVCTL_MAX_RUNS 4
+/* kvengine and one run per --compare backend (posix, dram, redis,
+ * memcached). */
+#define KVCTL_MAX_RUNS 5
+
+/* What one run of --scenario trace found (kvctl_trace.c). Ratios are NAN
+ * where they do not apply (written as null). */
+struct kvctl_trace_stats {
+    bool on;
+    uint64_t requests, block_refs;
+    uint64_t hits;              /* blocks loaded whole and verified, in the
+                                   leading run of each request */
+    uint64_t lookup_hits;       /* blocks lookup_prefix said were there */
+    uint64_t broken_promises;   /* blocks a lookup said hit whose load failed */
+    uint64_t verify_failures;   /* shards loaded with the wrong bytes */
+    double prefix_hit_ratio;    /* hits / block_refs */
+    double hit_ratio_dram, hit_ratio_ssd;   /* loads served by each tier /
+                                               block_refs (NAN: not known) */
+    double ideal_hit_ratio;     /* an infinite cache */
+    double lru_hit_ratio;       /* exact LRU of lru_blocks blocks (NAN: no
+                                   DRAM tier to size it by) */
+    uint64_t lru_blocks;
+    double seconds;             /* the whole replay */
+    double cpu_s;               /* CPU time of this process in the replay */
+    double p50_us, p99_us;      /* lookup + load, per request */
+    uint64_t tokens_skipped;    /* min(hits x 512, input_length), summed */
+    uint64_t prompt_tokens;     /* input_length, summed */
+    uint64_t dram_used, dram_shards;        /* at the end (sizes the LRU) */
+    uint32_t *req_hits;         /* per request: blocks loaded (malloc'd) */
+    uint32_t *lru_req_hits;     /* per request: the LRU model's hits */
+};
 
 /* One backend's run of the scenario. */
 struct kvctl_run {
     const char *backend;
+    char pipeline[64];          /* a kvengine run's pipeline ("" otherwise) */
     const char *addr;           /* the server's HOST:PORT (redis, memcached) */
     int open_error;             /* KV_OK, or why the backend did not open */
     struct kvctl_phase phases[KVCTL_MAX_PHASES];
     int nphases;
     struct kvctl_backend_info info;
     uint64_t rss, peak_rss;     /* at the end of the run, before close */
+    struct kvctl_trace_stats trace;         /* --scenario trace */
 };
 
 /* Everything a bench invocation reports. */
@@ -218,6 +256,13 @@ struct kvctl_report {
     uint64_t salt;              /* block ids are a hash of (salt, object number) */
     struct kvctl_run runs[KVCTL_MAX_RUNS];  /* kvengine, then each --compare */
     int nruns;
+    /* --scenario trace */
+    const struct kvctl_trace *trace;
+    unsigned shards;            /* shards per block */
+    double trace_speed;         /* 0: as fast as possible */
+    uint64_t trace_limit;       /* 0: all requests */
+    unsigned lease_ttl_ms;      /* the engine's, as the replay ran */
+    uint32_t *ideal_req_hits;   /* per request: the infinite cache's hits */
 };
 
 /* Whether a run passed: no errors, no verify failures (and, for
@@ -277,6 +322,65 @@ void kvctl_jobs_reset(struct kvctl_jobs *j);
  * KVCTL_PH_MIXED, out[0] = the reads, out[1] = the writes). */
 void kvctl_jobs_run(struct kvctl_jobs *j, const struct kvctl_backend *be, void *st,
                     enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out);
+
+/* ---- serving traces (kvctl_trace.c) --------------------------------------- */
+
+#define KVCTL_BLOCK_TOKENS 512  /* tokens per hash id in the trace format */
+
+/* One request: hash ids [first, first + n) of the trace's arrays. */
+struct kvctl_trace_req {
+    double ts_ms;               /* arrival, ms from the trace's start */
+    uint64_t input_length;      /* prompt tokens */
+    uint32_t first, n;
+};
+
+struct kvctl_trace {
+    char *path;
+    struct kvctl_trace_req *req;
+    size_t nreq;
+    uint64_t *hash;             /* per block reference: the trace's id */
+    uint32_t *dense;            /* per block reference: 0..ndistinct-1 */
+    size_t nrefs, ndistinct;
+    uint32_t max_blocks;        /* the longest request */
+    uint64_t prompt_tokens;
+};
+
+/* Reads a JSONL trace (at most limit requests, 0 = all). A line that is not
+ * a request prints "kvctl bench: FILE:LINE: column C: why" on stderr and
+ * gives KV_EINVAL; KV_EIO when the file cannot be read, KV_ENOMEM. */
+int  kvctl_trace_load(const char *path, uint64_t limit, struct kvctl_trace **out);
+void kvctl_trace_free(struct kvctl_trace *t);
+/* Block hits of an infinite cache and of an exact LRU cache of `capacity`
+ * blocks over the trace, replayed as a connector does (lookup_prefix, load
+ * the run, dump the rest); per request into req_hits when not NULL.
+ * UINT64_MAX when out of memory. */
+uint64_t kvctl_trace_ideal(const struct kvctl_trace *t, uint32_t *req_hits);
+uint64_t kvctl_trace_lru(const struct kvctl_trace *t, uint64_t capacity, uint32_t *req_hits);
+
+/* Where a backend's hits come from, for hit_ratio_dram/ssd. */
+enum kvctl_tiers {
+    KVCTL_TIERS_UNKNOWN,        /* a cluster client, a server: not said */
+    KVCTL_TIERS_ENGINE,         /* a local engine: info()'s hits per tier */
+    KVCTL_TIERS_FILES,          /* posix: every hit is read from a file */
+};
+
+struct kvctl_trace_opts {
+    uint64_t value_size, salt;
+    unsigned shards, numjobs;
+    double speed;               /* arrival = timestamp / speed; 0 = no waits */
+    enum kvctl_tiers tiers;
+};
+/* Replays the trace against an open backend: fills run->phases (lookup,
+ * load, dump) and run->trace (all but the models' ratios). KV_ENOMEM when
+ * the buffers do not fit (after printing why). */
+int  kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opts *o,
+                        const struct kvctl_backend *be, void *st, struct kvctl_run *run);
+
+/* Block id of object k (kvctl_jobs.c): a hash of (salt, k). */
+kv_block_id kvctl_object_id(uint64_t salt, uint64_t k);
+/* Fills p with the pattern byte, or (pattern < 0) fixed pseudo-random
+ * bytes, the same in every call. */
+void kvctl_fill_payload(uint8_t *p, uint64_t len, int pattern);
 
 /* ---- HTTP (kvctl_http.c) -------------------------------------------------- */
 

@@ -23,8 +23,10 @@
  */
 #include "kvctl.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,14 +41,19 @@
 #define MAX_COMPARE        (KVCTL_MAX_RUNS - 1)
 
 static const char *const scenarios[] = {
-    "verify_write", "fill", "write_perf", "read_perf", "mixed_rw",
+    "verify_write", "fill", "write_perf", "read_perf", "mixed_rw", "trace",
 };
-enum { SC_VERIFY_WRITE, SC_FILL, SC_WRITE_PERF, SC_READ_PERF, SC_MIXED_RW };
+enum { SC_VERIFY_WRITE, SC_FILL, SC_WRITE_PERF, SC_READ_PERF, SC_MIXED_RW, SC_TRACE };
 
-/* One --compare: a backend, and the server's address for the network ones. */
+#define TRACE_VALUE_SIZE   (64ull << 10)    /* --value-size of a trace replay */
+#define TRACE_LEASE_MS     "100"            /* its eviction.lease_ttl_ms: see usage */
+
+/* One --compare: a backend, and the server's address for the network ones;
+ * dram is the kvengine backend again, with pipeline: dram. */
 struct compare {
     const struct kvctl_backend *be;
     const char *addr;
+    bool dram;
 };
 
 struct bench_opts {
@@ -59,8 +66,11 @@ struct bench_opts {
     uint64_t numjobs, batch_size, rwmixread;
     double runtime;                     /* < 0: not given */
     int pattern;
-    bool verify, drop_caches;
+    bool verify, drop_caches, value_size_given;
     const char *summary_json, *posix_dir, *plot;
+    const char *trace;                  /* --scenario trace */
+    uint64_t trace_limit, shards;
+    double trace_speed;
 };
 
 static void usage(FILE *f)
@@ -79,14 +89,23 @@ static void usage(FILE *f)
             "  mixed_rw      prepare, then for --runtime seconds random reads of prepared\n"
             "                objects and writes of new ones (write, mixed_read, mixed_write);\n"
             "                a prepared object that eviction dropped is a miss from then on\n"
+            "  trace         replay a serving trace (--trace FILE.jsonl, Mooncake's format)\n"
+            "                as a UCM connector does: per request kv_lookup_prefix, one\n"
+            "                load task for the leading hits (verified), one dump task for\n"
+            "                the rest (lookup, load, dump), with hit ratios per tier,\n"
+            "                against an infinite cache and an exact LRU of the DRAM tier's\n"
+            "                size\n"
             "\n"
             "Options:\n"
             "      --scenario NAME      the workload (default: read_perf)\n"
             "      --value-size SIZE    bytes per object, units KiB/MiB/GiB (default: 1MiB,\n"
-            "                           at least 64 B)\n"
+            "                           64KiB for trace; at least 64 B); for trace, per\n"
+            "                           block shard\n"
             "      --nr-objects N       objects to write (default: 512MiB / value size,\n"
             "                           i.e. 512 at 1MiB)\n"
-            "      --numjobs N          job threads (default: 1)\n"
+            "      --numjobs N          job threads (default: 1); for trace, requests\n"
+            "                           replayed at once (each job takes the next request\n"
+            "                           in arrival order)\n"
             "      --batch-size N       shards per dump/load task and ids per lookup batch\n"
             "                           (default: 8; a data batch never exceeds the objects\n"
             "                           of one job)\n"
@@ -100,6 +119,9 @@ static void usage(FILE *f)
             "      --compare BACKEND    also run the same blocks against BACKEND and print\n"
             "                           the ratios; repeatable, one of each:\n"
             "                             posix                UCM's file-per-block layout\n"
+            "                             dram                 kvengine again with the same\n"
+            "                                                  config but pipeline: dram (what\n"
+            "                                                  the SSD tier adds)\n"
             "                             redis=HOST:PORT      a Redis server (SET/GET/EXISTS,\n"
             "                                                  one connection per job, each\n"
             "                                                  batch pipelined)\n"
@@ -115,11 +137,32 @@ static void usage(FILE *f)
             "      --posix-dir DIR      parent of the posix backend's temporary directory\n"
             "                           (default: $TMPDIR or /tmp)\n"
             "      --plot FILE.png      draw throughput and latency percentiles per phase\n"
-            "                           (and the --compare ratios) with gnuplot\n"
+            "                           (and the --compare ratios) with gnuplot; for trace,\n"
+            "                           the hit ratio over the trace of every run\n"
             "      --drop-caches        sync and drop the kernel's page cache before every\n"
             "                           phase: each backend starts from the same clean\n"
             "                           cache, lookups and reads are cold (needs root, else\n"
             "                           a warning and warm caches)\n"
+            "\n"
+            "Trace replay (--scenario trace):\n"
+            "      --trace FILE.jsonl   the trace: one JSON object per line with timestamp\n"
+            "                           (ms), input_length and hash_ids (one per 512-token\n"
+            "                           block, prefix order); a bad line is an error naming\n"
+            "                           FILE:LINE (exit 2)\n"
+            "      --trace-limit N      replay only the first N requests (default: all)\n"
+            "      --shards K           shards per block, like per-layer shards, each of\n"
+            "                           --value-size bytes (default: 1)\n"
+            "      --trace-speed X      honour the timestamps, scaled: a request starts at\n"
+            "                           timestamp / X (default: 0 = as fast as possible)\n"
+            "  Unless set, dram.capacity fits every distinct block (x1.3, at least\n"
+            "  256MiB) and eviction.lease_ttl_ms is " TRACE_LEASE_MS " (a replay compresses\n"
+            "  time: a 60 s lease would pin most of the trace). Figures per run:\n"
+            "  prefix_hit_ratio (blocks loaded / block references), hit_ratio_dram and\n"
+            "  _ssd (loads served by each tier), ideal_hit_ratio (an infinite cache),\n"
+            "  lru_hit_ratio (an exact LRU holding as many blocks as the DRAM tier:\n"
+            "  capacity x high watermark / bytes per block), broken_promises (a lookup\n"
+            "  said hit, the load failed), verify_failures, load/dump MiB/s, seconds,\n"
+            "  lookup+load latency per request, and prefill tokens skipped (hits x 512).\n"
             "%s"
             "\n"
             "Engine config: the defaults, then --config, then --set. Unless you set them,\n"
@@ -148,13 +191,16 @@ static int bad(const char *opt, const char *arg, const char *why)
 enum {
     O_SCENARIO = 256, O_VALUE_SIZE, O_NR_OBJECTS, O_NUMJOBS, O_BATCH, O_RUNTIME, O_RWMIX,
     O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT, O_DROP_CACHES, O_SALT,
+    O_TRACE, O_TRACE_LIMIT, O_SHARDS, O_TRACE_SPEED,
 };
 
-/* posix | redis=HOST:PORT | memcached=HOST:PORT; returns -1 or an exit code. */
+/* posix | dram | redis=HOST:PORT | memcached=HOST:PORT; returns -1 or an
+ * exit code. */
 static int parse_compare(const char *arg, struct bench_opts *o)
 {
     static const struct { const char *name; const struct kvctl_backend *be; bool net; } all[] = {
         { "posix", &kvctl_backend_posix, false },
+        { "dram", &kvctl_backend_kvengine, false },
         { "redis", &kvctl_backend_redis, true },
         { "memcached", &kvctl_backend_memcached, true },
     };
@@ -168,14 +214,15 @@ static int parse_compare(const char *arg, struct bench_opts *o)
                                                        sizeof port) != KV_OK))
             return bad("--compare", arg, "want NAME=HOST:PORT, e.g. redis=127.0.0.1:6379");
         if (!all[i].net && eq)
-            return bad("--compare", arg, "posix takes no address (see --posix-dir)");
+            return bad("--compare", arg, "posix and dram take no address");
         for (int k = 0; k < o->ncmp; k++)
             if (o->cmp[k].be == all[i].be)
                 return bad("--compare", arg, "each backend may be compared once");
-        o->cmp[o->ncmp++] = (struct compare){ all[i].be, eq ? eq + 1 : NULL };
+        o->cmp[o->ncmp++] = (struct compare){ all[i].be, eq ? eq + 1 : NULL,
+                                              all[i].be == &kvctl_backend_kvengine };
         return -1;
     }
-    return bad("--compare", arg, "the other backends are posix, redis=HOST:PORT and "
+    return bad("--compare", arg, "the other backends are posix, dram, redis=HOST:PORT and "
                                  "memcached=HOST:PORT");
 }
 
@@ -200,11 +247,15 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         { "plot", required_argument, NULL, O_PLOT },
         { "drop-caches", no_argument, NULL, O_DROP_CACHES },
         { "salt", required_argument, NULL, O_SALT },
+        { "trace", required_argument, NULL, O_TRACE },
+        { "trace-limit", required_argument, NULL, O_TRACE_LIMIT },
+        { "shards", required_argument, NULL, O_SHARDS },
+        { "trace-speed", required_argument, NULL, O_TRACE_SPEED },
         { NULL, 0, NULL, 0 },
     };
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
                               .numjobs = 1, .batch_size = 8, .rwmixread = 70, .runtime = -1,
-                              .pattern = -1 };
+                              .pattern = -1, .shards = 1 };
     int opt;
     uint64_t v;
     optind = 0;
@@ -230,6 +281,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             if (kvctl_parse_size(optarg, &o->value_size) != KV_OK ||
                 o->value_size < MIN_VALUE_SIZE || o->value_size > KV_VALUE_MAX)
                 return bad("--value-size", optarg, "want a size from 64 B to 4 GiB, e.g. 64KiB");
+            o->value_size_given = true;
             break;
         case O_NR_OBJECTS:
             if (kvctl_parse_u64(optarg, 1, 1ull << 40, &o->nr_objects) != KV_OK)
@@ -282,6 +334,27 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         case O_DROP_CACHES:
             o->drop_caches = true;
             break;
+        case O_TRACE:
+            o->trace = optarg;
+            break;
+        case O_TRACE_LIMIT:
+            if (kvctl_parse_u64(optarg, 1, UINT32_MAX, &o->trace_limit) != KV_OK)
+                return bad("--trace-limit", optarg, "want a positive number of requests");
+            break;
+        case O_SHARDS:
+            if (kvctl_parse_u64(optarg, 1, 1024, &o->shards) != KV_OK)
+                return bad("--shards", optarg, "want 1..1024 shards per block");
+            break;
+        case O_TRACE_SPEED: {
+            char *end = NULL;
+            errno = 0;
+            o->trace_speed = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(o->trace_speed >= 0) ||
+                o->trace_speed > 1e9)
+                return bad("--trace-speed", optarg, "want a factor >= 0, e.g. 1 (real time), "
+                                                    "10 or 0 (as fast as possible)");
+            break;
+        }
         default:
             usage(stderr);
             return KVCTL_EXIT_USAGE;
@@ -292,6 +365,15 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         usage(stderr);
         return KVCTL_EXIT_USAGE;
     }
+    if (o->scenario == SC_TRACE && !o->trace)
+        return bad("--scenario", "trace", "needs --trace FILE.jsonl");
+    if (o->scenario != SC_TRACE && (o->trace || o->trace_limit || o->shards != 1 ||
+                                    o->trace_speed > 0))
+        return bad(o->trace ? "--trace" : o->trace_limit ? "--trace-limit"
+                   : o->shards != 1 ? "--shards" : "--trace-speed",
+                   o->trace ? o->trace : "", "only with --scenario trace");
+    if (o->scenario == SC_TRACE && !o->value_size_given)
+        o->value_size = TRACE_VALUE_SIZE;
     if (o->nr_objects == 0)
         o->nr_objects = DEFAULT_DATA_SET / o->value_size ? DEFAULT_DATA_SET / o->value_size : 1;
     if (o->runtime < 0)
@@ -315,31 +397,45 @@ static int set_key(kv_config *cfg, const char *key, const char *value)
     return rc;
 }
 
-/* Builds the engine's config; *ssd_tmp is a directory to remove afterwards. */
-static int engine_config(struct kvctl_common *c, const struct bench_opts *o, kv_config **out,
-                         char **ssd_tmp, struct kvctl_report *r)
+/* Builds the engine's config; *ssd_tmp is a directory to remove afterwards.
+ * pipeline, when not NULL, replaces the user's (--compare dram). The
+ * pipeline and dram.capacity it ends with go to pipeline[64] and
+ * dram_capacity[64]. */
+static int engine_config(struct kvctl_common *c, const struct bench_opts *o,
+                         const struct kvctl_trace *trace, const char *pipeline, kv_config **out,
+                         char **ssd_tmp, char *pipe_out, char *dram_capacity)
 {
     kv_config *cfg = NULL;
     int rc = kvctl_build_config(c, &cfg);
     if (rc != KVCTL_EXIT_OK)
         return rc;
     rc = KVCTL_EXIT_FAIL;
-    if (!kvctl_user_set(c, "pipeline") && set_key(cfg, "pipeline", "dram") != KV_OK)
+    if (pipeline ? set_key(cfg, "pipeline", pipeline) != KV_OK
+                 : !kvctl_user_set(c, "pipeline") && set_key(cfg, "pipeline", "dram") != KV_OK)
         goto fail;
-    if (kv_config_get(cfg, "pipeline", r->pipeline, sizeof r->pipeline) != KV_OK)
-        snprintf(r->pipeline, sizeof r->pipeline, "?");
-    bool has_dram = strstr(r->pipeline, "dram") != NULL;
-    bool has_ssd = strstr(r->pipeline, "ssd") != NULL;
+    if (kv_config_get(cfg, "pipeline", pipe_out, 64) != KV_OK)
+        snprintf(pipe_out, 64, "?");
+    bool has_dram = strstr(pipe_out, "dram") != NULL;
+    bool has_ssd = strstr(pipe_out, "ssd") != NULL;
+    /* A replay compresses the trace's time: a lease as long as the
+     * default (60 s) would cover most of it and leave eviction nothing to
+     * take. What a lease must cover is the gap between a lookup and the
+     * load right after it. */
+    if (trace && !kvctl_user_set(c, "eviction.lease_ttl_ms") &&
+        set_key(cfg, "eviction.lease_ttl_ms", TRACE_LEASE_MS) != KV_OK)
+        goto fail;
     if (has_dram && !kvctl_user_set(c, "dram.capacity")) {
-        double want = (double)o->nr_objects * (double)o->value_size * 1.3;
+        double want = trace ? (double)trace->ndistinct * (double)o->shards
+                                  * (double)o->value_size * 1.3
+                            : (double)o->nr_objects * (double)o->value_size * 1.3;
         uint64_t mib = (uint64_t)(want / (1 << 20)) + 1;
         char v[32];
         snprintf(v, sizeof v, "%" PRIu64 "MiB", mib < 256 ? 256 : mib);
         if (set_key(cfg, "dram.capacity", v) != KV_OK)
             goto fail;
     }
-    if (kv_config_get(cfg, "dram.capacity", r->dram_capacity, sizeof r->dram_capacity) != KV_OK)
-        snprintf(r->dram_capacity, sizeof r->dram_capacity, "?");
+    if (kv_config_get(cfg, "dram.capacity", dram_capacity, 64) != KV_OK)
+        snprintf(dram_capacity, 64, "?");
     if (has_ssd && !kvctl_user_set(c, "ssd.path")) {
         *ssd_tmp = kvctl_mktemp_dir(NULL, "kvbench-ssd");
         if (!*ssd_tmp) {
@@ -388,9 +484,61 @@ static void add(struct kvctl_run *run, struct kvctl_jobs *js, const struct kvctl
     run->nphases += kind == KVCTL_PH_MIXED ? 2 : 1;
 }
 
+/* What a trace run needs beside the options: the trace, and how its runs
+ * are set up (the backend and tiers are set per run). */
+struct trace_ctx {
+    const struct kvctl_trace *t;
+    struct kvctl_trace_opts opts;
+    uint64_t ideal_hits;
+};
+
+static double config_double(const kv_config *cfg, const char *key)
+{
+    char v[64];
+    return kv_config_get(cfg, key, v, sizeof v) == KV_OK ? strtod(v, NULL) : NAN;
+}
+
+static bool cluster_enabled(const kv_config *cfg)
+{
+    char v[16];
+    return kv_config_get(cfg, "cluster.enabled", v, sizeof v) == KV_OK && strcmp(v, "true") == 0;
+}
+
+/* The models' side of a trace run: the infinite cache's ratio, and an exact
+ * LRU holding as many blocks as this run's DRAM tier did: capacity x high
+ * watermark (what it holds before eviction starts), over the bytes a block
+ * took there (measured at the end of the run: the allocator's rounding
+ * included). Runs without a local DRAM tier (ssd, posix, a cluster client)
+ * get none. */
+static void trace_models(const struct trace_ctx *tc, const struct kvctl_open_args *args,
+                         struct kvctl_run *run)
+{
+    struct kvctl_trace_stats *ts = &run->trace;
+    double refs = (double)tc->t->nrefs;
+    ts->ideal_hit_ratio = refs > 0 ? (double)tc->ideal_hits / refs : NAN;
+    ts->lru_hit_ratio = NAN;
+    char cap_s[64];
+    uint64_t cap = 0;
+    if (!args->cfg || !strstr(run->pipeline, "dram") || cluster_enabled(args->cfg) ||
+        kv_config_get(args->cfg, "dram.capacity", cap_s, sizeof cap_s) != KV_OK ||
+        kvctl_parse_size(cap_s, &cap) != KV_OK)
+        return;
+    double per_shard = ts->dram_shards ? (double)ts->dram_used / (double)ts->dram_shards
+                                       : (double)tc->opts.value_size;
+    double hwm = config_double(args->cfg, "eviction.high_watermark_ratio");
+    if (!(hwm > 0) || !(per_shard > 0))
+        return;
+    ts->lru_blocks = (uint64_t)((double)cap * hwm / (per_shard * tc->opts.shards));
+    free(ts->lru_req_hits);
+    ts->lru_req_hits = calloc(tc->t->nreq, sizeof *ts->lru_req_hits);
+    uint64_t h = kvctl_trace_lru(tc->t, ts->lru_blocks, ts->lru_req_hits);
+    if (h != UINT64_MAX && refs > 0)
+        ts->lru_hit_ratio = (double)h / refs;
+}
+
 static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
                         const struct kvctl_backend *be, const struct kvctl_open_args *args,
-                        struct kvctl_run *run)
+                        const struct trace_ctx *tc, struct kvctl_run *run)
 {
     void *st = NULL;
     run->backend = be->name;
@@ -404,26 +552,40 @@ static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
                                                     : kv_strerror(run->open_error));
         return;
     }
-    /* mixed_rw's runtime is its mixed phase's length, not a cap on the
-     * preparation. */
-    double cap = o->scenario == SC_MIXED_RW ? 0 : o->runtime;
-    add(run, js, be, st, KVCTL_PH_WRITE, cap);
-    switch (o->scenario) {
-    case SC_VERIFY_WRITE:
-        add(run, js, be, st, KVCTL_PH_READ, cap);
-        break;
-    case SC_FILL:
-        add(run, js, be, st, KVCTL_PH_LOOKUP, cap);
-        break;
-    case SC_READ_PERF:
-        add(run, js, be, st, KVCTL_PH_LOOKUP, cap);
-        add(run, js, be, st, KVCTL_PH_READ, cap);
-        break;
-    case SC_MIXED_RW:
-        add(run, js, be, st, KVCTL_PH_MIXED, o->runtime);
-        break;
-    default:
-        break;
+    if (o->scenario == SC_TRACE) {
+        struct kvctl_trace_opts to = tc->opts;
+        to.tiers = be == &kvctl_backend_posix ? KVCTL_TIERS_FILES
+                 : be == &kvctl_backend_kvengine && !cluster_enabled(args->cfg)
+                       ? KVCTL_TIERS_ENGINE : KVCTL_TIERS_UNKNOWN;
+        if (g_drop_caches)
+            drop_caches();
+        int rc = kvctl_trace_replay(tc->t, &to, be, st, run);
+        if (rc != KV_OK)
+            run->open_error = rc;       /* it could not run: said why already */
+        else
+            trace_models(tc, args, run);
+    } else {
+        /* mixed_rw's runtime is its mixed phase's length, not a cap on the
+         * preparation. */
+        double cap = o->scenario == SC_MIXED_RW ? 0 : o->runtime;
+        add(run, js, be, st, KVCTL_PH_WRITE, cap);
+        switch (o->scenario) {
+        case SC_VERIFY_WRITE:
+            add(run, js, be, st, KVCTL_PH_READ, cap);
+            break;
+        case SC_FILL:
+            add(run, js, be, st, KVCTL_PH_LOOKUP, cap);
+            break;
+        case SC_READ_PERF:
+            add(run, js, be, st, KVCTL_PH_LOOKUP, cap);
+            add(run, js, be, st, KVCTL_PH_READ, cap);
+            break;
+        case SC_MIXED_RW:
+            add(run, js, be, st, KVCTL_PH_MIXED, o->runtime);
+            break;
+        default:
+            break;
+        }
     }
     be->info(st, &run->info);
     kvctl_rss(&run->rss, &run->peak_rss);
@@ -450,12 +612,6 @@ static int probe_servers(const struct bench_opts *o)
     return KVCTL_EXIT_OK;
 }
 
-static bool cluster_enabled(const kv_config *cfg)
-{
-    char v[16];
-    return kv_config_get(cfg, "cluster.enabled", v, sizeof v) == KV_OK && strcmp(v, "true") == 0;
-}
-
 static uint64_t fresh_salt(void)
 {
     struct timespec ts;
@@ -476,19 +632,57 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         .nr_objects = o.nr_objects, .numjobs = (unsigned)o.numjobs,
         .batch_size = (unsigned)o.batch_size, .runtime = o.runtime,
         .rwmixread = (unsigned)o.rwmixread, .pattern = o.pattern, .verify = o.verify,
+        .shards = (unsigned)o.shards, .trace_speed = o.trace_speed,
+        .trace_limit = o.trace_limit,
     };
-    kv_config *cfg = NULL;
-    char *ssd_tmp = NULL, *posix_tmp = NULL;
+    kv_config *cfg = NULL, *dram_cfg = NULL;
+    char *ssd_tmp = NULL, *dram_ssd_tmp = NULL, *posix_tmp = NULL;
     struct kvctl_jobs *js = NULL;
-    rc = engine_config(c, &o, &cfg, &ssd_tmp, &r);
+    struct kvctl_trace *trace = NULL;
+    struct trace_ctx tc = { 0 };
+    char dram_pipe[64], dram_cap[64];
+    if (o.scenario == SC_TRACE) {
+        int trc = kvctl_trace_load(o.trace, o.trace_limit, &trace);
+        if (trc != KV_OK) {
+            rc = trc == KV_ENOMEM ? KVCTL_EXIT_FAIL : KVCTL_EXIT_USAGE;
+            goto out;
+        }
+        /* Replays verify every load: it is what tells a broken promise. */
+        r.verify = true;
+        r.trace = trace;
+        r.nr_objects = trace->ndistinct;
+    }
+    rc = engine_config(c, &o, trace, NULL, &cfg, &ssd_tmp, r.pipeline, r.dram_capacity);
     if (rc != KVCTL_EXIT_OK)
         goto out;
+    for (int i = 0; i < o.ncmp; i++) {
+        if (!o.cmp[i].dram)
+            continue;
+        rc = engine_config(c, &o, trace, "dram", &dram_cfg, &dram_ssd_tmp, dram_pipe, dram_cap);
+        if (rc != KVCTL_EXIT_OK)
+            goto out;
+    }
+    if (trace) {
+        char v[32];
+        if (kv_config_get(cfg, "eviction.lease_ttl_ms", v, sizeof v) == KV_OK)
+            r.lease_ttl_ms = (unsigned)strtoul(v, NULL, 10);
+    }
     rc = probe_servers(&o);
     if (rc != KVCTL_EXIT_OK)
         goto out;
     r.salt = o.salt_given ? o.salt : fresh_salt();
+    /* A replay's memcpy baseline copies as many values as the trace has
+     * distinct shards, up to DEFAULT_DATA_SET worth. */
+    uint64_t objects = o.nr_objects;
+    if (trace) {
+        objects = trace->ndistinct * o.shards;
+        if (objects > DEFAULT_DATA_SET / o.value_size)
+            objects = DEFAULT_DATA_SET / o.value_size;
+        if (objects == 0)
+            objects = 1;
+    }
     struct kvctl_workload w = {
-        .value_size = o.value_size, .nr_objects = o.nr_objects, .numjobs = r.numjobs,
+        .value_size = o.value_size, .nr_objects = objects, .numjobs = r.numjobs,
         .batch_size = r.batch_size, .rwmixread = r.rwmixread, .pattern = o.pattern,
         .verify = o.verify, .salt = r.salt,
     };
@@ -503,23 +697,45 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         net |= o.cmp[i].addr != NULL;
     if (net)
         r.tcp_mib_s = kvctl_tcp_baseline(r.numjobs, o.value_size, TCP_BASELINE_S);
+    if (trace) {
+        tc.t = trace;
+        tc.opts = (struct kvctl_trace_opts){ .value_size = o.value_size, .salt = r.salt,
+                                             .shards = (unsigned)o.shards,
+                                             .numjobs = r.numjobs, .speed = o.trace_speed };
+        r.ideal_req_hits = calloc(trace->nreq, sizeof *r.ideal_req_hits);
+        tc.ideal_hits = kvctl_trace_ideal(trace, r.ideal_req_hits);
+        if (!r.ideal_req_hits || tc.ideal_hits == UINT64_MAX) {
+            fprintf(stderr, "kvctl bench: out of memory for the trace's models\n");
+            goto out;
+        }
+    }
 
     g_drop_caches = o.drop_caches;
     struct kvctl_open_args args = { .cfg = cfg, .value_size = o.value_size,
                                     .numjobs = r.numjobs };
-    run_backend(&o, js, &kvctl_backend_kvengine, &args, &r.runs[r.nruns++]);
+    snprintf(r.runs[0].pipeline, sizeof r.runs[0].pipeline, "%s", r.pipeline);
+    run_backend(&o, js, &kvctl_backend_kvengine, &args, &tc, &r.runs[r.nruns++]);
     for (int i = 0; i < o.ncmp; i++) {
-        args.dir = NULL;
-        args.addr = o.cmp[i].addr;
+        struct kvctl_run *run = &r.runs[r.nruns++];
+        struct kvctl_open_args a = args;
+        a.addr = o.cmp[i].addr;
+        if (o.cmp[i].dram) {
+            a.cfg = dram_cfg;
+            snprintf(run->pipeline, sizeof run->pipeline, "%s", dram_pipe);
+        } else if (o.cmp[i].be != &kvctl_backend_kvengine) {
+            a.cfg = NULL;
+        }
         if (o.cmp[i].be == &kvctl_backend_posix) {
             posix_tmp = kvctl_mktemp_dir(o.posix_dir, "kvbench-posix");
             if (!posix_tmp) {
                 perror("kvctl bench: posix directory");
                 goto out;
             }
-            args.dir = posix_tmp;
+            a.dir = posix_tmp;
         }
-        run_backend(&o, js, o.cmp[i].be, &args, &r.runs[r.nruns++]);
+        run_backend(&o, js, o.cmp[i].be, &a, &tc, run);
+        if (o.cmp[i].dram)
+            run->backend = "dram";
         if (posix_tmp) {
             kvctl_rmtree(posix_tmp);    /* before the next server is measured */
             posix_tmp = NULL;
@@ -535,9 +751,17 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         if (!kvctl_run_ok(&r, &r.runs[i]))
             rc = KVCTL_EXIT_FAIL;
 out:
+    for (int i = 0; i < r.nruns; i++) {
+        free(r.runs[i].trace.req_hits);
+        free(r.runs[i].trace.lru_req_hits);
+    }
+    free(r.ideal_req_hits);
+    kvctl_trace_free(trace);
     kvctl_jobs_free(js);
     kv_config_free(cfg);
+    kv_config_free(dram_cfg);
     kvctl_rmtree(ssd_tmp);
+    kvctl_rmtree(dram_ssd_tmp);
     kvctl_rmtree(posix_tmp);
     return rc;
 }

@@ -75,6 +75,11 @@ static int engine_lookup(void *st, const kv_block_id *ids, size_t n, uint8_t *hi
     return kv_lookup(st, ids, n, hit);
 }
 
+static ssize_t engine_lookup_prefix(void *st, const kv_block_id *ids, size_t n)
+{
+    return kv_lookup_prefix(st, ids, n);
+}
+
 static void engine_info(void *st, struct kvctl_backend_info *out)
 {
     kv_stats s;
@@ -84,6 +89,9 @@ static void engine_info(void *st, struct kvctl_backend_info *out)
     out->open_ns = s.open_ns;
     out->index_bytes = s.dram_index_bytes;
     out->shards = s.dram_shards;
+    out->dram_used = s.dram_used;
+    out->hits_dram = s.hits_dram;
+    out->hits_ssd = s.hits_ssd;
 }
 
 const struct kvctl_backend kvctl_backend_kvengine = {
@@ -94,4 +102,5 @@ const struct kvctl_backend kvctl_backend_kvengine = {
     .get = engine_get,
     .lookup = engine_lookup,
     .info = engine_info,
+    .lookup_prefix = engine_lookup_prefix,
 };

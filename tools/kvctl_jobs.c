@@ -85,7 +85,7 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static kv_block_id object_id(uint64_t salt, uint64_t k)
+kv_block_id kvctl_object_id(uint64_t salt, uint64_t k)
 {
     kv_block_id id;
     uint64_t a = mix64(salt ^ mix64(k)), b = mix64(a ^ k);
@@ -105,7 +105,7 @@ static void object_header(const struct job *jb, uint64_t k, const kv_block_id *i
     memcpy(out, h, n);
 }
 
-static void fill_payload(uint8_t *p, uint64_t len, int pattern)
+void kvctl_fill_payload(uint8_t *p, uint64_t len, int pattern)
 {
     if (pattern >= 0) {
         memset(p, pattern, len);
@@ -166,7 +166,7 @@ int kvctl_jobs_new(const struct kvctl_workload *w, struct kvctl_jobs **out)
         if (!jb->payload || !jb->hdr || !jb->rbuf || !jb->wiov || !jb->riov || !jb->sh ||
             !jb->obj || !jb->res || !jb->ids || !jb->hit)
             goto fail;
-        fill_payload(jb->payload, w->value_size, w->pattern);
+        kvctl_fill_payload(jb->payload, w->value_size, w->pattern);
     }
     *out = js;
     return KV_OK;
@@ -230,7 +230,7 @@ static void write_batch(struct job *jb, size_t m, struct jstat *s)
     for (size_t i = 0; i < m; i++) {
         kv_shard *sh = &jb->sh[i];
         uint8_t *h = jb->hdr + i * HDR;
-        sh->block = object_id(js->w.salt, jb->obj[i]);
+        sh->block = kvctl_object_id(js->w.salt, jb->obj[i]);
         sh->index = 0;
         object_header(jb, jb->obj[i], &sh->block, h);
         jb->wiov[2 * i] = (kv_iov){ h, vs < HDR ? vs : HDR };
@@ -266,7 +266,7 @@ static void read_batch(struct job *jb, size_t m, struct jstat *s)
     uint64_t vs = js->w.value_size;
     for (size_t i = 0; i < m; i++) {
         kv_shard *sh = &jb->sh[i];
-        sh->block = object_id(js->w.salt, jb->obj[i]);
+        sh->block = kvctl_object_id(js->w.salt, jb->obj[i]);
         sh->index = 0;
         jb->riov[i] = (kv_iov){ jb->rbuf + i * vs, vs };
         sh->iov = &jb->riov[i];
@@ -293,7 +293,7 @@ static void lookup_batch(struct job *jb, uint64_t first, size_t m, struct jstat 
 {
     struct kvctl_jobs *js = jb->js;
     for (size_t i = 0; i < m; i++)
-        jb->ids[i] = object_id(js->w.salt, first + i);
+        jb->ids[i] = kvctl_object_id(js->w.salt, first + i);
     uint64_t t = kvctl_now_ns();
     int rc = js->be->lookup(js->st, jb->ids, m, jb->hit);
     record(s, kvctl_now_ns() - t);

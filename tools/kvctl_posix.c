@@ -10,10 +10,10 @@
  *
  * Key design choice: calls are synchronous on the job thread that makes
  * them, like UCM's Posix store worker doing one block at a time; concurrency
- * comes from --numjobs. The benchmark stores one shard per block (shard 0 is
- * the whole block, as in DESIGN.md), so a block's last shard is its only
- * one, and shard i of a multi-shard block would live at offset
- * i * value_size; the rename follows each shard 0 write here.
+ * comes from --numjobs. Shard i of a block lives at offset i * value_size
+ * of the block's file; the shards of one block that arrive together in a
+ * batch (the trace replay's --shards K) are written into one temporary
+ * file renamed once, and a single-shard block is one file per write.
  */
 #include "kvctl.h"
 
@@ -133,7 +133,10 @@ static int write_all(int fd, const kv_iov *iov, uint32_t cnt, off_t off)
     return KV_OK;
 }
 
-static int put_one(struct posix_store *p, const kv_shard *s)
+/* Writes shards s[0..n) of one block into its temporary file, each at
+ * index * value_size, and renames the file into place after the last: a
+ * block appears whole or not at all, as in UCM's Posix store. */
+static int put_block(struct posix_store *p, const kv_shard *s, size_t n)
 {
     char tmp[4096], dst[4096];
     block_path(p, &s->block, ".tmp", tmp, sizeof tmp);
@@ -148,7 +151,9 @@ static int put_one(struct posix_store *p, const kv_shard *s)
     }
     if (fd < 0)
         return err_from_errno(errno);
-    int rc = write_all(fd, s->iov, s->iovcnt, (off_t)s->index * (off_t)p->value_size);
+    int rc = KV_OK;
+    for (size_t i = 0; i < n && rc == KV_OK; i++)
+        rc = write_all(fd, s[i].iov, s[i].iovcnt, (off_t)s[i].index * (off_t)p->value_size);
     if (close(fd) != 0 && rc == KV_OK)
         rc = err_from_errno(errno);
     if (rc == KV_OK) {
@@ -161,10 +166,19 @@ static int put_one(struct posix_store *p, const kv_shard *s)
     return rc;
 }
 
+/* A batch's consecutive shards of one block (the trace replay dumps every
+ * shard of a block together) go into one file; a block's shards spread
+ * over several batches would each replace the file. */
 static int posix_put(void *st, const kv_shard *s, size_t n, int *res)
 {
-    for (size_t i = 0; i < n; i++)
-        res[i] = put_one(st, &s[i]);
+    for (size_t i = 0; i < n;) {
+        size_t k = i + 1;
+        while (k < n && memcmp(&s[k].block, &s[i].block, sizeof s[i].block) == 0)
+            k++;
+        int rc = put_block(st, &s[i], k - i);
+        for (; i < k; i++)
+            res[i] = rc;
+    }
     return KV_OK;
 }
 
@@ -216,6 +230,19 @@ static int posix_lookup(void *st, const kv_block_id *ids, size_t n, uint8_t *hit
     return KV_OK;
 }
 
+/* UCM's lookup_on_prefix over files: access() block by block, stopping at
+ * the first miss. */
+static ssize_t posix_lookup_prefix(void *st, const kv_block_id *ids, size_t n)
+{
+    char path[4096];
+    for (size_t i = 0; i < n; i++) {
+        block_path(st, &ids[i], "", path, sizeof path);
+        if (access(path, F_OK) != 0)
+            return (ssize_t)i - 1;
+    }
+    return (ssize_t)n - 1;
+}
+
 static void posix_info(void *st, struct kvctl_backend_info *out)
 {
     struct posix_store *p = st;
@@ -230,4 +257,5 @@ const struct kvctl_backend kvctl_backend_posix = {
     .get = posix_get,
     .lookup = posix_lookup,
     .info = posix_info,
+    .lookup_prefix = posix_lookup_prefix,
 };

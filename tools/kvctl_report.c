@@ -74,6 +74,8 @@ bool kvctl_run_ok(const struct kvctl_report *r, const struct kvctl_run *run)
         if (p->misses && strcmp(r->scenario, "verify_write") == 0)
             return false;
     }
+    if (run->trace.on && (run->trace.broken_promises || run->trace.verify_failures))
+        return false;
     return true;
 }
 
@@ -86,6 +88,35 @@ static const struct kvctl_phase *find_phase(const struct kvctl_run *run, const c
 }
 
 /* ---- tables -------------------------------------------------------------- */
+
+/* "0.612", or "-" where a ratio does not apply. */
+static const char *fmt_ratio(double v, char *buf, size_t cap)
+{
+    if (isfinite(v))
+        snprintf(buf, cap, "%.3f", v);
+    else
+        snprintf(buf, cap, "-");
+    return buf;
+}
+
+/* The figures of a trace run that are not a phase's. */
+static void print_trace(FILE *f, const struct kvctl_trace_stats *t)
+{
+    char a[16], b[16], c[16], d[16], e[16];
+    fprintf(f, "trace: %" PRIu64 " requests, %" PRIu64 " block refs, %.3f s; prefix hit ratio "
+               "%s (dram %s, ssd %s); ideal %s; LRU %s",
+            t->requests, t->block_refs, t->seconds, fmt_ratio(t->prefix_hit_ratio, a, sizeof a),
+            fmt_ratio(t->hit_ratio_dram, b, sizeof b), fmt_ratio(t->hit_ratio_ssd, c, sizeof c),
+            fmt_ratio(t->ideal_hit_ratio, d, sizeof d), fmt_ratio(t->lru_hit_ratio, e, sizeof e));
+    if (isfinite(t->lru_hit_ratio))
+        fprintf(f, " (%" PRIu64 " blocks)", t->lru_blocks);
+    fprintf(f, "\n       broken promises %" PRIu64 ", verify failures %" PRIu64
+               "; lookup+load per request p50 %.1f us, p99 %.1f us\n",
+            t->broken_promises, t->verify_failures, t->p50_us, t->p99_us);
+    fprintf(f, "       prefill skipped for %" PRIu64 " of %" PRIu64 " prompt tokens (%.1f%%)\n",
+            t->tokens_skipped, t->prompt_tokens,
+            t->prompt_tokens ? 100.0 * (double)t->tokens_skipped / (double)t->prompt_tokens : 0);
+}
 
 static void print_run(FILE *f, const struct kvctl_report *r, const struct kvctl_run *run)
 {
@@ -122,6 +153,8 @@ static void print_run(FILE *f, const struct kvctl_report *r, const struct kvctl_
             fprintf(f, "  %s: first error %s (%s)\n", p->name, kv_err_name(p->first_error),
                     kv_strerror(p->first_error));
     }
+    if (run->trace.on)
+        print_trace(f, &run->trace);
     const struct kvctl_phase *lk = find_phase(run, "lookup");
     fprintf(f, "RSS %s (peak %s)", kvctl_fmt_size(run->rss, b1, sizeof b1),
             kvctl_fmt_size(run->peak_rss, b2, sizeof b2));
@@ -144,6 +177,9 @@ static void print_compare(FILE *f, const struct kvctl_report *r, const struct kv
     if (a->open_error != KV_OK || b->open_error != KV_OK)
         return;
     fprintf(f, "\n%s / %s      kvs/s     MiB/s\n", a->backend, b->backend);
+    if (a->trace.on && b->trace.on)
+        fprintf(f, "%-18s %9.2fx %9s   (the whole replay: its seconds, inverted)\n", "replay",
+                ratio(b->trace.seconds, a->trace.seconds), "-");
     for (int i = 0; i < a->nphases; i++) {
         const struct kvctl_phase *pa = &a->phases[i], *pb = find_phase(b, pa->name);
         if (!pb)
@@ -188,11 +224,64 @@ static void print_side_by_side(FILE *f, const struct kvctl_report *r)
     }
 }
 
+/* The trace figures of every run, one line each. */
+static void print_trace_side_by_side(FILE *f, const struct kvctl_report *r)
+{
+    fprintf(f, "\n%-10s %8s %8s %8s %8s %8s %8s %7s %5s %9s %9s %10s %10s\n", "backend",
+            "seconds", "prefix", "dram", "ssd", "ideal", "LRU", "broken", "verr", "p50 us",
+            "p99 us", "load MiB/s", "dump MiB/s");
+    for (int k = 0; k < r->nruns; k++) {
+        const struct kvctl_run *run = &r->runs[k];
+        const struct kvctl_trace_stats *t = &run->trace;
+        if (run->open_error != KV_OK || !t->on)
+            continue;
+        char a[16], b[16], c[16], d[16], e[16];
+        const struct kvctl_phase *ld = find_phase(run, "load"), *dp = find_phase(run, "dump");
+        fprintf(f, "%-10s %8.3f %8s %8s %8s %8s %8s %7" PRIu64 " %5" PRIu64
+                   " %9.1f %9.1f %10.1f %10.1f\n",
+                run->backend, t->seconds, fmt_ratio(t->prefix_hit_ratio, a, sizeof a),
+                fmt_ratio(t->hit_ratio_dram, b, sizeof b), fmt_ratio(t->hit_ratio_ssd, c, sizeof c),
+                fmt_ratio(t->ideal_hit_ratio, d, sizeof d), fmt_ratio(t->lru_hit_ratio, e, sizeof e),
+                t->broken_promises, t->verify_failures, t->p50_us, t->p99_us,
+                ld ? kvctl_phase_mib_s(ld) : 0, dp ? kvctl_phase_mib_s(dp) : 0);
+    }
+}
+
 void kvctl_report_print(FILE *f, const struct kvctl_report *r)
 {
     char vs[32], total[32];
     fprintf(f, "kvctl bench: scenario %s, pipeline %s, dram.capacity %s\n", r->scenario,
             r->pipeline, r->dram_capacity);
+    if (r->trace) {
+        const struct kvctl_trace *t = r->trace;
+        fprintf(f, "  trace %s: %zu requests, %zu block refs, %zu distinct blocks x %u shard%s"
+                   " x %s (%s)\n",
+                t->path, t->nreq, t->nrefs, t->ndistinct, r->shards, r->shards == 1 ? "" : "s",
+                kvctl_fmt_size(r->value_size, vs, sizeof vs),
+                kvctl_fmt_size((uint64_t)t->ndistinct * r->shards * r->value_size, total,
+                               sizeof total));
+        fprintf(f, "  %u job%s, ", r->numjobs, r->numjobs == 1 ? "" : "s");
+        if (r->trace_speed > 0)
+            fprintf(f, "timestamps / %g", r->trace_speed);
+        else
+            fprintf(f, "as fast as possible");
+        fprintf(f, ", lease %u ms, verify on, salt %" PRIu64 "\n", r->lease_ttl_ms, r->salt);
+        fprintf(f, "  memcpy %.1f MiB/s (%u thread%s)\n", r->memcpy_mib_s, r->numjobs,
+                r->numjobs == 1 ? "" : "s");
+        if (r->tcp_mib_s > 0)
+            fprintf(f, "  loopback TCP %.1f MiB/s (%u stream%s, %s writes)\n", r->tcp_mib_s,
+                    r->numjobs, r->numjobs == 1 ? "" : "s", vs);
+        for (int i = 0; i < r->nruns; i++)
+            print_run(f, r, &r->runs[i]);
+        for (int i = 1; i < r->nruns; i++)
+            print_compare(f, r, &r->runs[i]);
+        if (r->nruns > 1) {
+            print_side_by_side(f, r);
+            print_trace_side_by_side(f, r);
+        }
+        fflush(f);
+        return;
+    }
     fprintf(f, "  %" PRIu64 " objects x %s (%s), %u job%s, batch %u", r->nr_objects,
             kvctl_fmt_size(r->value_size, vs, sizeof vs),
             kvctl_fmt_size(r->nr_objects * r->value_size, total, sizeof total), r->numjobs,
@@ -287,9 +376,60 @@ static void json_phases(FILE *f, const struct kvctl_run *run)
     fputc(']', f);
 }
 
+/* A count that may not apply: null when the ratio beside it is NAN. */
+static void jcount(FILE *f, uint64_t v, bool applies)
+{
+    if (applies)
+        fprintf(f, "%" PRIu64, v);
+    else
+        fputs("null", f);
+}
+
+/* DESIGN.md's "trace" object of one run. */
+static void json_trace(FILE *f, const struct kvctl_run *run)
+{
+    const struct kvctl_trace_stats *t = &run->trace;
+    const struct kvctl_phase *ld = find_phase(run, "load"), *dp = find_phase(run, "dump");
+    fprintf(f, ",\"trace\":{\"requests\":%" PRIu64 ",\"block_refs\":%" PRIu64
+               ",\"hits\":%" PRIu64 ",\"lookup_hits\":%" PRIu64 ",\"prefix_hit_ratio\":",
+            t->requests, t->block_refs, t->hits, t->lookup_hits);
+    jnum(f, t->prefix_hit_ratio);
+    fputs(",\"hit_ratio_dram\":", f);
+    jnum(f, t->hit_ratio_dram);
+    fputs(",\"hit_ratio_ssd\":", f);
+    jnum(f, t->hit_ratio_ssd);
+    fputs(",\"ideal_hit_ratio\":", f);
+    jnum(f, t->ideal_hit_ratio);
+    fputs(",\"lru_hit_ratio\":", f);
+    jnum(f, t->lru_hit_ratio);
+    fputs(",\"lru_blocks\":", f);
+    jcount(f, t->lru_blocks, isfinite(t->lru_hit_ratio));
+    fprintf(f, ",\"broken_promises\":%" PRIu64 ",\"verify_failures\":%" PRIu64
+               ",\"load_mib_s\":",
+            t->broken_promises, t->verify_failures);
+    jnum(f, ld ? kvctl_phase_mib_s(ld) : NAN);
+    fputs(",\"dump_mib_s\":", f);
+    jnum(f, dp ? kvctl_phase_mib_s(dp) : NAN);
+    fputs(",\"seconds\":", f);
+    jnum(f, t->seconds);
+    fputs(",\"client_cpu_s\":", f);
+    jnum(f, t->cpu_s);
+    fputs(",\"lookup_load_lat_us\":{\"p50\":", f);
+    jnum(f, t->p50_us);
+    fputs(",\"p99\":", f);
+    jnum(f, t->p99_us);
+    fprintf(f, "},\"tokens_skipped\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
+               ",\"tokens_skipped_ratio\":",
+            t->tokens_skipped, t->prompt_tokens);
+    jnum(f, t->prompt_tokens ? (double)t->tokens_skipped / (double)t->prompt_tokens : NAN);
+    fputc('}', f);
+}
+
 /* The fields that describe one backend's run beside its phases. */
 static void json_run_extras(FILE *f, const struct kvctl_report *r, const struct kvctl_run *run)
 {
+    if (run->trace.on)
+        json_trace(f, run);
     fputs(",\"open_ms\":", f);
     jnum(f, (double)run->info.open_ns / 1e6);
     if (run->open_error != KV_OK) {
@@ -339,6 +479,13 @@ static void json_ratios(FILE *f, const struct kvctl_run *a, const struct kvctl_r
 {
     fputs(",\"ratios\":{", f);
     int n = 0;
+    if (a->trace.on && b->trace.on) {
+        /* The whole replay: how many times faster the main run was. */
+        fputs("\"replay\":{\"speedup\":", f);
+        jnum(f, ratio(b->trace.seconds, a->trace.seconds));
+        fputc('}', f);
+        n++;
+    }
     for (int i = 0; i < a->nphases; i++) {
         const struct kvctl_phase *pa = &a->phases[i], *pb = find_phase(b, pa->name);
         if (!pb)
@@ -399,12 +546,25 @@ int kvctl_report_json(const char *path, const struct kvctl_report *r)
         jstr(f, "random");
     }
     fprintf(f, ",\"verify\":%s", r->verify ? "true" : "false");
+    if (r->trace) {
+        fputs(",\"trace_file\":", f);
+        jstr(f, r->trace->path);
+        fprintf(f, ",\"shards\":%u,\"trace_limit\":%" PRIu64 ",\"trace_speed\":",
+                r->shards, r->trace_limit);
+        jnum(f, r->trace_speed);
+        fprintf(f, ",\"lease_ttl_ms\":%u,\"distinct_blocks\":%zu", r->lease_ttl_ms,
+                r->trace->ndistinct);
+    }
     json_run_extras(f, r, run);
     fputs(",\"comparisons\":[", f);
     for (int i = 1; i < r->nruns; i++) {
         fprintf(f, "%s{", i > 1 ? "," : "");
         jkey(f, "backend");
         jstr(f, r->runs[i].backend);
+        if (r->runs[i].pipeline[0]) {
+            fputs(",\"pipeline\":", f);
+            jstr(f, r->runs[i].pipeline);
+        }
         fputc(',', f);
         json_phases(f, &r->runs[i]);
         json_run_extras(f, r, &r->runs[i]);
