@@ -997,9 +997,12 @@ static void put_string(struct out *o, const char *s)
 {
     static const char *const special[] = { "~", "null", "Null", "NULL", "true", "false", "yes",
                                            "no", "on", "off" };
+    /* U+2028 and U+2029 are line breaks to YAML: a plain or quoted
+     * scalar holding one raw reads back folded (fuzz_config found it), so
+     * they are quoted and escaped as \L and \P. */
     bool quote = *s == '\0' || strchr("-?:,[]{}#&*!|>'\"%@` ", *s) || s[strlen(s) - 1] == ' ' ||
                  s[strlen(s) - 1] == ':' || strstr(s, ": ") || strstr(s, " #") ||
-                 strpbrk(s, "\"\\");
+                 strpbrk(s, "\"\\") || strstr(s, "\xe2\x80\xa8") || strstr(s, "\xe2\x80\xa9");
     for (size_t i = 0; !quote && i < KV__ARRAY_LEN(special); i++)
         quote = strcasecmp(s, special[i]) == 0;
     if (!quote) {
@@ -1007,8 +1010,14 @@ static void put_string(struct out *o, const char *s)
         return;
     }
     put(o, "\"");
-    for (; *s; s++)   /* no control characters: apply() refuses them */
+    for (; *s; s++) {   /* no control characters: apply() refuses them */
+        if (strncmp(s, "\xe2\x80\xa8", 3) == 0 || strncmp(s, "\xe2\x80\xa9", 3) == 0) {
+            put(o, "\\%c", s[2] == '\xa8' ? 'L' : 'P');
+            s += 2;
+            continue;
+        }
         put(o, "%s%c", *s == '"' || *s == '\\' ? "\\" : "", *s);
+    }
     put(o, "\"");
 }
 
