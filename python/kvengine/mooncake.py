@@ -351,6 +351,8 @@ class MooncakeDistributedStore:
 
     def put_parts(self, key, *parts, config=None):
         """Stores the parts back to back as one object; 0 or a negative code."""
+        if self._eng is None:
+            return _NOT_SET_UP
         k = self._key(key)
         if k is None:
             return _BAD

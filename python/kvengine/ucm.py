@@ -93,7 +93,8 @@ class _PinnedPool:
             lst = self.free.get(nbytes)
             if lst:
                 return lst.pop()
-        return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+        return self.torch.empty(nbytes, dtype=self.torch.uint8,
+                                pin_memory=self.torch.cuda.is_available())
 
     def put(self, bufs):
         with self.lock:
@@ -226,6 +227,12 @@ class KvEngineStore(UcmKVStoreBaseV1):
             self._pool = _PinnedPool(torch)
         return self._torch
 
+    def _sync(self):
+        """Waits for the device copies queued on this thread's stream."""
+        torch = self._torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
     def _on_device(self, t):
         """True when t must be staged through host memory."""
         dev = getattr(t, "device", None)
@@ -273,13 +280,13 @@ class KvEngineStore(UcmKVStoreBaseV1):
 
         try:
             if not load:
-                torch.cuda.synchronize()
+                self._sync()
                 return KvEngineTask(self.engine.dump(shards), release=release)
 
             def after():
                 for dev, h in pairs:
                     dev.copy_(h, non_blocking=True)
-                torch.cuda.synchronize()
+                self._sync()
 
             return KvEngineTask(self.engine.load(shards), after=after, release=release)
         except BaseException:

@@ -1,0 +1,155 @@
+"""conftest.py — fixtures for the Python package's tests (pytest).
+
+The package under test is python/kvengine of this tree; the library is
+$KVENGINE_LIBRARY (the Makefile points it at $(BUILD)/libkvengine.so.0),
+and kvmaster/kvnode come from $KV_BUILD (else the library's directory).
+Cluster fixtures start real processes on 127.0.0.1 with kernel-chosen
+ports and kill and reap every one of them at teardown, pass or fail.
+"""
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "python", "compat"))
+
+import kvengine  # noqa: E402
+
+SMALL = {"pipeline": "dram", "dram.capacity": "64MiB", "dram.hugepages": "off",
+         "io.threads": "2", "log.level": "warn"}
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+
+
+def _child_setup():
+    # Each daemon gets its own process group (killed whole at stop) and
+    # dies with this process even when pytest itself is killed.
+    os.setsid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def build_dir():
+    return os.environ.get("KV_BUILD") or os.path.dirname(os.path.abspath(kvengine.library_path))
+
+
+def free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def engine():
+    e = kvengine.Engine(settings=SMALL)
+    yield e
+    e.close()
+
+
+def ids(n, tag=b""):
+    return [os.urandom(16) for _ in range(n)]
+
+
+class Cluster:
+    """kvmaster plus kvnodes on loopback, torn down by stop()."""
+
+    TOKEN = "pytok"
+
+    def __init__(self, tmp):
+        self.tmp = tmp
+        self.procs = []
+        self.master = "127.0.0.1:%d" % free_port()
+
+    def _spawn(self, argv, log):
+        f = open(os.path.join(self.tmp, log), "wb")
+        p = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             preexec_fn=_child_setup)
+        f.close()
+        self.procs.append(p)
+        return p
+
+    def settings(self, **extra):
+        s = {"cluster.master": self.master, "cluster.token": self.TOKEN,
+             "cluster.node_ttl_ms": "1000", "log.level": "warn"}
+        s.update(extra)
+        return s
+
+    def start_master(self):
+        b = build_dir()
+        self.master_proc = self._spawn(
+            [os.path.join(b, "kvmaster"), "--set", "cluster.master=" + self.master,
+             "--set", "cluster.node_ttl_ms=1000", "--set", "cluster.token=" + self.TOKEN],
+            "kvmaster.log")
+        self._until(lambda: self._members() is not None, "kvmaster answers")
+
+    def start_node(self, cap="64MiB"):
+        b = build_dir()
+        i = len(self.procs)
+        addr = "127.0.0.1:%d" % free_port()
+        sets = {"cluster.enabled": "true", "cluster.master": self.master,
+                "cluster.listen": addr, "dram.capacity": cap, "pipeline": "dram",
+                "dram.hugepages": "off", "cluster.protocol": "tcp", "io.threads": "2",
+                "cluster.node_ttl_ms": "1000", "cluster.token": self.TOKEN,
+                "ssd.path": os.path.join(self.tmp, "node%d" % i)}
+        argv = [os.path.join(b, "kvnode")]
+        for k, v in sets.items():
+            argv += ["--set", "%s=%s" % (k, v)]
+        self._spawn(argv, "kvnode%d.log" % i)
+        return addr
+
+    def _members(self):
+        try:
+            return kvengine.members(settings=self.settings())[1]
+        except kvengine.KvError:
+            return None
+
+    def owners(self):
+        m = self._members() or []
+        return [x for x in m if x["owner"]]
+
+    def wait_owners(self, n):
+        self._until(lambda: len(self.owners()) == n, "%d owners in the view" % n)
+
+    def _until(self, cond, what, timeout=10.0):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            for p in self.procs:
+                if p.poll() is not None:
+                    raise AssertionError("%s exited with %s (logs in %s)"
+                                         % (p.args[0], p.returncode, self.tmp))
+            if cond():
+                return
+            time.sleep(0.05)
+        raise AssertionError("timed out waiting until %s (logs in %s)" % (what, self.tmp))
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            p.wait(timeout=10)
+        self.procs = []
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(str(tmp_path))
+    try:
+        c.start_master()
+        yield c
+    finally:
+        c.stop()
