@@ -1,6 +1,7 @@
 /*
  * admin.c — the public ADMIN calls on an engine's SSD tier (kv_ssd_scan,
- * kv_ssd_scrub, kv_ssd_compact): argument checks, then persist/admin.c.
+ * kv_ssd_scrub, kv_ssd_compact, kv_ssd_recover): argument checks, then
+ * persist/.
  *
  * Key design choice: the engine only forwards; the walks live beside the
  * store they walk (persist/), so that RocksDB's types never leave persist/.
@@ -39,6 +40,20 @@ KV__EXPORT int kv_ssd_compact(kv_engine *e)
     if (!e->ssd)
         return KV_ENOTSUP;
     return kv__ssd_compact(e->ssd);
+}
+
+KV__EXPORT int kv_ssd_recover(const kv_config *cfg, uint64_t *recovered, char *err,
+                              size_t errlen)
+{
+    if (recovered)
+        *recovered = 0;
+    if (!cfg)
+        return KV_EINVAL;
+    if (!KV_PIPE_HAS_SSD(cfg->pipeline)) {
+        kv__errf(err, errlen, "the config has no SSD tier (pipeline dram)");
+        return KV_ENOTSUP;
+    }
+    return kv__ssd_recover(cfg, recovered, err, errlen);
 }
 
 KV__EXPORT int kv_shard_size(kv_engine *e, const kv_block_id *id, uint32_t index, uint64_t *len)

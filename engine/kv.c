@@ -98,10 +98,19 @@ KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *va
             return rc;
         kv__iov_gather(p, iov, 3);
     }
-    /* Replace: no older copy may survive in either tier. */
+    /* Replace: no older copy may survive in either tier. An SSD copy that
+     * cannot be deleted (a full disk under RocksDB's WAL) fails the put: it
+     * would come back after a restart, older than a value acknowledged. */
     dram_unlink(e, &id);
-    if (e->ssd)
-        kv__ssd_remove(e->ssd, KV_NS_KEY, &id, 0);
+    if (e->ssd) {
+        rc = kv__ssd_remove(e->ssd, KV_NS_KEY, &id, 0);
+        if (rc != KV_OK && rc != KV_ENOTFOUND) {
+            if (p)
+                kv__dram_free(e, p, len);
+            return rc;
+        }
+        rc = KV_OK;
+    }
     if (p) {
         rc = kv__dram_insert(e, KV_NS_KEY, &id, 0, p, (uint32_t)len);
         if (rc != KV_OK)

@@ -234,8 +234,13 @@ KV_EXPORT int     kv_wait(kv_engine *e, kv_task task, unsigned timeout_ms); /* 0
  * never collide with block ids. All calls are synchronous and copy: the
  * buffers are needed only during the call.
  *
- * kv_put: stores (or replaces) key's value. KV_ENOSPC when no room can be
- *   made.
+ * kv_put: stores (or replaces) key's value. Once it returns KV_OK, no older
+ *   value of the key is ever read again, after a restart too (a value held
+ *   in DRAM only may be gone after one: a miss, never the old bytes).
+ *   KV_ENOSPC when no room can be made, or when the SSD tier holds an older
+ *   value it cannot delete (its disk is full). A put that fails may have
+ *   dropped the key's DRAM copy (an exception to "no other effect"): the
+ *   key then reads as its SSD value or as a miss, never as a mix.
  * kv_get: copies the value into buf and sets *vlen; KV_ENOBUFS with *vlen set
  *   to the size needed when cap is too small (buf is then untouched);
  *   KV_ENOTFOUND when absent. buf may be NULL when cap is 0.
@@ -354,6 +359,25 @@ KV_EXPORT int kv_ssd_scan(kv_engine *e, kv_ssd_cb cb, void *ctx);
 KV_EXPORT int kv_ssd_scrub(kv_engine *e, int repair, kv_ssd_cb cb, void *ctx,
                            uint64_t *checked, uint64_t *bad);
 KV_EXPORT int kv_ssd_compact(kv_engine *e);
+
+/*
+ * kv_ssd_recover: rebuilds the SSD tier's index from its value log, offline.
+ *   Every value's record in the log is self-describing (key, lengths, write
+ *   stamp, checksum), so RocksDB's files (which only say where values are)
+ *   can be rebuilt from it: they are moved into ssd.path/damaged-TIME/ (kept
+ *   for a post-mortem, never deleted) and a new index is written from every
+ *   intact record (each checked against its checksum; of two copies of one
+ *   key the newer write wins; deleted values stay deleted). kv_open does the
+ *   same by itself when RocksDB's files cannot be opened or are missing, and
+ *   re-indexes at every open the values the log holds beyond what RocksDB
+ *   points to (a WAL cut short by damage); this call is for an operator who
+ *   distrusts an index that still opens. *recovered (NULL allowed) gets the
+ *   number of values indexed. cfg is only read; the store must not be open
+ *   (KV_EBUSY). KV_ENOTSUP when cfg has no SSD tier (pipeline dram);
+ *   KV_ENOSPC, KV_EIO with err naming the cause. Reads the whole log: about
+ *   as long as reading ssd.capacity from the disk.
+ */
+KV_EXPORT int kv_ssd_recover(const kv_config *cfg, uint64_t *recovered, char *err, size_t errlen);
 
 /*
  * kv_shard_size: the stored length of shard (id, index) wherever the engine

@@ -90,6 +90,7 @@
  * 4 KiB-aligned so a punched hole gives all their space back (1.6% of disk
  * at 256 KiB).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -147,6 +148,7 @@ void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
     t->sync_ms = 1000;
     t->compact_min = 16ull << 20;
     t->no_disk_precheck = false;
+    t->rebuild = false;
 }
 
 /* ---- the RocksDB handle ------------------------------------------------------
@@ -218,6 +220,7 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
         r[i].iov = p[i].iov;
         r[i].iovcnt = p[i].iovcnt;
         r[i].len = p[i].len;
+        r[i].stamp = p[i].stamp;
     }
     /* The bytes first (synced first with ssd.sync: fsync), the pointers
      * after: a pointer that survives a crash always finds its bytes, or,
@@ -265,7 +268,8 @@ void kv__ssd_put_entry(const struct kv__sput *p, struct kv__sent *e)
     e->slen = p->slen;
 }
 
-int kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
+/* Deletes the pointers of n claimed entries in one WriteBatch. */
+static int delete_pointers(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
 {
     if (n == 0)
         return KV_OK;
@@ -277,12 +281,27 @@ int kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
     }
     int rc = batch_write(s, wb);
     rocksdb_writebatch_destroy(wb);
-    /* Space is given back even when the deletes failed: the pointers left
-     * behind then lead to a hole, which a read rejects and deletes. */
-    for (size_t i = 0; i < n; i++)
-        if (!(ents[i].loc & KV__TOKEN_BIT))
-            kv__vlog_free(&s->vlog, ents[i].loc, ents[i].slen);
     return rc;
+}
+
+/* Kills the records of n entries whose pointers are gone; KV_EIO when one
+ * could not be killed (a scan at the next open may then find it again). */
+static int kill_records(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
+{
+    int rc = KV_OK;
+    for (size_t i = 0; i < n; i++)
+        if (!(ents[i].loc & KV__TOKEN_BIT) && kv__vlog_free(&s->vlog, ents[i].loc, ents[i].slen) != KV_OK)
+            rc = KV_EIO;
+    return rc;
+}
+
+int kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n, bool force)
+{
+    int rc = delete_pointers(s, ents, n);
+    if (rc != KV_OK && !force)
+        return rc;
+    int k = kill_records(s, ents, n);
+    return rc != KV_OK ? rc : k;
 }
 
 /* Claims one STORED entry for deletion (DELETING with tok; *old gets it as
@@ -309,7 +328,11 @@ static bool claim_delete(struct kv__ssd *s, const struct kv__sent *e, bool exact
 /* Deletes the STORED entries in ents under DELETING claims: the index
  * first (lookups stop at once), RocksDB and the log after. Entries that
  * changed since the caller saw them are left alone (exact: see
- * claim_delete). Returns how many were deleted; *rc gets the first error. */
+ * claim_delete). A batch whose pointers could not be deleted (a full disk
+ * under RocksDB's WAL) is put back as it was, STORED: a delete that cannot
+ * be made to last must not look done, or a restart would bring the value
+ * back after its caller was told it was gone. Returns how many were
+ * deleted; *rc gets the first error. */
 static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size_t n, bool exact,
                             int *rc)
 {
@@ -324,12 +347,21 @@ static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size
             if (claim_delete(s, &ents[i], exact, tok[k], &del[k]))
                 k++;
         }
-        int r = kv__ssd_unput(s, del, k);
+        int r = delete_pointers(s, del, k);
+        bool gone = r == KV_OK;
+        if (gone)
+            r = kill_records(s, del, k);
         if (r != KV_OK && *rc == KV_OK)
             *rc = r;
-        for (size_t j = 0; j < k; j++)
-            kv__sidx_del_at(&s->idx, (int)del[j].ns, del[j].id, del[j].index, KV__ENT_DELETING, tok[j]);
-        done += k;
+        for (size_t j = 0; j < k; j++) {
+            if (gone)
+                kv__sidx_del_at(&s->idx, (int)del[j].ns, del[j].id, del[j].index,
+                                KV__ENT_DELETING, tok[j]);
+            else
+                kv__sidx_store(&s->idx, &del[j], KV__ENT_DELETING, tok[j]);
+        }
+        if (gone)
+            done += k;
     }
     return done;
 }
@@ -725,10 +757,116 @@ static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
     return KV_OK;
 }
 
+/* ---- reconciling the pointers with the value log --------------------------
+ * The log is the source of truth (vlog.c): at open, kv__vlog_settle offers
+ * every intact record no pointer leads to, and found() decides. A key with
+ * no entry gets one (its pointer was lost: a WAL cut at a bad record, a
+ * RocksDB rebuilt from nothing, or a write that crashed between its bytes
+ * and its pointer); a key whose entry is older (a lower write stamp) is
+ * moved to the newer record and the older one killed after; an older or
+ * equal copy is refused (killed). New pointers go to RocksDB in one batch.
+ */
+struct recon {
+    struct kv__ssd *s;
+    rocksdb_writebatch_t *wb;
+    struct kv__vext *old;            /* copies superseded, killed afterwards */
+    size_t nold, capold;
+    uint64_t maxstamp, indexed, replaced;
+    bool nomem;
+};
+
+static void key_entry(const uint8_t *k, struct kv__sent *e)
+{
+    memset(e, 0, sizeof *e);
+    e->ns = k[0];
+    memcpy(e->id, k + 1, KV_BLOCK_ID_LEN);
+    e->index = ((uint32_t)k[17] << 24) | ((uint32_t)k[18] << 16) | ((uint32_t)k[19] << 8) | k[20];
+}
+
+static bool found(void *ctx, const struct kv__vfound *r)
+{
+    struct recon *rc = ctx;
+    struct kv__ssd *s = rc->s;
+    struct kv__sent e, cur;
+    key_entry(r->key, &e);
+    e.size = r->len;
+    e.slen = r->slen;
+    e.loc = r->loc;
+    e.stamp = r->stamp;
+    e.state = KV__ENT_STORED;
+    if (kv__sidx_get(&s->idx, (int)e.ns, e.id, e.index, &cur)) {
+        if (r->stamp <= cur.stamp)
+            return false;   /* an older copy, or a second one (a move's) */
+        if (rc->nold == rc->capold) {
+            size_t cap = rc->capold ? 2 * rc->capold : 64;
+            struct kv__vext *no = realloc(rc->old, cap * sizeof *no);
+            if (!no) {
+                rc->nomem = true;
+                return true;   /* left as it is: the next open decides */
+            }
+            rc->old = no;
+            rc->capold = cap;
+        }
+        uint64_t tok = kv__ssd_token(s);
+        if (!kv__sidx_swap(&s->idx, (int)e.ns, e.id, e.index, KV__ENT_STORED, cur.loc,
+                           KV__ENT_WRITING, tok, NULL) ||
+            !kv__sidx_store(&s->idx, &e, KV__ENT_WRITING, tok))
+            return true;   /* cannot happen: nothing else runs during open */
+        rc->old[rc->nold++] = (struct kv__vext){ cur.loc, cur.slen };
+        rc->replaced++;
+    } else if (kv__sidx_insert(&s->idx, &e, NULL) != 1) {
+        rc->nomem = true;
+        return true;
+    }
+    struct kv__sput p = { .len = r->len, .stamp = r->stamp, .loc = r->loc, .slen = r->slen };
+    uint8_t ptr[PTR_LEN];
+    make_ptr(ptr, &p, r->sum);
+    rocksdb_writebatch_put(rc->wb, (const char *)r->key, KV__SSD_KEY_LEN, (const char *)ptr, sizeof ptr);
+    rc->indexed++;
+    if (r->stamp > rc->maxstamp)
+        rc->maxstamp = r->stamp;
+    return true;
+}
+
+/* Settles the value log against the n pointers found (ext), re-indexing
+ * what only the log still holds; logs what it found. */
+static int reconcile(struct kv__ssd *s, struct kv__vext *ext, size_t n, bool legacy,
+                     uint64_t *maxstamp, char *err, size_t errlen)
+{
+    struct recon rc = { .s = s, .wb = rocksdb_writebatch_create(), .maxstamp = *maxstamp };
+    struct kv__vsettle st;
+    int r = kv__vlog_settle(&s->vlog, ext, n, legacy, found, &rc, &st, err, errlen);
+    int w = rc.indexed ? batch_write(s, rc.wb) : KV_OK;
+    rocksdb_writebatch_destroy(rc.wb);
+    /* The copies superseded die only once the new pointers are down: until
+     * then RocksDB still leads to them. */
+    for (size_t i = 0; w == KV_OK && i < rc.nold; i++)
+        kv__vlog_free(&s->vlog, rc.old[i].loc, rc.old[i].slen);
+    free(rc.old);
+    *maxstamp = rc.maxstamp;
+    atomic_fetch_add(&s->recovered, rc.indexed);
+    if (st.found || st.torn || st.legacy_skipped)
+        KV_WARN("ssd: the value log held %llu intact values no pointer led to: %llu re-indexed "
+                "(%llu newer than the copy indexed), %llu older copies dropped; %llu torn records "
+                "discarded%s%s",
+                (unsigned long long)st.found, (unsigned long long)rc.indexed,
+                (unsigned long long)rc.replaced, (unsigned long long)st.killed,
+                (unsigned long long)st.torn, st.legacy_skipped ? "; version-1 records skipped: " : "",
+                st.legacy_skipped ? "earlier kvengines did not mark deleted ones" : "");
+    if (w != KV_OK)
+        KV_WARN("ssd: the %llu values re-indexed are served, but their pointers could not be "
+                "written (%s): the next open finds them again", (unsigned long long)rc.indexed,
+                kv_strerror(w));
+    if (rc.nomem)
+        KV_WARN("ssd: out of memory re-indexing the value log; some values are not served until "
+                "the next open");
+    return r;
+}
+
 /* Rebuilds the index from the pointers (40 bytes each: the scan reads no
- * value), then lets the value log count its live bytes and give back what
- * nothing points to. */
-static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
+ * value), then reconciles them with the value log (only the stretches no
+ * pointer covers are read). */
+static int rebuild_index(struct kv__ssd *s, bool legacy, char *err, size_t errlen)
 {
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(ro, 0);
@@ -754,10 +892,7 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
             continue;
         }
         struct kv__sent e;
-        memset(&e, 0, sizeof e);
-        e.ns = k[0];
-        memcpy(e.id, k + 1, KV_BLOCK_ID_LEN);
-        e.index = ((uint32_t)k[17] << 24) | ((uint32_t)k[18] << 16) | ((uint32_t)k[19] << 8) | k[20];
+        key_entry(k, &e);
         e.size = kv__get32(v + 4);
         e.slen = kv__get32(v + 8);
         e.loc = kv__get64(v + 16);
@@ -793,13 +928,166 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
     rocksdb_iter_destroy(it);
     rocksdb_readoptions_destroy(ro);
     if (rc == KV_OK)
-        rc = kv__vlog_settle(&s->vlog, ext, next, err, errlen);
+        rc = reconcile(s, ext, next, legacy, &maxstamp, err, errlen);
     free(ext);
     if (bad)
         KV_WARN("ssd: %llu malformed pointer records ignored", (unsigned long long)bad);
     atomic_store(&s->clock, maxstamp + 1);
     KV_DEBUG("ssd: index rebuilt, %llu values", (unsigned long long)n);
     return rc;
+}
+
+/* ---- opening RocksDB, or rebuilding it ---------------------------------------
+ * RocksDB holds nothing the value log does not: losing its files costs a
+ * scan of the log, never a value. So RocksDB is created only where it has
+ * left no files at all (create_if_missing on a store whose CURRENT is lost
+ * would start an empty database beside its remains, and the next open
+ * would believe it); and when its files cannot be opened, they are moved
+ * aside, never deleted, into ssd.path/damaged-TIME/ for a post-mortem, and
+ * a new RocksDB is filled from the log. A refusal that is not about its
+ * files (another holder, a full disk) fails the open and changes nothing.
+ */
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A file RocksDB keeps its state in (not its LOCK or info LOG: a failed
+ * open may leave those behind without meaning anything). */
+static bool rocks_state_file(const char *name)
+{
+    return strcmp(name, "CURRENT") == 0 || strcmp(name, "IDENTITY") == 0 ||
+           strncmp(name, "MANIFEST-", 9) == 0 || strncmp(name, "OPTIONS-", 8) == 0 ||
+           ends_with(name, ".sst") || ends_with(name, ".log") || ends_with(name, ".blob");
+}
+
+static bool rocks_file(const char *name)
+{
+    return rocks_state_file(name) || strcmp(name, "LOCK") == 0 || strncmp(name, "LOG", 3) == 0 ||
+           ends_with(name, ".dbtmp");
+}
+
+enum { DB_NONE, DB_WHOLE, DB_HEADLESS };
+
+/* What ssd.path holds of a RocksDB: nothing, a database (a CURRENT file),
+ * or the remains of one without its CURRENT. */
+static int db_files(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return DB_NONE;
+    bool current = false, state = false;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        current |= strcmp(de->d_name, "CURRENT") == 0;
+        state |= rocks_state_file(de->d_name);
+    }
+    closedir(d);
+    return current ? DB_WHOLE : state ? DB_HEADLESS : DB_NONE;
+}
+
+/* Moves RocksDB's files into a new ssd.path/damaged-TIME[-N]/. */
+static int set_aside(struct kv__ssd *s, char *dir, size_t cap, char *err, size_t errlen)
+{
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    int made = -1;
+    for (int i = 0; i < 100 && made != 0; i++) {
+        snprintf(dir, cap, i ? "%s/damaged-%s-%d" : "%s/damaged-%s", s->path, stamp, i);
+        made = mkdir(dir, 0755);
+        if (made != 0 && errno != EEXIST)
+            break;
+    }
+    if (made != 0) {
+        kv__errf(err, errlen, "ssd.path '%s': cannot make a directory to set RocksDB's files "
+                 "aside in: %s", s->path, strerror(errno));
+        return errno == ENOSPC ? KV_ENOSPC : KV_EIO;
+    }
+    DIR *d = opendir(s->path);
+    if (!d) {
+        kv__errf(err, errlen, "ssd.path '%s': %s", s->path, strerror(errno));
+        return KV_EIO;
+    }
+    int rc = KV_OK;
+    struct dirent *de;
+    while ((de = readdir(d)) && rc == KV_OK) {
+        if (!rocks_file(de->d_name))
+            continue;
+        char from[KV_CFG_STR + 300], to[KV_CFG_STR + 600];
+        snprintf(from, sizeof from, "%s/%s", s->path, de->d_name);
+        snprintf(to, sizeof to, "%s/%s", dir, de->d_name);
+        if (rename(from, to) != 0) {
+            kv__errf(err, errlen, "ssd.path '%s': cannot move %s aside: %s", s->path, de->d_name,
+                     strerror(errno));
+            rc = KV_EIO;
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* RocksDB needs room to open: a new WAL, MANIFEST and OPTIONS file and its
+ * info LOG (tens of KiB). Without it, Debian's build asserts in its LOG
+ * writer and aborts the process, so the open is refused before RocksDB is
+ * called. */
+#define OPEN_MIN_FREE DISK_SLACK
+
+static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size_t errlen)
+{
+    struct statvfs vf;
+    if (statvfs(s->path, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < OPEN_MIN_FREE) {
+        kv__errf(err, errlen, "ssd.path '%s': its file system is full (%llu KiB free; opening "
+                 "the store needs %llu KiB for RocksDB's log and manifest)", s->path,
+                 (unsigned long long)((uint64_t)vf.f_bavail * vf.f_frsize >> 10),
+                 (unsigned long long)(OPEN_MIN_FREE >> 10));
+        return KV_ENOSPC;
+    }
+    char why[512] = "";
+    int st = db_files(s->path);
+    if (force)
+        snprintf(why, sizeof why, "a rebuild was asked for");
+    else if (st == DB_HEADLESS)
+        snprintf(why, sizeof why, "its CURRENT file is missing");
+    else if (st == DB_NONE && s->vlog.n > 0)
+        snprintf(why, sizeof why, "they are missing, and the value log is not empty");
+    if (!why[0]) {
+        char *e = NULL;
+        rocksdb_options_set_create_if_missing(s->opts, st == DB_NONE);
+        s->db = rocksdb_open(s->opts, s->path, &e);
+        if (!e)
+            return KV_OK;
+        s->db = NULL;
+        int code = rocks_code(e);
+        if (code == KV_EBUSY || code == KV_ENOSPC) {
+            kv__errf(err, errlen, "ssd.path '%s': cannot open the RocksDB store: %s", s->path, e);
+            rocksdb_free(e);
+            return code;
+        }
+        snprintf(why, sizeof why, "%s", e);
+        rocksdb_free(e);
+    }
+    char aside[KV_CFG_STR + 64];
+    int rc = set_aside(s, aside, sizeof aside, err, errlen);
+    if (rc != KV_OK)
+        return rc;
+    KV_WARN("ssd: RocksDB's files under '%s' cannot be used (%s): moved to %s; rebuilding the "
+            "index from the value log", s->path, why, aside);
+    char *e = NULL;
+    rocksdb_options_set_create_if_missing(s->opts, 1);
+    s->db = rocksdb_open(s->opts, s->path, &e);
+    if (e) {
+        kv__errf(err, errlen, "ssd.path '%s': cannot create a new RocksDB store: %s", s->path, e);
+        rc = rocks_code(e) == KV_ENOSPC ? KV_ENOSPC : KV_EIO;
+        rocksdb_free(e);
+        s->db = NULL;
+        return rc;
+    }
+    *rebuilt = true;
+    return KV_OK;
 }
 
 /* The locks and condition variables open sets up, then the tier itself. */
@@ -889,7 +1177,6 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
         goto fail_vlog;
 
     rocksdb_options_t *o = s->opts = rocksdb_options_create();
-    rocksdb_options_set_create_if_missing(o, 1);
     rocksdb_options_set_info_log_level(o, 2 /* WARN */);
     rocksdb_options_set_keep_log_file_num(o, 3);
     rocksdb_options_set_max_log_file_size(o, 4u << 20);
@@ -899,23 +1186,16 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     rocksdb_options_set_compression(o, rocksdb_no_compression);   /* keys and pointers */
     rocksdb_options_set_bytes_per_sync(o, 1u << 20);
 
-    char *e = NULL;
-    s->db = rocksdb_open(o, s->path, &e);
-    if (e) {
-        rc = rocks_code(e) == KV_EBUSY ? KV_EBUSY : KV_EIO;
-        kv__errf(err, errlen, "ssd.path '%s': cannot open the RocksDB store: %s%s", s->path, e,
-                 rocks_code(e) == KV_ECORRUPT ? " (the store is corrupt; move it away to start empty)" : "");
-        rocksdb_free(e);
-        s->db = NULL;
+    bool rebuild = false;
+    if ((rc = open_db(s, t->rebuild, &rebuild, err, errlen)) != KV_OK)
         goto fail_db;
-    }
     s->wo = rocksdb_writeoptions_create();
     /* The WAL is always on: it carries 40-byte pointers, not values. */
     rocksdb_writeoptions_set_sync(s->wo, s->sync == KV_SYNC_FSYNC);
     s->ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(s->ro, 0);
 
-    if ((rc = rebuild_index(s, err, errlen)) != KV_OK)
+    if ((rc = rebuild_index(s, rebuild, err, errlen)) != KV_OK)
         goto fail_scan;
     s->mrunning = pthread_create(&s->mthread, NULL, maint_main, s) == 0;
     if (!s->mrunning || (rc = kv__spill_start(s)) != KV_OK) {
@@ -942,6 +1222,21 @@ fail_dirs:
 fail_idx:
     free_tier(s);
     return rc;
+}
+
+int kv__ssd_recover(const struct kv_config *cfg, uint64_t *recovered, char *err, size_t errlen)
+{
+    struct kv__ssd_tuning t;
+    kv__ssd_tuning_defaults(&t);
+    t.rebuild = true;
+    struct kv__ssd *s;
+    int rc = kv__ssd_open_tuned(cfg, &t, &s, err, errlen);
+    if (rc != KV_OK)
+        return rc;
+    if (recovered)
+        *recovered = atomic_load(&s->recovered);
+    kv__ssd_close(s);
+    return KV_OK;
 }
 
 void kv__ssd_close(struct kv__ssd *s)
@@ -1282,6 +1577,7 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out)
     out->enospc = atomic_load(&s->enospc);
     out->reopens = atomic_load(&s->reopens);
     out->moved_bytes = atomic_load(&s->moved_bytes);
+    out->recovered = atomic_load(&s->recovered);
     out->vlog_bytes = kv__vlog_disk_bytes(&s->vlog);
     rocksdb_t *db = db_enter(s);
     if (!db || rocksdb_property_int(db, "rocksdb.live-sst-files-size", &out->sst_bytes) != 0)

@@ -245,7 +245,7 @@ static void *writer_main(void *arg)
                     (unsigned long long)taken, kv_strerror(rc));
         /* The CANCELLED claims are still ours: delete what we wrote, then
          * let the entries go. */
-        kv__ssd_unput(s, undo, nundo);
+        kv__ssd_unput(s, undo, nundo, true);
         struct kv__sq_item *nx;
         for (struct kv__sq_item *it = first; ntaken > 0; it = nx) {
             nx = --ntaken ? it->next : NULL;

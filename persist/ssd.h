@@ -83,6 +83,8 @@ struct kv__ssd_tuning {
     unsigned sync_ms;           /* maintenance tick: wal's sync, log compaction */
     uint64_t compact_min;       /* dead bytes a log file needs to be compacted */
     bool no_disk_precheck;      /* tests: let the writes themselves hit ENOSPC */
+    bool rebuild;               /* kv__ssd_recover: set RocksDB's files aside and
+                                   re-index the whole value log */
 };
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t);
 int  kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning *t,
@@ -98,6 +100,7 @@ struct kv__ssd_info {
     uint64_t queued_bytes;
     uint64_t reopens;           /* recoveries after RocksDB stopped on a full disk */
     uint64_t moved_bytes;       /* copied by value log compaction */
+    uint64_t recovered;         /* values re-indexed from the value log at open */
 };
 void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
 
@@ -118,5 +121,7 @@ int kv__ssd_scan(struct kv__ssd *s, kv_ssd_cb cb, void *ctx);
 int kv__ssd_scrub(struct kv__ssd *s, bool repair, kv_ssd_cb cb, void *ctx, uint64_t *checked,
                   uint64_t *bad);
 int kv__ssd_compact(struct kv__ssd *s);
+/* kv_ssd_recover's work: opens the store with tune.rebuild, counts, closes. */
+int kv__ssd_recover(const struct kv_config *cfg, uint64_t *recovered, char *err, size_t errlen);
 
 #endif

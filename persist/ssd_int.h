@@ -173,7 +173,7 @@ struct kv__vrec {
     uint8_t key[KV__SSD_KEY_LEN];
     const kv_iov *iov;
     uint32_t iovcnt;
-    uint64_t len;
+    uint64_t len, stamp;
     uint64_t loc, sum;
     uint32_t slen;
     int rc;
@@ -191,13 +191,42 @@ int  kv__vlog_append(struct kv__vlog *v, struct kv__vrec *r, size_t n, bool sync
  * failure iov is zeroed. */
 int  kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
                    const kv_iov *iov, uint32_t iovcnt, const char **why);
-/* Gives a record's space back (hole punched; the file unlinked when it was
- * its last live record). */
-void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen);
-/* After the open scan: live bytes per file from the pointers found; the
- * rest of each file punched, files with nothing live unlinked; then the
- * first file to append to. KV_OK or KV_EIO with a message. */
-int  kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *err, size_t errlen);
+/* Kills a record and gives its space back (hole punched or magic killed,
+ * see vlog.c; the file unlinked when it was its last live record). KV_OK,
+ * or KV_EIO when the record could not be killed: it may then be found
+ * again by a scan. */
+int  kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen);
+
+/* A record kv__vlog_settle found intact where no pointer leads. */
+struct kv__vfound {
+    const uint8_t *key;      /* KV__SSD_KEY_LEN bytes */
+    uint64_t loc, stamp;     /* stamp 0: a version-1 record (no write order) */
+    uint64_t sum;            /* its checksum, as a pointer carries it */
+    uint32_t len, slen;
+};
+/* Decides a found record's fate: true keeps it (the caller now points to
+ * it), false kills it (an older copy of a key that has a newer one). */
+typedef bool (*kv__vfound_fn)(void *ctx, const struct kv__vfound *r);
+/* What settle saw, for the open's log line. */
+struct kv__vsettle {
+    uint64_t found, kept, killed;    /* intact records no pointer led to */
+    uint64_t legacy_skipped;         /* version-1 records left as garbage */
+    uint64_t torn;                   /* records whose checksum failed */
+    uint64_t files_removed;
+};
+/*
+ * After the open scan of the pointers (ext: the records they lead to):
+ * every stretch of every file that no pointer covers is scanned for intact
+ * records (checksum verified), and each is offered to found(); what is not
+ * kept (garbage, torn or refused records) is punched; files left with
+ * nothing live are unlinked; then the first files to append to are
+ * started. legacy: version-1 records (which were not killed when deleted)
+ * are offered too; otherwise they are garbage, as they always were. KV_OK,
+ * or KV_EIO / KV_ENOMEM with a message.
+ */
+int  kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, bool legacy,
+                     kv__vfound_fn found, void *ctx, struct kv__vsettle *st, char *err,
+                     size_t errlen);
 /* A file worth compacting: not appended to, at least min_dead bytes on
  * disk beyond its live records, which are under half of it. Its number,
  * or 0. */
@@ -249,6 +278,7 @@ struct kv__ssd {
     pthread_mutex_t gc_mu;
     pthread_mutex_t cmu;             /* one value log compaction at a time */
     _Atomic uint64_t moved_bytes;    /* by compaction */
+    _Atomic uint64_t recovered;      /* values re-indexed from the log at open */
 
     /* The maintenance thread: with ssd.sync: wal, syncs the value log and
      * the WAL every tune.sync_ms. mmu is a leaf. */
@@ -290,9 +320,13 @@ int  kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n);
 /* The index entry for a value kv__ssd_put stored (state left 0). */
 void kv__ssd_put_entry(const struct kv__sput *p, struct kv__sent *e);
 /* Deletes the pointers of claimed entries (DELETING or CANCELLED, or
- * WRITING being undone) and gives their log space back; loc/slen in each
- * entry say where (KV__LOC_NONE: nothing written). */
-int  kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n);
+ * WRITING being undone), then kills their records and gives their log
+ * space back; loc/slen in each entry say where (KV__LOC_NONE: nothing
+ * written). When the pointers could not be deleted, the records are left
+ * as they are (the values are still stored: the caller's delete failed)
+ * unless force: then they are killed all the same, so that a pointer left
+ * behind leads to a dead record (a miss), never to the old value. */
+int  kv__ssd_unput(struct kv__ssd *s, const struct kv__sent *ents, size_t n, bool force);
 /* Reads and checks a STORED value at e->loc into iov: KV_OK, KV_ECORRUPT
  * (*why says how), KV_EIO. No index change. */
 int  kv__ssd_fetch(struct kv__ssd *s, const struct kv__sent *e, const kv_iov *iov, uint32_t iovcnt,

@@ -11,9 +11,16 @@
  * the WAL, the memtable and the blob file, CRC'd in software at each step);
  * the measurements are at the top of rocks.c.
  *
- * A record is a 48-byte header then the stored bytes:
- *   magic "KVV1", flags (bit 0: lz4), value length, stored length (u32 each),
- *   XXH3-64 of the value seeded with XXH3 of the key, the 21-byte key, pad.
+ * A record is a 48-byte header then the stored bytes (u32/u64 little-endian):
+ *   0 magic "KVV2"   4 value length   8 stored length   12 flags (u8, bit 0:
+ *   lz4)   13 the 21-byte key   34 write stamp (48 bits)   40 XXH3-64 of the
+ *   value, seeded with XXH3 of header bytes 4..39.
+ * The checksum covers the whole header but its magic, so a record found by
+ * a scan is trusted only whole. The stamp is the tier's logical clock at
+ * the write (the pointer carries the same one): of two copies of one key,
+ * the higher stamp is the newer write. Records written before stamps
+ * existed ("KVV1": flags u32 at 4, lengths at 8 and 12, checksum at 16
+ * seeded with XXH3 of the key, key at 24) are still read.
  * Records of 32 KiB or more start and end on a 4 KiB boundary, so deleting
  * one punches a hole (fallocate PUNCH_HOLE) that gives all of its space
  * back at once; smaller ones are 16-byte aligned and their space comes back
@@ -22,6 +29,16 @@
  * The header makes every record self-describing: a read checks magic,
  * key and length before the checksum, so a pointer to the wrong place is
  * caught, not just a flipped bit.
+ *
+ * THE LOG IS THE SOURCE OF TRUTH. RocksDB's pointers only say where values
+ * are; a lost or damaged RocksDB must not lose a value the log holds
+ * intact. So a deleted record is killed in place before its deletion is
+ * acknowledged: its hole is punched (large records) or its magic turned
+ * into "KVX1"/"KVX2" (small ones, which share file system blocks; the
+ * lengths stay readable, so a scan steps over it). Then every record that
+ * still reads as live is one the store may hold, and kv__vlog_settle can
+ * re-index a record no pointer leads to (a WAL that lost its tail, a
+ * RocksDB rebuilt from nothing) instead of giving its space away.
  *
  * Threading: appends reserve their range under amu (a short critical
  * section: an offset bump); the writes themselves run in parallel. Files
@@ -43,7 +60,10 @@
 
 #include "ssd_int.h"
 
-#define VLOG_MAGIC 0x3156564bu   /* "KVV1" little-endian */
+#define MAGIC_V1 0x3156564bu      /* "KVV1" little-endian */
+#define MAGIC_V2 0x3256564bu      /* "KVV2" */
+#define DEAD_V1 0x3158564bu       /* "KVX1": a deleted record, lengths intact */
+#define DEAD_V2 0x3258564bu       /* "KVX2" */
 #define FLAG_LZ4 1u
 #define BIG_REC (32u << 10)
 #define FS_BLOCK 4096u
@@ -68,17 +88,77 @@ uint64_t kv__vlog_span(uint32_t slen)
     return align_up(KV__VLOG_HDR + (uint64_t)slen, rec_align(slen));
 }
 
-static uint64_t checksum(const uint8_t *key, const kv_iov *iov, uint32_t iovcnt)
+static uint64_t checksum(uint64_t seed, const kv_iov *iov, uint32_t iovcnt)
 {
     /* Zeroed first: xxhash 0.8.1's reset reads the seed already in the
      * state (valgrind saw an uninitialised read). */
     XXH3_state_t st;
     memset(&st, 0, sizeof st);
-    XXH3_64bits_reset_withSeed(&st, XXH3_64bits(key, KV__SSD_KEY_LEN));
+    XXH3_64bits_reset_withSeed(&st, seed);
     for (uint32_t i = 0; i < iovcnt; i++)
         if (iov[i].len)
             XXH3_64bits_update(&st, iov[i].base, iov[i].len);
     return XXH3_64bits_digest(&st);
+}
+
+/* ---- the record header ------------------------------------------------------ */
+
+struct rec_hdr {
+    int ver;                 /* 1 or 2 */
+    bool dead;               /* killed: lengths valid, contents not */
+    uint32_t flags, len, slen;
+    uint64_t stamp, sum, seed;
+    const uint8_t *key;      /* into the header bytes */
+};
+
+/* Parses 48 header bytes: true for a record (live or dead) whose fields are
+ * consistent, false for anything else. Trusts nothing: a scan feeds it any
+ * bytes a file holds. */
+static bool parse_hdr(const uint8_t *h, struct rec_hdr *r)
+{
+    uint32_t magic = kv__get32(h);
+    memset(r, 0, sizeof *r);
+    if (magic == MAGIC_V2 || magic == DEAD_V2) {
+        r->ver = 2;
+        r->dead = magic == DEAD_V2;
+        r->len = kv__get32(h + 4);
+        r->slen = kv__get32(h + 8);
+        r->flags = h[12];
+        r->key = h + 13;
+        for (int i = 0; i < 6; i++)
+            r->stamp |= (uint64_t)h[34 + i] << (8 * i);
+        r->sum = kv__get64(h + 40);
+        r->seed = XXH3_64bits(h + 4, 36);
+    } else if (magic == MAGIC_V1 || magic == DEAD_V1) {
+        r->ver = 1;
+        r->dead = magic == DEAD_V1;
+        r->flags = kv__get32(h + 4);
+        r->len = kv__get32(h + 8);
+        r->slen = kv__get32(h + 12);
+        r->sum = kv__get64(h + 16);
+        r->key = h + 24;
+        r->seed = XXH3_64bits(r->key, KV__SSD_KEY_LEN);
+    } else {
+        return false;
+    }
+    if ((r->flags & ~FLAG_LZ4) || r->len > KV_VALUE_MAX || r->key[0] >= KV_NS_COUNT)
+        return false;
+    return r->flags & FLAG_LZ4 ? r->slen < r->len : r->slen == r->len;
+}
+
+/* A version-2 header for r, but for the checksum; returns the seed the
+ * checksum takes. */
+static uint64_t fill_hdr(uint8_t *h, const struct kv__vrec *r, bool lz4)
+{
+    memset(h, 0, KV__VLOG_HDR);
+    kv__put32(h, MAGIC_V2);
+    kv__put32(h + 4, (uint32_t)r->len);
+    kv__put32(h + 8, r->slen);
+    h[12] = lz4 ? FLAG_LZ4 : 0;
+    memcpy(h + 13, r->key, KV__SSD_KEY_LEN);
+    for (int i = 0; i < 6; i++)
+        h[34 + i] = (uint8_t)(r->stamp >> (8 * i));
+    return XXH3_64bits(h + 4, 36);
 }
 
 /* ---- the file table --------------------------------------------------------- */
@@ -293,11 +373,13 @@ void kv__vlog_close(struct kv__vlog *v)
 
 /* ---- space ------------------------------------------------------------------- */
 
-static void punch(struct kv__vlog *v, struct kv__vfile *f, uint64_t off, uint64_t span)
+/* Punches the whole file system blocks inside [off, off + span); true when
+ * [off, off + span) begins on a block and its first block went. */
+static bool punch(struct kv__vlog *v, struct kv__vfile *f, uint64_t off, uint64_t span)
 {
     uint64_t a = align_up(off, FS_BLOCK), b = (off + span) & ~(uint64_t)(FS_BLOCK - 1);
     if (!v->punch || b <= a)
-        return;
+        return false;
     if (fallocate(f->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)a, (off_t)(b - a)) != 0) {
         if (errno == EOPNOTSUPP || errno == ENOSYS) {
             v->punch = false;
@@ -307,18 +389,40 @@ static void punch(struct kv__vlog *v, struct kv__vfile *f, uint64_t off, uint64_
         } else {
             KV_WARN("ssd: punching a hole in value log %u: %s", f->no, strerror(errno));
         }
+        return false;
     }
+    return a == off;
 }
 
-void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
+/* Turns the live record at off into a dead one (its magic only: a scan
+ * still steps over it by its lengths). Anything else there is left alone. */
+static int kill_rec(struct kv__vfile *f, uint64_t off)
+{
+    uint8_t m[4];
+    ssize_t r = pread(f->fd, m, sizeof m, (off_t)off);
+    if (r != (ssize_t)sizeof m)
+        return r < 0 ? KV_EIO : KV_OK;   /* short: nothing whole is there */
+    uint32_t magic = kv__get32(m);
+    if (magic != MAGIC_V1 && magic != MAGIC_V2)
+        return KV_OK;
+    kv__put32(m, magic == MAGIC_V1 ? DEAD_V1 : DEAD_V2);
+    if (pwrite(f->fd, m, sizeof m, (off_t)off) != (ssize_t)sizeof m) {
+        KV_WARN("ssd: cannot mark a deleted record dead in value log %u: %s", f->no,
+                strerror(errno));
+        return KV_EIO;
+    }
+    return KV_OK;
+}
+
+int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
 {
     if (loc == KV__LOC_NONE)
-        return;
+        return KV_OK;
     struct kv__vfile *f = vfile_get(v, KV__LOC_FILE(loc));
     if (!f)
-        return;
+        return KV_OK;   /* its file is gone, and the record with it */
     uint64_t span = kv__vlog_span(slen);
-    punch(v, f, KV__LOC_OFF(loc), span);
+    int rc = punch(v, f, KV__LOC_OFF(loc), span) ? KV_OK : kill_rec(f, KV__LOC_OFF(loc));
     uint64_t was = atomic_fetch_sub(&f->live, span);
     if (was == span) {
         pthread_mutex_lock(&v->amu);
@@ -328,67 +432,13 @@ void kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
             retire(v, f);
     }
     vfile_put(f);
+    return rc;
 }
 
 static int cmp_ext(const void *a, const void *b)
 {
     const struct kv__vext *x = a, *y = b;
     return x->loc < y->loc ? -1 : x->loc > y->loc;
-}
-
-/*
- * After the open scan: counts each file's live bytes from the pointers
- * found, punches the space between them (records a crash left without a
- * pointer, or whose delete did not reach the file), unlinks the files
- * nothing points into, and starts a new file to append to (the tail of the
- * last one may be torn), numbered past every file on disk and every file a
- * pointer names, so a number is never reused. Sorts ext.
- */
-int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, char *err, size_t errlen)
-{
-    if (n)
-        qsort(ext, n, sizeof *ext, cmp_ext);
-    if (n && KV__LOC_FILE(ext[n - 1].loc) >= v->next_no)
-        v->next_no = KV__LOC_FILE(ext[n - 1].loc) + 1;
-    size_t j = 0;
-    struct kv__vfile **dead = malloc((v->n ? v->n : 1) * sizeof *dead);
-    size_t ndead = 0;
-    for (size_t i = 0; i < v->n; i++) {
-        struct kv__vfile *f = v->files[i];
-        if (is_active(v->active, f))
-            continue;
-        while (j < n && KV__LOC_FILE(ext[j].loc) < f->no)
-            j++;
-        uint64_t pos = 0, live = 0;
-        for (; j < n && KV__LOC_FILE(ext[j].loc) == f->no; j++) {
-            uint64_t off = KV__LOC_OFF(ext[j].loc), span = kv__vlog_span(ext[j].slen);
-            if (off > pos)
-                punch(v, f, pos, off - pos);
-            live += span;
-            if (off + span > pos)
-                pos = off + span;
-        }
-        struct stat st;
-        if (fstat(f->fd, &st) == 0 && (uint64_t)st.st_size > pos)
-            punch(v, f, pos, align_up((uint64_t)st.st_size, FS_BLOCK) - pos);
-        atomic_store(&f->live, live);
-        if (live == 0 && dead)
-            dead[ndead++] = f;
-    }
-    for (size_t i = 0; i < ndead; i++)
-        retire(v, dead[i]);
-    free(dead);
-    if (v->next_no >= KV__VLOG_MAX_FILE) {
-        kv__errf(err, errlen, "value log '%s': file numbers exhausted", v->dir);
-        return KV_EIO;
-    }
-    for (int k = 0; k < KV__VLOG_STRIPES; k++)
-        if (rotate(v, k) != KV_OK) {
-            kv__errf(err, errlen, "cannot create a value log file in '%s': %s", v->dir,
-                     strerror(errno));
-            return KV_EIO;
-        }
-    return KV_OK;
 }
 
 uint32_t kv__vlog_sparse(struct kv__vlog *v, uint64_t min_dead)
@@ -502,7 +552,9 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
     uint8_t *zbuf = NULL;
     uint32_t zlen = v->compress ? try_lz4(r, &zbuf) : 0;
     r->slen = zlen ? zlen : (uint32_t)r->len;
-    r->sum = checksum(r->key, r->iov, r->iovcnt);
+    uint8_t hdr[KV__VLOG_HDR];
+    r->sum = checksum(fill_hdr(hdr, r, zlen != 0), r->iov, r->iovcnt);
+    kv__put64(hdr + 40, r->sum);
     uint64_t span = kv__vlog_span(r->slen);
 
     int k = my_stripe(v);
@@ -524,15 +576,6 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
         free(zbuf);
         return rc;
     }
-
-    uint8_t hdr[KV__VLOG_HDR];
-    memset(hdr, 0, sizeof hdr);
-    kv__put32(hdr, VLOG_MAGIC);
-    kv__put32(hdr + 4, zlen ? FLAG_LZ4 : 0);
-    kv__put32(hdr + 8, (uint32_t)r->len);
-    kv__put32(hdr + 12, r->slen);
-    kv__put64(hdr + 16, r->sum);
-    memcpy(hdr + 24, r->key, KV__SSD_KEY_LEN);
 
     struct iovec stack[17], *io = stack;
     int cnt = zlen ? 2 : (int)r->iovcnt + 1;
@@ -659,16 +702,16 @@ static int64_t read_all(int fd, struct iovec *io, int cnt, uint64_t off, uint64_
 }
 
 /* Checks a record's header against what the pointer promised. */
-static const char *check_hdr(const uint8_t *hdr, uint64_t got, const uint8_t *key, uint64_t len)
+static const char *check_hdr(const uint8_t *hdr, uint64_t got, const uint8_t *key, uint64_t len,
+                             struct rec_hdr *r)
 {
-    uint32_t flags = kv__get32(hdr + 4), slen = kv__get32(hdr + 12);
-    if (got < KV__VLOG_HDR || kv__get32(hdr) != VLOG_MAGIC)
+    if (got < KV__VLOG_HDR || !parse_hdr(hdr, r) || r->dead)
         return "bad record header";
-    if (memcmp(hdr + 24, key, KV__SSD_KEY_LEN) != 0)
+    if (memcmp(r->key, key, KV__SSD_KEY_LEN) != 0)
         return "record holds another key";
-    if (kv__get32(hdr + 8) != len || (flags & ~FLAG_LZ4) || (flags & FLAG_LZ4 ? slen >= len : slen != len))
+    if (r->len != len)
         return "bad record length";
-    if (got < KV__VLOG_HDR + (uint64_t)slen)
+    if (got < KV__VLOG_HDR + (uint64_t)r->slen)
         return "record cut short";
     return NULL;
 }
@@ -690,6 +733,26 @@ static int unpack_lz4(const kv_iov *iov, uint32_t iovcnt, uint32_t slen, uint64_
     free(z);
     free(plain);
     return d == (int)len ? KV_OK : KV_ECORRUPT;
+}
+
+/* The value a read left in iov (stored bytes at the front): decompressed
+ * in place when it was stored with lz4, then checked against the header's
+ * checksum. KV_OK, KV_ECORRUPT with *why, KV_ENOMEM. */
+static int check_value(const struct rec_hdr *r, const kv_iov *iov, uint32_t iovcnt,
+                       const char **why)
+{
+    if (r->flags & FLAG_LZ4) {
+        int rc = unpack_lz4(iov, iovcnt, r->slen, r->len);
+        if (rc != KV_OK) {
+            *why = rc == KV_ECORRUPT ? "lz4 data does not decompress" : NULL;
+            return rc;
+        }
+    }
+    if (checksum(r->seed, iov, iovcnt) != r->sum) {
+        *why = "checksum mismatch";
+        return KV_ECORRUPT;
+    }
+    return KV_OK;
 }
 
 static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
@@ -722,20 +785,10 @@ static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64
         return KV_EIO;
     }
     vfile_put(f);
-    if ((*why = check_hdr(hdr, (uint64_t)got, key, len)))
+    struct rec_hdr r;
+    if ((*why = check_hdr(hdr, (uint64_t)got, key, len, &r)))
         return KV_ECORRUPT;
-    if (kv__get32(hdr + 4) & FLAG_LZ4) {
-        int rc = unpack_lz4(iov, iovcnt, kv__get32(hdr + 12), len);
-        if (rc != KV_OK) {
-            *why = rc == KV_ECORRUPT ? "lz4 data does not decompress" : NULL;
-            return rc;
-        }
-    }
-    if (checksum(key, iov, iovcnt) != kv__get64(hdr + 16)) {
-        *why = "checksum mismatch";
-        return KV_ECORRUPT;
-    }
-    return KV_OK;
+    return check_value(&r, iov, iovcnt, why);
 }
 
 int kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
@@ -749,4 +802,185 @@ int kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t
             if (iov[i].len)
                 memset(iov[i].base, 0, iov[i].len);
     return rc;
+}
+
+/* ---- the open-time scan -------------------------------------------------------- */
+
+struct scan {
+    struct kv__vlog *v;
+    struct kv__vfile *f;
+    bool legacy;
+    kv__vfound_fn found;
+    void *ctx;
+    struct kv__vsettle *st;
+    uint64_t live;           /* span bytes kept in f */
+    uint8_t *buf;            /* a found record's value */
+    size_t cap;
+};
+
+/* The first 16-aligned offset in [pos, end) where a header could start (a
+ * nonzero word); holes are skipped with SEEK_DATA. end when there is none. */
+static uint64_t next_candidate(int fd, uint64_t pos, uint64_t end)
+{
+    uint8_t blk[FS_BLOCK];
+    while (pos + KV__VLOG_HDR <= end) {
+        off_t d = lseek(fd, (off_t)pos, SEEK_DATA);
+        if (d < 0 && errno == ENXIO)
+            return end;   /* nothing but a hole from pos on */
+        if (d > (off_t)pos)
+            pos = align_up((uint64_t)d, 16);
+        if (pos + KV__VLOG_HDR > end)
+            break;
+        size_t want = end - pos < sizeof blk ? (size_t)(end - pos) : sizeof blk;
+        ssize_t got = pread(fd, blk, want, (off_t)pos);
+        if (got < 16)
+            break;
+        for (size_t i = 0; i + 16 <= (size_t)got; i += 16)
+            if (kv__get32(blk + i) != 0)
+                return pos + i;
+        pos += (uint64_t)got & ~(uint64_t)15;
+    }
+    return end;
+}
+
+/* Reads and checks the record r at off, all of whose stored bytes lie
+ * before end: KV_OK when intact, with its value in sc->buf. */
+static int verify_found(struct scan *sc, const struct rec_hdr *r, uint64_t off)
+{
+    /* A header is only as good as its checksum: bound what it may make us
+     * allocate (lz4 expands at most 255-fold) before reading. */
+    if ((r->flags & FLAG_LZ4) && (r->len > (uint64_t)r->slen * 255 + 16 ||
+                                  r->len > (uint64_t)LZ4_MAX_INPUT_SIZE))
+        return KV_ECORRUPT;
+    if (r->len > sc->cap) {
+        uint8_t *nb = realloc(sc->buf, r->len);
+        if (!nb)
+            return KV_ENOMEM;
+        sc->buf = nb;
+        sc->cap = r->len;
+    }
+    struct iovec io = { sc->buf, r->slen };
+    if (read_all(sc->f->fd, &io, 1, off + KV__VLOG_HDR, r->slen) != (int64_t)r->slen)
+        return KV_EIO;
+    kv_iov iov = { sc->buf, r->len };
+    const char *why;
+    return check_value(r, &iov, 1, &why);
+}
+
+/*
+ * Scans [pos, end) of sc->f, a stretch no pointer covers: each intact
+ * record found is offered to sc->found and counted live when kept; what is
+ * not kept is punched, up to punch_to (end, or past a torn tail).
+ */
+static void scan_range(struct scan *sc, uint64_t pos, uint64_t end, uint64_t punch_to)
+{
+    struct kv__vfile *f = sc->f;
+    uint64_t garbage = pos;   /* the stretch since the last record kept */
+    while ((pos = next_candidate(f->fd, pos, end)) + KV__VLOG_HDR <= end) {
+        uint8_t h[KV__VLOG_HDR];
+        struct rec_hdr r;
+        if (pread(f->fd, h, sizeof h, (off_t)pos) != (ssize_t)sizeof h || !parse_hdr(h, &r) ||
+            pos + KV__VLOG_HDR + r.slen > end) {
+            pos += 16;
+            continue;
+        }
+        uint64_t span = kv__vlog_span(r.slen);
+        if (r.dead) {
+            pos += span;
+            continue;
+        }
+        if (r.ver == 1 && !sc->legacy) {
+            sc->st->legacy_skipped++;
+            pos += span;
+            continue;
+        }
+        if (verify_found(sc, &r, pos) != KV_OK) {
+            sc->st->torn++;
+            pos += 16;   /* a torn record's lengths are not to be trusted */
+            continue;
+        }
+        sc->st->found++;
+        struct kv__vfound fr = { .key = r.key, .loc = kv__loc(f->no, pos), .stamp = r.stamp,
+                                 .sum = r.sum, .len = r.len, .slen = r.slen };
+        if (sc->found(sc->ctx, &fr)) {
+            punch(sc->v, f, garbage, pos - garbage);
+            sc->live += span;
+            sc->st->kept++;
+            garbage = pos + span;
+        } else {
+            kill_rec(f, pos);
+            sc->st->killed++;
+        }
+        pos += span;
+    }
+    if (punch_to > garbage)
+        punch(sc->v, f, garbage, punch_to - garbage);
+}
+
+/*
+ * After the open scan: counts each file's live bytes from the pointers
+ * found, scans what lies between them (see kv__vlog_settle in ssd_int.h),
+ * unlinks the files left with nothing live, and starts new files to append
+ * to (the tail of the last one may be torn), numbered past every file on
+ * disk and every file a pointer names, so a number is never reused. Sorts
+ * ext.
+ */
+int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, bool legacy,
+                    kv__vfound_fn found, void *ctx, struct kv__vsettle *st, char *err,
+                    size_t errlen)
+{
+    memset(st, 0, sizeof *st);
+    if (n)
+        qsort(ext, n, sizeof *ext, cmp_ext);
+    if (n && KV__LOC_FILE(ext[n - 1].loc) >= v->next_no)
+        v->next_no = KV__LOC_FILE(ext[n - 1].loc) + 1;
+    struct scan sc = { .v = v, .legacy = legacy, .found = found, .ctx = ctx, .st = st };
+    struct kv__vfile **dead = malloc((v->n ? v->n : 1) * sizeof *dead);
+    if (!dead) {
+        kv__errf(err, errlen, "out of memory settling the value log");
+        return KV_ENOMEM;
+    }
+    size_t j = 0, ndead = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        struct kv__vfile *f = v->files[i];
+        if (is_active(v->active, f))
+            continue;
+        while (j < n && KV__LOC_FILE(ext[j].loc) < f->no)
+            j++;
+        struct stat st_;
+        uint64_t size = fstat(f->fd, &st_) == 0 ? (uint64_t)st_.st_size : 0;
+        uint64_t pos = 0, live = 0;
+        sc.f = f;
+        sc.live = 0;
+        for (; j < n && KV__LOC_FILE(ext[j].loc) == f->no; j++) {
+            uint64_t off = KV__LOC_OFF(ext[j].loc), span = kv__vlog_span(ext[j].slen);
+            if (off > pos)
+                scan_range(&sc, pos, off, off);
+            live += span;
+            if (off + span > pos)
+                pos = off + span;
+        }
+        if (size > pos)
+            scan_range(&sc, pos, size, align_up(size, FS_BLOCK));
+        live += sc.live;
+        atomic_store(&f->live, live);
+        if (live == 0)
+            dead[ndead++] = f;
+    }
+    free(sc.buf);
+    for (size_t i = 0; i < ndead; i++)
+        retire(v, dead[i]);
+    st->files_removed = ndead;
+    free(dead);
+    if (v->next_no >= KV__VLOG_MAX_FILE) {
+        kv__errf(err, errlen, "value log '%s': file numbers exhausted", v->dir);
+        return KV_EIO;
+    }
+    for (int k = 0; k < KV__VLOG_STRIPES; k++)
+        if (rotate(v, k) != KV_OK) {
+            kv__errf(err, errlen, "cannot create a value log file in '%s': %s", v->dir,
+                     strerror(errno));
+            return errno == ENOSPC || errno == EDQUOT ? KV_ENOSPC : KV_EIO;
+        }
+    return KV_OK;
 }

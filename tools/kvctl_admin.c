@@ -106,6 +106,7 @@ static const struct {
       "usage: kvctl [--config FILE] [--set KEY=VALUE]... ssd ls [--json]\n"
       "       kvctl ... ssd scrub [--repair] [--json]\n"
       "       kvctl ... ssd compact\n"
+      "       kvctl ... ssd recover [--json]\n"
       "\n"
       "The SSD tier of the store the config describes (offline).\n"
       "  ls       list every value: kind (block or key), id in hex (a plain key's is\n"
@@ -114,6 +115,10 @@ static const struct {
       "           exits 1 when there are any\n"
       "  compact  compact the value log files left mostly dead (small values'\n"
       "           space) and the RocksDB index: gives deleted values' space back\n"
+      "  recover  rebuild the index from the value log: RocksDB's files are moved\n"
+      "           to ssd.path/damaged-TIME/ and every intact value re-indexed (the\n"
+      "           store must not be open; an open does this itself when RocksDB's\n"
+      "           files are missing or cannot be opened)\n"
       "\n"
       "  -r, --repair           scrub: delete the bad values (a load would too)\n"
       "  -j, --json             one JSON object on stdout\n" },
@@ -876,6 +881,32 @@ static void *tick_main(void *arg)
     return NULL;
 }
 
+/* ssd recover works on the files, with no engine open: the rebuild is
+ * what an open does once RocksDB's files are set aside. */
+static int ssd_recover(struct kvctl_common *c, bool json)
+{
+    kv_config *cfg = NULL;
+    int rc = kvctl_build_config(c, &cfg);
+    if (rc != KVCTL_EXIT_OK)
+        return rc;
+    char err[512] = "", path[1024] = "";
+    kv_config_get(cfg, "ssd.path", path, sizeof path);
+    uint64_t n = 0, t0 = kvctl_now_ns();
+    int e = kv_ssd_recover(cfg, &n, err, sizeof err);
+    kv_config_free(cfg);
+    double secs = (double)(kvctl_now_ns() - t0) / 1e9;
+    if (e != KV_OK) {
+        fprintf(stderr, "kvctl ssd recover: %s: %s\n", kv_strerror(e), err[0] ? err : path);
+        return e == KV_ENOTSUP ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
+    }
+    if (json)
+        printf("{\"recovered\":%" PRIu64 ",\"seconds\":%.3f}\n", n, secs);
+    else
+        fprintf(stderr, "recover: %" PRIu64 " values indexed from the value log of %s in %.2f s; "
+                "RocksDB's old files are in %s/damaged-*\n", n, path, secs, path);
+    return KVCTL_EXIT_OK;
+}
+
 int kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv)
 {
     struct aopts o;
@@ -885,14 +916,17 @@ int kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv)
     if ((rc = want_args("ssd", argc - optind, 1, 1)) >= 0)
         return rc;
     const char *sub = argv[optind];
-    if (strcmp(sub, "ls") != 0 && strcmp(sub, "scrub") != 0 && strcmp(sub, "compact") != 0) {
-        fprintf(stderr, "kvctl ssd: unknown subcommand '%s' (ls, scrub or compact)\n", sub);
+    if (strcmp(sub, "ls") != 0 && strcmp(sub, "scrub") != 0 && strcmp(sub, "compact") != 0 &&
+        strcmp(sub, "recover") != 0) {
+        fprintf(stderr, "kvctl ssd: unknown subcommand '%s' (ls, scrub, compact or recover)\n", sub);
         return KVCTL_EXIT_USAGE;
     }
     if (o.repair && strcmp(sub, "scrub") != 0) {
         fprintf(stderr, "kvctl ssd %s: --repair applies to scrub only\n", sub);
         return KVCTL_EXIT_USAGE;
     }
+    if (strcmp(sub, "recover") == 0)
+        return ssd_recover(c, o.json);
     kv_engine *e = NULL;
     if ((rc = open_store(c, "ssd", false, &e)) != KVCTL_EXIT_OK)
         return rc;
