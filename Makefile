@@ -19,6 +19,10 @@ OPT      ?= -O2
 
 SONAME_MAJOR := 0
 VERSION      := 0.1.0
+# Debian's interpreter, which python3-pytest and python3-numpy install into
+# (a python3 earlier in PATH, e.g. pyenv's, may lack them).
+PYTHON   ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
+PYDIR    := $(PREFIX)/lib/python3/dist-packages
 
 ifeq ($(SANITIZE),)
 BUILD    ?= build
@@ -56,7 +60,7 @@ SV_LIB    := $(if $(SV_SRC),$(BUILD)/softverbs/libibverbs.so.1)
 STATIC := $(BUILD)/libkvengine.a
 SHARED := $(BUILD)/libkvengine.so.$(VERSION)
 
-.PHONY: all lib tools test check bench install installcheck clean deps crashtest rdmatest
+.PHONY: all lib tools test check bench install installcheck clean deps crashtest rdmatest pytest
 all: lib tools
 
 # Installs missing Debian packages when run as root (see scripts/deps.sh).
@@ -117,10 +121,24 @@ $(BUILD)/examples/%: examples/%.c $(STATIC)
 # librocksdb are suppressed (tests/tsan.supp says why).
 TSAN_ENV := $(if $(findstring thread,$(SANITIZE)),TSAN_OPTIONS="suppressions=$(abspath tests/tsan.supp) $$TSAN_OPTIONS")
 
+# The Python package's tests (tests/python, pytest) load this build's
+# shared library. Under AddressSanitizer the interpreter is not instrumented,
+# so the runtimes are preloaded and leak checking is off (CPython keeps its
+# objects at exit); under ThreadSanitizer the package is not tested.
+PY_SAN_ENV := $(if $(findstring address,$(SANITIZE)),LD_PRELOAD="$(shell $(CC) -print-file-name=libasan.so) $(if $(findstring undefined,$(SANITIZE)),$(shell $(CC) -print-file-name=libubsan.so))" ASAN_OPTIONS="$$ASAN_OPTIONS:detect_leaks=0")
+PYTEST_RUN := $(PY_SAN_ENV) PYTHONDONTWRITEBYTECODE=1 KV_BUILD=$(abspath $(BUILD)) \
+    KVENGINE_LIBRARY=$(abspath $(BUILD))/libkvengine.so.$(SONAME_MAJOR) \
+    $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
+
 # The test runner finds the tools and the stand-in through KV_BUILD.
 test check: all $(BUILD)/tests/check_kvengine $(SV_LIB) $(EXAMPLES)
 	$(TSAN_ENV) KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine
 	$(BUILD)/examples/quickstart | grep -q 'hit=1 load=success same=1'
+	$(if $(findstring thread,$(SANITIZE)),@echo "pytest: skipped under ThreadSanitizer",$(PYTEST_RUN))
+
+# The Python package's suite alone.
+pytest: all
+	$(PYTEST_RUN)
 
 ROUNDS ?= 20
 crashtest: all $(BUILD)/tests/check_kvengine
@@ -155,6 +173,10 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
 	install -m 644 man/kvctl.1 man/kvmaster.1 man/kvnode.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 644 man/kvengine.yaml.5 $(DESTDIR)$(PREFIX)/share/man/man5/
+	install -d $(DESTDIR)$(PYDIR)/kvengine $(DESTDIR)$(PREFIX)/share/kvengine/python-compat/mooncake
+	install -m 644 python/kvengine/*.py $(DESTDIR)$(PYDIR)/kvengine/
+	install -m 644 python/compat/mooncake/*.py \
+	    $(DESTDIR)$(PREFIX)/share/kvengine/python-compat/mooncake/
 
 # Installs into a fresh temporary prefix, then builds every examples/*.c
 # against it the way a user would (cc app.c $$(pkg-config --cflags --libs
@@ -178,6 +200,16 @@ installcheck: all
 	    LD_LIBRARY_PATH=$$p/lib $$exe; \
 	done; \
 	for t in $(TOOLS); do $$p/bin/$$t --help >/dev/null; done; \
+	echo "installcheck: import kvengine from $$p/lib/python3/dist-packages"; \
+	(cd "$$tmp" && env -u KVENGINE_LIBRARY PYTHONDONTWRITEBYTECODE=1 \
+	    PYTHONPATH=$$p/lib/python3/dist-packages:$$p/share/kvengine/python-compat $(PYTHON) -c \
+	    'import os, sys, kvengine, mooncake.store as ms; p = sys.argv[1]; \
+	    assert kvengine.__file__.startswith(p + "/lib/python3/dist-packages/"), kvengine.__file__; \
+	    assert os.path.realpath(kvengine.library_path).startswith(p + "/lib/"), kvengine.library_path; \
+	    e = kvengine.Engine(settings={"pipeline": "dram", "dram.capacity": "16MiB", "log.level": "warn"}); \
+	    e.put("k", b"v"); assert e.get("k") == b"v"; e.close(); \
+	    s = ms.MooncakeDistributedStore(); assert s.setup("localhost", "", "16MB", "16MB", "tcp", "", "") == 0; \
+	    assert s.put("k", b"v") == 0 and s.get("k") == b"v"; s.close()' "$$p"); \
 	echo "installcheck: ok (prefix $$p)"
 
 # libFuzzer harnesses (tests/fuzz/fuzz_*.c), built with clang against the
