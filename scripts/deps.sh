@@ -5,6 +5,7 @@
 set -eu
 PKGS="build-essential pkg-config librocksdb-dev libibverbs-dev librdmacm-dev \
 liblz4-dev libyaml-dev check libsubunit-dev libjemalloc-dev libxxhash-dev \
+python3-pytest python3-numpy \
 libmicrohttpd-dev gnuplot-nox"
 [ $# -gt 0 ] && PKGS="$PKGS $*"
 missing=""
