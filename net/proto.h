@@ -52,6 +52,9 @@
 #define KV_PROTO_ID_MAX   128           /* node id / address / token bytes */
 #define KV_PROTO_SEG_MAX  64            /* segment descriptors per member */
 #define KV_PROTO_VIEW_MAX 4096          /* members per view */
+/* The largest valid HELLO body (two strings of at most KV_PROTO_ID_MAX):
+ * what a server buffers from a peer before it has authenticated. */
+#define KV_PROTO_HELLO_MAX (2 * (KV_PROTO_ID_MAX + 2))
 
 enum kv__msg {
     KV_MSG_HELLO = 1,

@@ -739,7 +739,7 @@ static void *sconn_main(void *arg)
     /* A frame, once begun, must arrive and be answered within the timeout:
      * a stalled peer is dropped and what it held is given back. */
     sc->deadline = kv__now_ms() + r->o.timeout_ms;
-    int rc = recv_frame(sc->fd, 0, 2 * (KV_PROTO_ID_MAX + 2), &h, &body, sc->deadline);
+    int rc = recv_frame(sc->fd, 0, KV_PROTO_HELLO_MAX, &h, &body, sc->deadline);
     char token[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1] = "?";
     if (rc == KV_OK && (h.type != KV_MSG_HELLO ||
                         kv__hello_decode(body, h.body_len, token, sizeof token, id, sizeof id)))
@@ -1174,7 +1174,7 @@ static int rdma_connect(struct kv__transport *tp, const char *addr, struct kv__c
             goto fail;
         }
     }
-    uint8_t b[2 * (KV_PROTO_ID_MAX + 2)];
+    uint8_t b[KV_PROTO_HELLO_MAX];
     int blen = kv__hello_encode(r->o.token, r->id, b, sizeof b);
     if (blen < 0) {
         rc = KV_EINVAL;

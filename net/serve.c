@@ -87,57 +87,121 @@ int kv__serve_pin(struct kv__serve *s, const struct kv__wire_req *q, const void 
     return rc == KV_OK ? KV__SERVE_COPY : rc;
 }
 
+/*
+ * Pins a request holds per block, counted only when the request has more
+ * loads than KV__SERVE_PINS_PER_BLOCK (else no block can reach the cap): an
+ * open-addressing table of (namespace, block id) -> pins, sized to twice
+ * the loads so probes stay short.
+ */
+struct pincount {
+    uint8_t used, ns;
+    kv_block_id id;
+    uint32_t n;
+};
+
+struct pintab {
+    struct pincount *t;
+    size_t mask;
+};
+
+static int pintab_init(struct pintab *p, size_t nload)
+{
+    p->t = NULL;
+    p->mask = 0;
+    if (nload <= KV__SERVE_PINS_PER_BLOCK)
+        return KV_OK;
+    size_t cap = 16;
+    while (cap < 2 * nload)
+        cap *= 2;
+    p->t = calloc(cap, sizeof *p->t);
+    p->mask = cap - 1;
+    return p->t ? KV_OK : KV_ENOMEM;
+}
+
+/* The count for q's block (NULL when none are kept). */
+static uint32_t *pintab_slot(struct pintab *p, const struct kv__wire_req *q)
+{
+    if (!p->t)
+        return NULL;
+    uint64_t h = 1469598103934665603ull ^ q->ns;
+    for (int i = 0; i < KV_BLOCK_ID_LEN; i++)
+        h = (h ^ q->id.bytes[i]) * 1099511628211ull;
+    for (size_t i = (size_t)h & p->mask;; i = (i + 1) & p->mask) {
+        struct pincount *e = &p->t[i];
+        if (!e->used) {
+            *e = (struct pincount){ .used = 1, .ns = q->ns, .id = q->id };
+            return &e->n;
+        }
+        if (e->ns == q->ns && memcmp(&e->id, &q->id, sizeof e->id) == 0)
+            return &e->n;
+    }
+}
+
 int kv__serve_items(struct kv__serve *s, const struct kv__wire_req *req,
                     struct kv__wire_resp *resp, size_t n, struct kv__serve_out *out)
 {
-    struct kv__backend *be = s->be;
     size_t nload = 0;
+    uint64_t copy_max = 0;
+    struct pintab pt;
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < n; i++)
         nload += req[i].kind == KV_OP_LOAD;
     out->iov = malloc((1 + nload) * sizeof *out->iov);
     out->item = calloc(1 + nload, sizeof *out->item);
     out->pins = nload ? malloc(nload * sizeof *out->pins) : NULL;
-    out->bufs = nload ? calloc(nload, sizeof *out->bufs) : NULL;
-    if (!out->iov || !out->item || (nload && (!out->pins || !out->bufs)))
+    if (!out->iov || !out->item || (nload && !out->pins) || pintab_init(&pt, nload))
         return KV_ENOMEM;
     out->cnt = 1;
     for (size_t i = 0; i < n; i++) {
         const struct kv__wire_req *q = &req[i];
         struct kv__wire_resp *r = &resp[i];
-        switch (q->kind) {
-        case KV_OP_LOOKUP:
-        case KV_OP_SIZE:
+        if (q->kind == KV_OP_LOOKUP || q->kind == KV_OP_SIZE)
             kv__serve_query(s, q, r);
-            break;
-        case KV_OP_LOAD: {
-            const void *d = NULL;
-            uint64_t len = 0;
-            kv__pin pin;
-            int rc = kv__serve_pin(s, q, &d, &len, &pin);
-            if (rc == KV_OK) {
-                out->pins[out->npins++] = pin;
-            } else if (rc == KV__SERVE_COPY) {
-                void *b = malloc(len ? len : 1);
-                rc = b ? KV_OK : KV_ENOMEM;
-                if (rc == KV_OK) {
-                    kv_iov v = { b, len };
-                    rc = be->load(be->ctx, q->ns, &q->id, q->index, &v, 1);
-                    out->bufs[out->nbufs++] = b;
-                    d = b;
-                }
-            }
-            r->status = rc;
-            if (rc == KV_OK) {
-                r->len = len;
-                out->iov[out->cnt++] = (struct iovec){ (void *)d, len };
-                out->data += len;
-            }
-            break;
+        if (q->kind != KV_OP_LOAD)
+            continue;   /* dumps are served as their bytes arrive */
+        const void *d = NULL;
+        uint64_t len = 0;
+        kv__pin pin;
+        uint32_t *pins = pintab_slot(&pt, q);
+        int rc = pins && *pins >= KV__SERVE_PINS_PER_BLOCK ? KV_EBUSY
+                                                           : kv__serve_pin(s, q, &d, &len, &pin);
+        if (rc == KV_OK) {
+            out->pins[out->npins++] = pin;
+            if (pins)
+                ++*pins;
+        } else if (rc == KV__SERVE_COPY) {
+            /* Copied when the writer gets here (kv__serve_out_ready). */
+            out->item[out->cnt] = (uint32_t)i + 1;
+            copy_max = len > copy_max ? len : copy_max;
+            rc = KV_OK;
         }
-        default:
-            break;      /* dumps are served as their bytes arrive */
+        r->status = rc;
+        if (rc == KV_OK) {
+            r->len = len;
+            out->iov[out->cnt++] = (struct iovec){ (void *)d, len };
+            out->data += len;
         }
+    }
+    free(pt.t);
+    if (copy_max || out->cnt > 1 + out->npins) {
+        out->buf = kv__serve_bounce_get(s, copy_max);
+        out->buflen = copy_max;
+    }
+    if (out->cnt > 1 + out->npins && !out->buf) {
+        /* The node's bounce budget is spent: every copy of this response
+         * is refused, and the pinned values still go. */
+        size_t k = 1;
+        for (size_t j = 1; j < out->cnt; j++) {
+            if (!out->item[j]) {
+                out->iov[k] = out->iov[j];
+                out->item[k++] = 0;
+                continue;
+            }
+            resp[out->item[j] - 1].status = KV_EBUSY;
+            resp[out->item[j] - 1].len = 0;
+            out->data -= out->iov[j].iov_len;
+        }
+        out->cnt = k;
     }
     return KV_OK;
 }
@@ -145,7 +209,21 @@ int kv__serve_items(struct kv__serve *s, const struct kv__wire_req *req,
 int kv__serve_out_ready(struct kv__serve *s, const struct kv__wire_req *req,
                         struct kv__serve_out *out, size_t at, size_t *cnt)
 {
-    *cnt = out->cnt - at;
+    if (out->item[at]) {
+        /* The previous copy sat at an index before at: it has gone out, and
+         * the buffer is free for this one. */
+        const struct kv__wire_req *q = &req[out->item[at] - 1];
+        kv_iov v = { out->buf, q->len };
+        int rc = s->be->load(s->be->ctx, q->ns, &q->id, q->index, &v, 1);
+        if (rc != KV_OK)
+            return rc;
+        out->iov[at].iov_base = out->buf;
+        out->item[at] = 0;
+    }
+    size_t k = at + 1;
+    while (k < out->cnt && !out->item[k])
+        k++;
+    *cnt = k - at;
     return KV_OK;
 }
 
@@ -154,9 +232,7 @@ void kv__serve_out_free(struct kv__serve *s, struct kv__serve_out *out)
     struct kv__backend *be = s->be;
     for (size_t i = 0; i < out->npins; i++)
         be->unpin(be->ctx, &out->pins[i]);
-    for (size_t i = 0; i < out->nbufs; i++)
-        free(out->bufs[i]);
-    free(out->bufs);
+    kv__serve_bounce_put(s, out->buf, out->buflen);
     free(out->pins);
     free(out->iov);
     free(out->item);
@@ -170,6 +246,7 @@ void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int
 {
     struct kv__backend *be = s->be;
     memset(d, 0, sizeof *d);
+    d->len = q->len;
     /* A shard already stored is skipped (it counts as success): its bytes
      * are drained rather than given room, which could evict other blocks
      * for nothing. Commit still resolves races. */
@@ -183,13 +260,15 @@ void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int
         return;
     }
     /* No segment (SSD only): copy in through a bounce buffer. */
-    if (bounce_ok && be->dump && !be->seg_len && q->len <= KV_NET_BOUNCE_MAX &&
-        (d->buf = malloc(q->len ? q->len : 1))) {
-        d->how = KV__DUMP_BOUNCE;
-        return;
+    if (bounce_ok && be->dump && !be->seg_len && q->len <= KV_NET_BOUNCE_MAX) {
+        if ((d->buf = kv__serve_bounce_get(s, q->len))) {
+            d->how = KV__DUMP_BOUNCE;
+            return;
+        }
+        rc = KV_EBUSY;      /* the node's bounce budget is spent for now */
     }
     d->how = KV__DUMP_DRAIN;
-    d->status = rc == KV_ENOMEM ? KV_ENOMEM : KV_ENOSPC;
+    d->status = rc == KV_ENOMEM || rc == KV_EBUSY ? rc : KV_ENOSPC;
 }
 
 void *kv__serve_dump_dst(const struct kv__serve_dump *d, uint64_t got)
@@ -210,7 +289,7 @@ int kv__serve_dump_end(struct kv__serve *s, const struct kv__wire_req *q,
     } else if (d->how == KV__DUMP_BOUNCE) {
         kv_iov v = { d->buf, q->len };
         d->status = be->dump(be->ctx, q->ns, &q->id, q->index, &v, 1);
-        free(d->buf);
+        kv__serve_bounce_put(s, d->buf, q->len);
         d->buf = NULL;
     }
     d->how = KV__DUMP_DRAIN;
@@ -221,7 +300,7 @@ void kv__serve_dump_abort(struct kv__serve *s, struct kv__serve_dump *d)
 {
     if (d->how == KV__DUMP_RESV)
         s->be->abort(s->be->ctx, &d->resv);
-    free(d->buf);
+    kv__serve_bounce_put(s, d->buf, d->len);
     d->buf = NULL;
     d->how = KV__DUMP_DRAIN;
 }

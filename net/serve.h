@@ -106,8 +106,6 @@ struct kv__serve_out {
     uint32_t *item;
     kv__pin *pins;
     size_t npins;
-    void **bufs;            /* bounce buffers, one per copied value */
-    size_t nbufs;
     void *buf;              /* the one bounce buffer, of buflen bytes */
     uint64_t buflen;
     uint64_t data;          /* bytes in iov[1..cnt) */
@@ -138,7 +136,8 @@ struct kv__serve_dump {
     int how;                /* KV__DUMP_* */
     int status;             /* the item's status so far */
     kv__resv resv;
-    void *buf;
+    void *buf;              /* KV__DUMP_BOUNCE: len bytes from the budget */
+    uint64_t len;
 };
 
 /* Decides where a dump's bytes go (the policy above). bounce_ok 0: never

@@ -30,6 +30,7 @@
  * batch() is the case of one conn.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -52,6 +53,15 @@
 #define TCP_LOOPS_MAX 8
 #define DISCARD_LEN (64u << 10)
 
+/* Connections a server holds at once. Each pooled client keeps a few per
+ * node, so thousands are normal; past this, new ones are closed at once
+ * rather than let the process run out of descriptors for its own files. */
+#define KV__TCP_CONNS_MAX 8192
+/* Connections that have not said HELLO yet. A real one authenticates in a
+ * round trip, so 64 only fill up under a flood; then the oldest is closed
+ * to let the newest in, and idle ones cannot lock real clients out. */
+#define KV__TCP_UNAUTH_MAX 64
+
 struct tcp;
 
 enum sstate { S_HDR, S_BODY, S_DATA, S_WRITE };
@@ -62,7 +72,10 @@ struct sconn {
     int fd;
     int state;
     int authed, close_after;
+    int evicted;                    /* shut down by the acceptor (under loop.lock) */
+    uint64_t born_ms;               /* accepted at */
     uint64_t progress_ms;           /* last time a frame moved (see reap_stalled) */
+    uint64_t frame_ms, frame_bytes; /* the frame in flight began at, and its bytes */
     uint8_t hdrbuf[KV_PROTO_HDR_LEN];
     size_t got;
     struct kv__hdr h;
@@ -101,6 +114,9 @@ struct tcp {
     struct loop loops[TCP_LOOPS_MAX];
     _Atomic unsigned rr;
     _Atomic int stopping;
+    _Atomic int nconns, nunauth;    /* open; not authenticated nor evicted */
+    int spare_fd;                   /* given up to refuse a peer at EMFILE */
+    uint64_t emfile_warned_ms;
     char id[64];
 };
 
@@ -150,12 +166,18 @@ static void conn_unlink(struct loop *lp, struct sconn *sc)
 static void sconn_close(struct sconn *sc)
 {
     struct loop *lp = sc->lp;
+    struct tcp *t = lp->t;
     epoll_ctl(lp->epfd, EPOLL_CTL_DEL, sc->fd, NULL);
+    /* Off the list before the descriptor goes: the acceptor may shut down
+     * any listed connection's descriptor (evict_unauth). */
+    conn_unlink(lp, sc);
+    if (!sc->authed && !sc->evicted)
+        atomic_fetch_sub(&t->nunauth, 1);
+    atomic_fetch_sub(&t->nconns, 1);
     close(sc->fd);
     if (sc->cur_started)
-        kv__serve_dump_abort(&lp->t->serve, &sc->dump);
+        kv__serve_dump_abort(&t->serve, &sc->dump);
     release_response(sc);
-    conn_unlink(lp, sc);
     free(sc);
 }
 
@@ -250,7 +272,11 @@ static int on_hello(struct sconn *sc)
         sc->close_after = 1;
         return respond_simple(sc, KV_MSG_HELLO_OK, KV_EPERM);
     }
+    pthread_mutex_lock(&sc->lp->lock);
+    if (!sc->evicted)
+        atomic_fetch_sub(&sc->lp->t->nunauth, 1);
     sc->authed = 1;
+    pthread_mutex_unlock(&sc->lp->lock);
     return respond_simple(sc, KV_MSG_HELLO_OK, KV_OK);
 }
 
@@ -271,6 +297,9 @@ static int finish_batch(struct sconn *sc)
     sc->out.iov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN + blen };
     sc->oidx = 0;
     sc->state = S_WRITE;
+    /* The response is a transfer of its own, held to the same floor. */
+    sc->frame_ms = kv__now_ms();
+    sc->frame_bytes = KV_PROTO_HDR_LEN + blen + sc->out.data;
     return try_write(sc);
 }
 
@@ -374,6 +403,10 @@ static void on_readable(struct sconn *sc)
             ssize_t r = sconn_read(sc, sc->hdrbuf + sc->got, KV_PROTO_HDR_LEN - sc->got);
             if (r <= 0)
                 return;
+            if (sc->got == 0) {
+                sc->frame_ms = sc->progress_ms;
+                sc->frame_bytes = KV_PROTO_HDR_LEN;
+            }
             sc->got += (size_t)r;
             if (sc->got < KV_PROTO_HDR_LEN)
                 continue;
@@ -383,6 +416,15 @@ static void on_readable(struct sconn *sc)
                 sconn_close(sc);
                 return;
             }
+            /* Before authentication a peer gets no more buffer than a
+             * valid HELLO needs. */
+            if (!sc->authed && sc->h.body_len > KV_PROTO_HELLO_MAX) {
+                KV_WARN("tcp: a HELLO of %u bytes (at most %u); closing", sc->h.body_len,
+                        (unsigned)KV_PROTO_HELLO_MAX);
+                sconn_close(sc);
+                return;
+            }
+            sc->frame_bytes += sc->h.body_len + sc->h.data_len;
             sc->body = malloc(sc->h.body_len ? sc->h.body_len : 1);
             if (!sc->body) {
                 sconn_close(sc);
@@ -417,12 +459,71 @@ static void on_readable(struct sconn *sc)
     }
 }
 
+/*
+ * Makes room for a new unauthenticated connection when KV__TCP_UNAUTH_MAX
+ * are open: the oldest one that has not said HELLO is shut down. Its own
+ * loop thread sees the end of the stream and closes it; shutting down is
+ * all another thread may do to a connection it does not own, and the
+ * descriptor is still open because a connection leaves its list (under
+ * the lock held here) before its descriptor is closed. Returns 1 when one
+ * was evicted.
+ */
+static int evict_unauth(struct tcp *t)
+{
+    struct sconn *old = NULL;
+    for (int i = 0; i < t->nloops; i++)
+        pthread_mutex_lock(&t->loops[i].lock);
+    for (int i = 0; i < t->nloops; i++)
+        for (struct sconn *sc = t->loops[i].conns; sc; sc = sc->next)
+            if (!sc->authed && !sc->evicted && (!old || sc->born_ms < old->born_ms))
+                old = sc;
+    if (old) {
+        old->evicted = 1;
+        atomic_fetch_sub(&t->nunauth, 1);
+        shutdown(old->fd, SHUT_RDWR);
+    }
+    for (int i = t->nloops - 1; i >= 0; i--)
+        pthread_mutex_unlock(&t->loops[i].lock);
+    return old != NULL;
+}
+
+/* Out of descriptors with peers waiting: the listening socket stays
+ * readable, so the loop would spin. The spare descriptor is given up to
+ * accept the newest peer and close it at once (it retries), and the oldest
+ * unauthenticated connection is shut down to make room for the next. */
+static void refuse_one(struct tcp *t)
+{
+    uint64_t now = kv__now_ms();
+    if (now - t->emfile_warned_ms > 10000) {
+        t->emfile_warned_ms = now;
+        KV_WARN("tcp: out of file descriptors (%d connections); refusing peers",
+                atomic_load(&t->nconns));
+    }
+    evict_unauth(t);
+    if (t->spare_fd >= 0) {
+        close(t->spare_fd);
+        int fd = accept4(t->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0)
+            close(fd);
+        t->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+}
+
 static void accept_all(struct tcp *t)
 {
     for (;;) {
         int fd = accept4(t->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE)
+                refuse_one(t);
             return;
+        }
+        if (atomic_load(&t->nconns) >= KV__TCP_CONNS_MAX) {
+            close(fd);
+            continue;
+        }
+        if (atomic_load(&t->nunauth) >= KV__TCP_UNAUTH_MAX)
+            evict_unauth(t);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct sconn *sc = calloc(1, sizeof *sc);
@@ -434,7 +535,9 @@ static void accept_all(struct tcp *t)
         sc->fd = fd;
         sc->lp = lp;
         sc->state = S_HDR;
-        sc->progress_ms = kv__now_ms();
+        sc->born_ms = sc->progress_ms = kv__now_ms();
+        atomic_fetch_add(&t->nconns, 1);
+        atomic_fetch_add(&t->nunauth, 1);
         pthread_mutex_lock(&lp->lock);
         sc->next = lp->conns;
         if (lp->conns)
@@ -445,6 +548,9 @@ static void accept_all(struct tcp *t)
         if (epoll_ctl(lp->epfd, EPOLL_CTL_ADD, fd, &e) != 0) {
             /* Not in any epoll set yet: only this thread knows it. */
             conn_unlink(lp, sc);
+            atomic_fetch_sub(&t->nconns, 1);
+            if (!sc->evicted)
+                atomic_fetch_sub(&t->nunauth, 1);
             close(fd);
             free(sc);
         }
@@ -452,30 +558,38 @@ static void accept_all(struct tcp *t)
 }
 
 /*
- * A peer that stops halfway through a frame (it died without a FIN, or it
- * is hostile) must not hold a reservation, pins or a buffer forever: a
- * connection with a frame in flight and no progress for the transport's
- * timeout is closed. Idle connections between frames are left alone (the
- * pool keeps them open on purpose).
+ * A peer that stops halfway through a frame, or trickles it (it died
+ * without a FIN, or it is hostile), must not hold a reservation, pins or a
+ * buffer for long: a frame in flight with no progress for the transport's
+ * timeout, or slower over its whole transfer than the floor of serve.h
+ * allows (timeout + its bytes at KV__NET_FLOOR_BYTES_PER_MS), is closed.
+ * A connection that has not authenticated within the timeout is closed
+ * too; authenticated idle ones between frames are left alone (the pool
+ * keeps them open on purpose).
  */
 static void reap_stalled(struct loop *lp)
 {
     uint64_t now = kv__now_ms(), limit = lp->t->o.timeout_ms;
     for (;;) {
         struct sconn *victim = NULL;
+        const char *why = NULL;
         pthread_mutex_lock(&lp->lock);
-        for (struct sconn *sc = lp->conns; sc; sc = sc->next) {
+        for (struct sconn *sc = lp->conns; sc && !victim; sc = sc->next) {
             int mid = sc->state != S_HDR || sc->got > 0;
-            if (mid && now - sc->progress_ms > limit) {
-                victim = sc;
-                break;
-            }
+            victim = sc;
+            if (mid && now - sc->progress_ms > limit)
+                why = "stalled mid-frame";
+            else if (mid && now - sc->frame_ms > limit + kv__net_floor_ms(sc->frame_bytes))
+                why = "sent a frame below the floor rate";
+            else if (!sc->authed && now - sc->born_ms > limit)
+                why = "did not authenticate";
+            else
+                victim = NULL;
         }
         pthread_mutex_unlock(&lp->lock);
         if (!victim)
             return;
-        KV_WARN("tcp: a peer stalled mid-frame for over %llu ms; closing",
-                (unsigned long long)limit);
+        KV_WARN("tcp: a peer %s within %llu ms; closing", why, (unsigned long long)limit);
         sconn_close(victim);
     }
 }
@@ -545,6 +659,8 @@ static void tcp_destroy(struct kv__transport *tp)
     }
     if (t->lfd >= 0)
         close(t->lfd);
+    if (t->spare_fd >= 0)
+        close(t->spare_fd);
     free(t);
 }
 
@@ -562,6 +678,7 @@ static int tcp_create(const struct kv__net_opts *o, struct kv__backend *be,
     t->be = be;
     kv__serve_init(&t->serve, be);
     t->lfd = -1;
+    t->spare_fd = -1;
     snprintf(t->id, sizeof t->id, "pid-%ld", (long)getpid());
     *out = (struct kv__transport *)t;
     return KV_OK;
@@ -599,6 +716,7 @@ static int tcp_listen(struct kv__transport *tp, const char *addr, char *bound, s
         snprintf(bound, boundlen, "%s:%u", ip, ntohs(sa.sin_port));
     }
     t->lfd = fd;
+    t->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     t->nloops = t->o.threads < 1 ? 1 : t->o.threads > TCP_LOOPS_MAX ? TCP_LOOPS_MAX
                                                                      : (int)t->o.threads;
     for (int i = 0; i < t->nloops; i++) {
@@ -766,7 +884,7 @@ static int tcp_connect(struct kv__transport *tp, const char *addr, struct kv__co
             goto fail;
         }
     }
-    uint8_t buf[KV_PROTO_HDR_LEN + 2 * (KV_PROTO_ID_MAX + 2)];
+    uint8_t buf[KV_PROTO_HDR_LEN + KV_PROTO_HELLO_MAX];
     int blen = kv__hello_encode(t->o.token, t->id, buf + KV_PROTO_HDR_LEN,
                                 sizeof buf - KV_PROTO_HDR_LEN);
     if (blen < 0) {

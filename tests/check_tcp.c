@@ -4,6 +4,7 @@
  * connection while the server keeps serving, and deadlines.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -11,10 +12,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "proto.h"
+#include "serve.h"
 #include "testutil.h"
 #include "transport.h"
 
@@ -565,6 +571,401 @@ START_TEST(concurrent_clients)
 }
 END_TEST
 
+/* ---- hostile peers (issue 10, items 6-9) -------------------------------- */
+
+/* Replaces the fixture's server with one on b (NULL: the fixture's store)
+ * and the given timeout. */
+static void restart_server(struct kv__backend *b, unsigned timeout_ms)
+{
+    T->destroy(srv);
+    struct kv__net_opts o = { .timeout_ms = timeout_ms, .threads = 1 };
+    snprintf(o.token, sizeof o.token, "tok");
+    ck_assert_int_eq(T->create(&o, b ? b : be, &srv, NULL, 0), KV_OK);
+    ck_assert_int_eq(T->listen(srv, "127.0.0.1:0", addr, sizeof addr, NULL, 0), KV_OK);
+}
+
+/* Milliseconds until the server closes fd (which must stay silent), at most
+ * limit_ms; limit_ms + 1 when it did not. */
+static uint64_t ms_until_closed(int fd, uint64_t limit_ms)
+{
+    uint64_t t0 = tu_now_ms();
+    struct pollfd p = { .fd = fd, .events = POLLIN };
+    while (tu_now_ms() - t0 <= limit_ms) {
+        if (poll(&p, 1, 20) > 0) {
+            uint8_t b[64];
+            ssize_t r = recv(fd, b, sizeof b, MSG_DONTWAIT);
+            if (r <= 0)
+                return tu_now_ms() - t0;
+        }
+    }
+    return limit_ms + 1;
+}
+
+/* A connection that never says HELLO is closed after the server's timeout:
+ * idle pooled connections are kept only once they are authenticated. */
+START_TEST(unauthenticated_idle_closed)
+{
+    restart_server(NULL, 300);
+    int fd = raw_connect();
+    uint64_t dt = ms_until_closed(fd, 2000);
+    close(fd);
+    ck_assert_msg(dt >= 200 && dt <= 1500, "an idle unauthenticated connection lived %llu ms",
+                  (unsigned long long)dt);
+    /* an authenticated idle one stays */
+    fd = raw_hello();
+    ck_assert_uint_gt(ms_until_closed(fd, 1000), 1000);
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+/* A HELLO announcing more body than a valid HELLO can have is refused from
+ * its header, before anything is buffered. */
+START_TEST(hello_body_capped)
+{
+    int fd = raw_connect();
+    uint8_t b[KV_PROTO_HDR_LEN];
+    struct kv__hdr h = { .type = KV_MSG_HELLO, .body_len = 1u << 20, .req_id = 1 };
+    kv__hdr_encode(&h, b);
+    raw_send(fd, b, sizeof b);
+    uint64_t dt = ms_until_closed(fd, 1500);
+    close(fd);
+    ck_assert_msg(dt < 500, "a 1 MiB HELLO was kept %llu ms", (unsigned long long)dt);
+    assert_serving();
+}
+END_TEST
+
+/* Past the cap of unauthenticated connections, the oldest ones go, so idle
+ * connections cannot pile up; a real client still gets in. */
+START_TEST(unauthenticated_capped)
+{
+    enum { N = 200 };
+    int fd[N];
+    for (int i = 0; i < N; i++)
+        fd[i] = raw_connect();
+    usleep(300000);
+    int closed = 0;
+    for (int i = 0; i < N; i++) {
+        uint8_t b[8];
+        ssize_t r = recv(fd[i], b, sizeof b, MSG_DONTWAIT);
+        closed += r == 0 || (r < 0 && errno == ECONNRESET);
+    }
+    for (int i = 0; i < N; i++)
+        close(fd[i]);
+    ck_assert_msg(closed >= N - 64, "only %d of %d unauthenticated connections closed", closed,
+                  N);
+    assert_serving();
+}
+END_TEST
+
+/* The server of emfile_no_spin, in a child limited to a few descriptors. */
+static int emfile_child(int wfd, int rfd)
+{
+    /* Nothing but stdio and the pipes open, then room for the listener,
+     * its loop and about 16 connections. */
+    int fds[256], nfds = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *de; d && (de = readdir(d)) && nfds < 256;) {
+        int fd = atoi(de->d_name);
+        if (fd > 2 && fd != wfd && fd != rfd && fd != dirfd(d))
+            fds[nfds++] = fd;
+    }
+    if (d)
+        closedir(d);
+    for (int i = 0; i < nfds; i++)
+        close(fds[i]);
+    struct rlimit rl = { 24, 24 };
+    if (setrlimit(RLIMIT_NOFILE, &rl))
+        return 30;
+    struct kv__backend *b = kv__memstore_new(1u << 20);
+    struct kv__net_opts o = { .timeout_ms = 5000, .threads = 1 };
+    snprintf(o.token, sizeof o.token, "tok");
+    struct kv__transport *t = NULL;
+    char bound[64] = "";
+    int rc = T->create(&o, b, &t, NULL, 0);
+    if (rc == KV_OK)
+        rc = T->listen(t, "127.0.0.1:0", bound, sizeof bound, NULL, 0);
+    if (write(wfd, bound, sizeof bound) != (ssize_t)sizeof bound)
+        return 31;
+    char c;
+    while (read(rfd, &c, 1) > 0)
+        ;
+    T->destroy(t);
+    kv__memstore_free(b);
+    return rc == KV_OK ? 0 : 32;
+}
+
+static uint64_t cpu_ticks(pid_t pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* fields 14 and 15 (utime, stime), counted after the command name */
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+        return 0;
+    return ut + st;
+}
+
+/* Out of descriptors, the server neither spins on its readable listening
+ * socket nor stops serving: it makes room by closing unauthenticated
+ * connections. */
+START_TEST(emfile_no_spin)
+{
+    int up[2], down[2];
+    ck_assert_int_eq(pipe(up), 0);
+    ck_assert_int_eq(pipe(down), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        close(up[0]);
+        close(down[1]);
+        _exit(emfile_child(up[1], down[0]));
+    }
+    close(up[1]);
+    close(down[0]);
+    char bound[64] = "";
+    ssize_t got = read(up[0], bound, sizeof bound);
+    close(up[0]);
+    int ok = got == (ssize_t)sizeof bound && bound[0];
+    enum { N = 60 };
+    int fd[N], nfd = 0;
+    uint64_t spent = 0;
+    int served = 0;
+    if (ok) {
+        snprintf(addr, sizeof addr, "%s", bound);
+        for (; nfd < N; nfd++)
+            fd[nfd] = raw_connect();
+        usleep(200000);
+        uint64_t t0 = cpu_ticks(pid);
+        usleep(1000000);
+        spent = cpu_ticks(pid) - t0;
+        struct kv__conn *c = NULL;
+        if (T->connect(cli, addr, &c) == KV_OK) {
+            struct kv__op o = op(KV_OP_LOOKUP, 1, 0, NULL, 0);
+            served = T->batch(c, &o, 1) == KV_OK && o.result == KV_OK;
+            T->close(c);
+        }
+    }
+    for (int i = 0; i < nfd; i++)
+        close(fd[i]);
+    close(down[1]);
+    int st = 0;
+    uint64_t t0 = tu_now_ms();
+    while (waitpid(pid, &st, WNOHANG) == 0 && tu_now_ms() - t0 < 3000)
+        usleep(10000);
+    if (waitpid(pid, &st, WNOHANG) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+    }
+    ck_assert_msg(ok, "the child server did not start");
+    long hz = sysconf(_SC_CLK_TCK);
+    ck_assert_msg(spent * 100 < (uint64_t)hz * 30, "the server burnt %llu of %ld ticks in 1 s "
+                  "out of descriptors", (unsigned long long)spent, hz);
+    ck_assert_msg(served, "a real client was not served while descriptors ran out");
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+END_TEST
+
+/* A dump trickled a byte at a time makes progress but not at the floor
+ * rate: it is cut off after its whole-transfer deadline, and its
+ * reservation given back. */
+START_TEST(trickled_dump_cut_off)
+{
+    restart_server(NULL, 300);
+    int fd = raw_hello();
+    uint8_t b[KV_PROTO_HDR_LEN + 64];
+    struct kv__wire_req q = { .kind = KV_OP_DUMP, .id = tu_id(9, 9), .len = 4u << 20 };
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)kv__batch_body_len(1),
+                         .req_id = 2, .data_len = q.len };
+    kv__hdr_encode(&h, b);
+    kv__batch_encode(&q, 1, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+    raw_send(fd, b, KV_PROTO_HDR_LEN + h.body_len);
+    /* 300 ms + 4 MiB at 10 MiB/s = about 710 ms allowed in all */
+    uint64_t t0 = tu_now_ms(), dt = 0;
+    int closed = 0;
+    while (!closed && (dt = tu_now_ms() - t0) < 3000) {
+        closed = send(fd, b, 1, MSG_NOSIGNAL) != 1;
+        uint8_t r[8];
+        closed |= recv(fd, r, sizeof r, MSG_DONTWAIT) == 0;
+        usleep(50000);
+    }
+    close(fd);
+    ck_assert_msg(closed && dt < 2000, "a trickled dump held its connection %llu ms",
+                  (unsigned long long)dt);
+    /* the 4 MiB reservation is back: 30 MiB fit in the 32 MiB store */
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    size_t big = 30u << 20;
+    uint8_t *g = calloc(1, big);
+    kv_iov gi = { g, big };
+    struct kv__op d = op(KV_OP_DUMP, 10, 0, &gi, 1);
+    ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+    ck_assert_int_eq(d.result, KV_OK);
+    free(g);
+    T->close(c);
+}
+END_TEST
+
+/* A store whose values are never pinned (all "on SSD"), which notes the
+ * process's peak resident memory whenever a value is copied out. */
+static struct kv__backend ssd_like;
+static _Atomic uint64_t peak_rss;
+
+static uint64_t rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
+    }
+    return (uint64_t)res * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
+static int ssd_like_load(void *ctx, int ns, const kv_block_id *id, uint32_t index,
+                         const kv_iov *iov, uint32_t iovcnt)
+{
+    uint64_t r = rss_bytes();
+    if (r > atomic_load(&peak_rss))
+        atomic_store(&peak_rss, r);
+    return be->load(ctx, ns, id, index, iov, iovcnt);
+}
+
+/* Loads of values that are not in DRAM are streamed through one bounce
+ * buffer per response: 24 loads of one 16 MiB value do not cost 24 copies. */
+START_TEST(bounce_streamed)
+{
+    ssd_like = *be;
+    ssd_like.pin = NULL;
+    ssd_like.load = ssd_like_load;
+    restart_server(&ssd_like, 2000);
+    size_t len = 16u << 20;
+    uint8_t *v = malloc(len), *w = malloc(len);
+    ck_assert(v && w);
+    tu_fill(v, len, 77);
+    memset(w, 0, len);
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    kv_iov vi = { v, len }, wi = { w, len };
+    struct kv__op d = op(KV_OP_DUMP, 60, 0, &vi, 1);
+    ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+    ck_assert_int_eq(d.result, KV_OK);
+    enum { N = 24 };
+    struct kv__op l[N];
+    for (int i = 0; i < N; i++)
+        l[i] = op(KV_OP_LOAD, 60, 0, &wi, 1);   /* every load into the same buffer */
+    uint64_t base = rss_bytes();
+    atomic_store(&peak_rss, base);
+    ck_assert_int_eq(T->batch(c, l, N), KV_OK);
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(l[i].result, KV_OK);
+    ck_assert(memcmp(v, w, len) == 0);
+    uint64_t grew = atomic_load(&peak_rss) - base;
+    ck_assert_msg(grew < (96ull << 20), "serving %d loads of a 16 MiB value grew RSS by %llu MiB",
+                  N, (unsigned long long)(grew >> 20));
+    T->close(c);
+    free(v);
+    free(w);
+}
+END_TEST
+
+/* The node's bounce budget: what does not fit is refused, and comes back. */
+START_TEST(bounce_budget)
+{
+    struct kv__serve s;
+    kv__serve_init(&s, be);
+    ck_assert_uint_eq(s.bounce_cap, KV__SERVE_BOUNCE_NODE);
+    s.bounce_cap = 100;
+    void *a = kv__serve_bounce_get(&s, 60);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_null(kv__serve_bounce_get(&s, 60));
+    kv__serve_bounce_put(&s, a, 60);
+    a = kv__serve_bounce_get(&s, 100);
+    ck_assert_ptr_nonnull(a);
+    kv__serve_bounce_put(&s, a, 100);
+    ck_assert_uint_eq(atomic_load(&s.bounce_used), 0);
+}
+END_TEST
+
+/* One request loading one block 32,768 times takes at most
+ * KV__SERVE_PINS_PER_BLOCK pins on it; its excess is refused, and another
+ * client still loads the block while that response is pending. */
+START_TEST(pins_capped_per_request)
+{
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 8MiB, shards: 4 }\n"
+                                "io: { threads: 1 }\n");
+    ck_assert_ptr_nonnull(e);
+    struct kv__backend ebe;
+    kv__backend_engine(e, &ebe);
+    restart_server(&ebe, 3000);
+    uint8_t v[1024], w[1024];
+    tu_fill(v, sizeof v, 5);
+    kv_iov vi = { v, sizeof v }, wi = { w, sizeof w };
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    struct kv__op d = op(KV_OP_DUMP, 70, 0, &vi, 1);
+    ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+    ck_assert_int_eq(d.result, KV_OK);
+    /* the hog: 32,768 loads of that shard, and it never reads its answer */
+    enum { N = 32768 };
+    size_t blen = kv__batch_body_len(N);
+    uint8_t *req = malloc(KV_PROTO_HDR_LEN + blen);
+    struct kv__wire_req *q = calloc(N, sizeof *q);
+    ck_assert(req && q);
+    for (int i = 0; i < N; i++)
+        q[i] = (struct kv__wire_req){ .kind = KV_OP_LOAD, .ns = KV_NS_BLOCK, .id = tu_id(70, 3),
+                                      .len = sizeof v };
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = (uint32_t)blen, .req_id = 2 };
+    kv__hdr_encode(&h, req);
+    kv__batch_encode(q, N, req + KV_PROTO_HDR_LEN, blen);
+    int hog = raw_hello();
+    raw_send(hog, req, KV_PROTO_HDR_LEN + blen);
+    usleep(300000);
+    /* another client's load of the block */
+    struct kv__op l = op(KV_OP_LOAD, 70, 0, &wi, 1);
+    ck_assert_int_eq(T->batch(c, &l, 1), KV_OK);
+    int rc = l.result;
+    /* the hog's answer: the excess refused with KV_EBUSY, the rest served */
+    uint8_t rh[KV_PROTO_HDR_LEN];
+    ck_assert_int_eq(recv(hog, rh, sizeof rh, MSG_WAITALL), (ssize_t)sizeof rh);
+    struct kv__hdr ah;
+    ck_assert_int_eq(kv__hdr_decode(rh, UINT64_MAX, &ah), KV_OK);
+    uint8_t *body = malloc(ah.body_len);
+    ck_assert_int_eq(recv(hog, body, ah.body_len, MSG_WAITALL), (ssize_t)ah.body_len);
+    struct kv__wire_resp *r = calloc(N, sizeof *r);
+    size_t n = N;
+    ck_assert_int_eq(kv__batch_r_decode(body, ah.body_len, r, &n), KV_OK);
+    size_t ok = 0, busy = 0;
+    for (size_t i = 0; i < n; i++) {
+        ok += r[i].status == KV_OK;
+        busy += r[i].status == KV_EBUSY;
+    }
+    close(hog);
+    T->close(c);
+    free(r);
+    free(body);
+    free(q);
+    free(req);
+    T->destroy(srv);
+    srv = NULL;
+    kv_close(e);
+    restart_server(NULL, 2000);
+    ck_assert_msg(rc == KV_OK, "another client's load failed: %s", kv_strerror(rc));
+    ck_assert(memcmp(v, w, sizeof v) == 0);
+    ck_assert_uint_eq(ok, KV__SERVE_PINS_PER_BLOCK);
+    ck_assert_uint_eq(busy, N - KV__SERVE_PINS_PER_BLOCK);
+}
+END_TEST
+
 Suite *tcp_suite(void)
 {
     Suite *s = suite_create("tcp");
@@ -582,5 +983,17 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, error_reply);
     tcase_add_test(tc, transport_pick);
     suite_add_tcase(s, tc);
+    TCase *th = tcase_create("hostile");
+    tcase_add_checked_fixture(th, setup, teardown);
+    tcase_set_timeout(th, 20);
+    tcase_add_test(th, unauthenticated_idle_closed);
+    tcase_add_test(th, hello_body_capped);
+    tcase_add_test(th, unauthenticated_capped);
+    tcase_add_test(th, emfile_no_spin);
+    tcase_add_test(th, trickled_dump_cut_off);
+    tcase_add_test(th, bounce_streamed);
+    tcase_add_test(th, bounce_budget);
+    tcase_add_test(th, pins_capped_per_request);
+    suite_add_tcase(s, th);
     return s;
 }
