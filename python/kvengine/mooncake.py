@@ -18,8 +18,12 @@ Mapping (what Mooncake's arguments mean here):
   bounds the values the copying calls (put, get, put_parts, put_batch,
   get_batch, get_buffer) move, as Mooncake's client buffer does: 0 makes
   them fail; the zero-copy calls (put_from, get_into, batch_*) do not use it.
-  Keyword-only kvengine_config / kvengine_settings (or the same keys in the
-  dict) pass anything else to the engine, e.g. {"cluster.token": "s3cret"}.
+  Anything else reaches the engine through the environment, for code that
+  cannot change its setup call: KVENGINE_CONFIG (a YAML file) and
+  KVENGINE_SETTINGS (space-separated dotted KEY=VALUE pairs, as --set
+  takes them, e.g. "cluster.token=s3cret io.threads=8"); or through the
+  keyword-only kvengine_config / kvengine_settings (also keys of the dict),
+  which win over the environment.
 - Objects are kvengine's plain keys (kv_put / kv_get / kv_exists /
   kv_remove), so they follow plain keys' placement: node-local until
   cluster-wide plain keys land in the C library, then on the key's owners.
@@ -46,7 +50,9 @@ import ctypes
 import enum
 import errno
 import logging
+import os
 import re
+import shlex
 import socket
 import threading
 
@@ -166,6 +172,17 @@ def parse_size(v):
     return int(n)
 
 
+def env_settings():
+    """The dotted keys of $KVENGINE_SETTINGS ("k=v k2=v2") as a dict."""
+    out = {}
+    for item in shlex.split(os.environ.get("KVENGINE_SETTINGS", "")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError("KVENGINE_SETTINGS: %r is not KEY=VALUE" % item)
+        out[key] = value
+    return out
+
+
 _PORT_LO, _PORT_HI = 12300, 14300
 
 
@@ -248,8 +265,14 @@ class MooncakeDistributedStore:
                                  "cluster.protocol": protocol})
                 if rdma_devices:
                     settings["cluster.device_name"] = str(rdma_devices).split(",")[0].strip()
+            try:
+                settings.update(env_settings())
+            except ValueError as exc:
+                return self._fail(_BAD, "setup: %s" % exc)
             if kvengine_settings:
                 settings.update(kvengine_settings)
+            if kvengine_config is None:
+                kvengine_config = os.environ.get("KVENGINE_CONFIG") or None
             tries = 1 if (port is not None or not clustered) else 5
             rc = 0
             for _ in range(tries):

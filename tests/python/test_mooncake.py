@@ -297,3 +297,28 @@ def test_no_room_is_no_available_handle():
         assert s.put("huge", b"x" * (8 << 20)) == mc.ErrorCode.NO_AVAILABLE_HANDLE
     finally:
         s.close()
+
+
+def test_environment_settings(monkeypatch, tmp_path):
+    cfg = tmp_path / "kv.yaml"
+    cfg.write_text("io:\n  threads: 3\n")
+    monkeypatch.setenv("KVENGINE_CONFIG", str(cfg))
+    monkeypatch.setenv("KVENGINE_SETTINGS", "dram.hugepages=off log.level=warn")
+    assert mc.env_settings() == {"dram.hugepages": "off", "log.level": "warn"}
+    s = mc.MooncakeDistributedStore()
+    assert s.setup("localhost", "", "8MB", "8MB", "tcp", "", "") == 0
+    try:
+        assert s._eng.stats()["dram_capacity"] == 8 << 20
+    finally:
+        s.close()
+    monkeypatch.setenv("KVENGINE_SETTINGS", "no-equals-sign")
+    assert s.setup("localhost", "", "8MB", "8MB", "tcp", "", "") == BAD
+    assert "KVENGINE_SETTINGS" in s.last_error
+    monkeypatch.setenv("KVENGINE_SETTINGS", "no.such.key=1")
+    assert s.setup("localhost", "", "8MB", "8MB", "tcp", "", "") == BAD
+    assert "no.such.key" in s.last_error
+    # The YAML file is read too: a bad one fails setup, naming it.
+    monkeypatch.delenv("KVENGINE_SETTINGS")
+    cfg.write_text("pipeline: bogus\n")
+    assert s.setup("localhost", "", "8MB", "8MB", "tcp", "", "") == BAD
+    assert "kv.yaml:1" in s.last_error
