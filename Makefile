@@ -38,7 +38,8 @@ CPPFLAGS += -Iinclude -Iengine -Ipersist -Inet -Itests -D_GNU_SOURCE
 CFLAGS   += -std=gnu11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
 # No -lrdmacm: net/rdma.c connects queue pairs over its own TCP handshake,
 # and librdmacm needs libibverbs symbol versions the test stand-in lacks.
-LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs -lpthread -lm
+LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs -lcurl -ljson-c \
+            -lpthread -lm
 # Pulls net/rdma.o out of the static library, which only a weak reference
 # (transport.h) names; it must come before the archive on the link line.
 LDFLAGS  += -Wl,-u,kv__rdma_transport
@@ -60,7 +61,7 @@ SV_LIB    := $(if $(SV_SRC),$(BUILD)/softverbs/libibverbs.so.1)
 STATIC := $(BUILD)/libkvengine.a
 SHARED := $(BUILD)/libkvengine.so.$(VERSION)
 
-.PHONY: all lib tools test check bench install installcheck clean deps crashtest rdmatest pytest
+.PHONY: all lib tools test check bench install installcheck clean deps crashtest rdmatest etcdtest pytest
 all: lib tools
 
 # Installs missing Debian packages when run as root (see scripts/deps.sh).
@@ -155,6 +156,13 @@ rdmatest: all $(BUILD)/tests/check_kvengine $(SV_LIB)
 	    KV_TEST_PROTOCOL=rdma CK_RUN_SUITE=$$s KV_BUILD=$(abspath $(BUILD)) \
 	    $(BUILD)/tests/check_kvengine || { rc=1; break; }; \
 	done; rm -f $$reg; exit $$rc
+
+# The cluster suite a third time with membership in etcd (the tests start
+# Debian's etcd themselves on loopback), and the etcd suite's failure tests.
+etcdtest: all $(BUILD)/tests/check_kvengine
+	KV_TEST_METADATA=etcd CK_RUN_SUITE=cluster KV_BUILD=$(abspath $(BUILD)) \
+	    $(BUILD)/tests/check_kvengine
+	CK_RUN_SUITE=etcd KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine
 
 bench: all
 	$(BUILD)/kvctl bench

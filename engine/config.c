@@ -70,6 +70,8 @@ struct key {
     bool closed;                /* T_RATIO: 1 is allowed */
     bool empty_ok;              /* T_ADDR: "" means off */
     bool any_port;              /* T_ADDR: port 0 (the kernel picks one) is fine */
+    bool list;                  /* T_ADDR: one or more host:port, comma-separated */
+    const char *(*check)(const char *s);   /* T_STR: a further rule (why, or NULL) */
     const struct name *names;   /* T_ENUM: the first name of a value is its own */
     const char *def;            /* the default, as text */
     const char *doc;
@@ -92,6 +94,8 @@ struct key {
 #define STR(n, f, v, d)      { .name = n, .type = T_STR, .off = FIELD(f, char[KV_CFG_STR]), .def = v, .doc = d }
 #define ADDR(n, f, e, v, d)  { .name = n, .type = T_ADDR, .off = FIELD(f, char[KV_CFG_STR]), .empty_ok = e, .def = v, .doc = d }
 /* An address to listen on: port 0 asks the kernel for a free port. */
+#define ADDRS(n, f, v, d)    { .name = n, .type = T_ADDR, .off = FIELD(f, char[KV_CFG_STR]), .list = true, .def = v, .doc = d }
+#define STRC(n, f, c, v, d)  { .name = n, .type = T_STR, .off = FIELD(f, char[KV_CFG_STR]), .check = c, .def = v, .doc = d }
 #define LISTEN(n, f, e, v, d) { .name = n, .type = T_ADDR, .off = FIELD(f, char[KV_CFG_STR]), .empty_ok = e, .any_port = true, .def = v, .doc = d }
 
 static const struct name pipelines[] = {
@@ -108,6 +112,22 @@ static const struct name syncs[] = {
 static const struct name protocols[] = {
     { "auto", KV_PROTO_AUTO }, { "tcp", KV_PROTO_TCP }, { "rdma", KV_PROTO_RDMA }, { 0 },
 };
+static const struct name metadatas[] = { { "kvmaster", KV_META_KVMASTER }, { "etcd", KV_META_ETCD }, { 0 } };
+
+/* An etcd key prefix: absolute, no trailing '/' (members live under
+ * PREFIX/members/), nothing a shell or a URL would mangle. */
+static const char *check_prefix(const char *s)
+{
+    if (s[0] != '/' || !s[1])
+        return "must start with '/' and name something, e.g. /kvengine/default";
+    if (s[strlen(s) - 1] == '/')
+        return "must not end with '/'";
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("/-_.", *p))
+            return "may hold letters, digits and / - _ . only";
+    return NULL;
+}
+
 static const struct name levels[] = {
     { "error", KV_LOG_ERROR }, { "warn", KV_LOG_WARN }, { "info", KV_LOG_INFO },
     { "debug", KV_LOG_DEBUG }, { "warning", KV_LOG_WARN }, { 0 },
@@ -166,6 +186,16 @@ static const struct key keys[] = {
     MS("cluster.node_ttl_ms", cluster.node_ttl_ms, "10000",
        "a node silent this long leaves the view (ms)"),
     STR("cluster.token", cluster.token, "", "shared secret members present; empty = none"),
+    ENUM("cluster.metadata", cluster.metadata, metadatas, "kvmaster",
+         "where membership lives: kvmaster (cluster.master) or etcd (cluster.etcd_endpoints)"),
+    ADDRS("cluster.etcd_endpoints", cluster.etcd_endpoints, "127.0.0.1:2379",
+          "etcd's client endpoints, host:port[,host:port...] (cluster.metadata: etcd)"),
+    STRC("cluster.etcd_prefix", cluster.etcd_prefix, check_prefix, "/kvengine/default",
+         "etcd key prefix of this cluster's member records; one per cluster"),
+    STR("cluster.etcd_user", cluster.etcd_user, "", "etcd user name; empty = no authentication"),
+    STR("cluster.etcd_password", cluster.etcd_password, "", "password of cluster.etcd_user"),
+    U32("cluster.rereplicate_mib_s", cluster.rereplicate_mib_s, 0, 100000, "64",
+        "MiB/s a node may spend copying blocks to their new owners after a view change; 0 = off"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",
@@ -531,7 +561,26 @@ static int apply(struct kv_config *cfg, const struct key *k, const char *s, char
             snprintf(why, n, "must be printable UTF-8 text");
             return -1;
         }
-        if (k->type == T_ADDR && !(k->empty_ok && *s == '\0') && (bad = check_addr(s, k->any_port))) {
+        if (k->type == T_ADDR && k->list) {
+            /* Each comma-separated item is an address of its own. */
+            char item[KV_CFG_STR];
+            for (const char *p = s;; p++) {
+                size_t len = strcspn(p, ",");
+                snprintf(item, sizeof item, "%.*s", (int)len, p);
+                if ((bad = check_addr(item, false))) {
+                    snprintf(why, n, "%s; got \"%.64s\" in \"%.64s\"", bad, item, s);
+                    return -1;
+                }
+                p += len;
+                if (!*p)
+                    break;
+            }
+        } else if (k->type == T_ADDR && !(k->empty_ok && *s == '\0') &&
+                   (bad = check_addr(s, k->any_port))) {
+            snprintf(why, n, "%s; got \"%.64s\"", bad, s);
+            return -1;
+        }
+        if (k->check && (bad = k->check(s))) {
             snprintf(why, n, "%s; got \"%.64s\"", bad, s);
             return -1;
         }

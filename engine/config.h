@@ -27,6 +27,7 @@ enum kv__hugepages { KV_HUGE_AUTO, KV_HUGE_ON, KV_HUGE_OFF };
 enum kv__compression { KV_COMP_NONE, KV_COMP_LZ4 };
 enum kv__sync { KV_SYNC_NONE, KV_SYNC_WAL, KV_SYNC_FSYNC };
 enum kv__protocol { KV_PROTO_AUTO, KV_PROTO_TCP, KV_PROTO_RDMA };
+enum kv__metadata { KV_META_KVMASTER, KV_META_ETCD };
 enum kv__loglevel { KV_LOG_ERROR, KV_LOG_WARN, KV_LOG_INFO, KV_LOG_DEBUG };
 
 #define KV_CFG_STR 256   /* longest string value (paths, addresses, token) */
@@ -67,6 +68,12 @@ struct kv_config {
         uint32_t replica_num;           /* >= 1 */
         uint64_t node_ttl_ms;
         char token[KV_CFG_STR];
+        int metadata;                   /* enum kv__metadata */
+        char etcd_endpoints[KV_CFG_STR]; /* host:port[,host:port...] */
+        char etcd_prefix[KV_CFG_STR];   /* "/..." without a trailing '/' */
+        char etcd_user[KV_CFG_STR];     /* "" = no authentication */
+        char etcd_password[KV_CFG_STR];
+        uint32_t rereplicate_mib_s;     /* 0 = no re-replication */
     } cluster;
     struct {
         char listen[KV_CFG_STR];        /* "" = off */

@@ -8,6 +8,8 @@
  * so a read-only query needs no new message type and no change to the
  * master: an old master answers it too. The token travels as in a JOIN,
  * so a master with a token refuses a query without it (KV_EPERM).
+ * With cluster.metadata etcd the view is read from etcd instead
+ * (membership.h), the same records the members read.
  */
 #include <errno.h>
 #include <netinet/in.h>
@@ -19,6 +21,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "membership.h"
 #include "proto.h"
 
 #define QUERY_TIMEOUT_MS 2000u
@@ -60,6 +63,34 @@ static void to_info(const struct kv__member *m, kv_member_info *out)
         out->segment_bytes += m->seg[i].len;
 }
 
+static int members_from_store(const kv_config *cfg, uint64_t *version,
+                              kv_member_info **members, size_t *n)
+{
+    struct kv__membership *ms;
+    unsigned ms_timeout = cfg->io.timeout_ms ? (unsigned)cfg->io.timeout_ms : QUERY_TIMEOUT_MS;
+    int rc = kv__membership_open(cfg, ms_timeout, NULL, NULL, &ms, NULL, 0);
+    if (rc != KV_OK)
+        return rc;
+    struct kv__member *list = NULL;
+    size_t cnt = 0;
+    uint64_t ver = 0;
+    rc = ms->ops->view(ms, &ver, &list, &cnt);
+    kv__membership_close(ms);
+    kv_member_info *out = NULL;
+    if (rc == KV_OK && cnt && !(out = calloc(cnt, sizeof *out)))
+        rc = KV_ENOMEM;
+    for (size_t i = 0; rc == KV_OK && i < cnt; i++)
+        to_info(&list[i], &out[i]);
+    free(list);
+    if (rc != KV_OK)
+        return rc;
+    *members = out;
+    *n = cnt;
+    if (version)
+        *version = ver;
+    return KV_OK;
+}
+
 KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_info **members,
                           size_t *n)
 {
@@ -71,6 +102,8 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
         *version = 0;
     if (!cfg || !members || !n)
         return KV_EINVAL;
+    if (cfg->cluster.metadata == KV_META_ETCD)
+        return members_from_store(cfg, version, members, n);
     struct sockaddr_in sa;
     if (kv__net_parse_addr(cfg->cluster.master, &sa) != KV_OK)
         return KV_ECONFIG;

@@ -361,7 +361,11 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
      * on too. */
     char ip[64] = "127.0.0.1";
     if ((rc = c->ms->ops->local_ip(c->ms, ip, sizeof ip))) {
-        kv__errf(err, errlen, "%s: unreachable (%s)", c->where, kv_strerror(rc));
+        kv__errf(err, errlen, "%s: %s%s%s", c->where,
+                 rc == KV_EPERM ? "refused us (cluster.etcd_user / etcd_password)"
+                 : rc == KV_ENET || rc == KV_ETIMEDOUT ? "unreachable (" : "",
+                 rc == KV_EPERM ? "" : kv_strerror(rc),
+                 rc == KV_ENET || rc == KV_ETIMEDOUT ? ")" : "");
         return rc;
     }
     if (c->be) {

@@ -2,7 +2,7 @@
  * cluster.h — the distributed DRAM tier as the engine sees it.
  *
  * The engine calls only these. A cluster joins the membership view kept by
- * kvmaster, serves this node's local store to peers over the transport of
+ * kvmaster or etcd (cluster.metadata; membership.h), serves this node's local store to peers over the transport of
  * cluster.protocol (unless dram.capacity is 0: a pure client serves
  * nothing and owns no blocks), and routes every shard to its owners:
  * rendezvous (HRW) hashing of the block id over the live owners of the view
@@ -44,10 +44,11 @@
 struct kv__cluster;
 struct kv__backend;
 
-/* Joins the view via kvmaster (cluster.master) and starts serving
- * cluster.listen (unless dram.capacity is 0). KV_ENET when the master
- * cannot be reached, KV_EPERM when it refuses the token, KV_ENOTSUP when
- * protocol rdma is asked for and not available. *out NULL on failure. */
+/* Joins the view via kvmaster (cluster.master) or etcd
+ * (cluster.etcd_endpoints) and starts serving cluster.listen (unless
+ * dram.capacity is 0). KV_ENET when the store cannot be reached, KV_EPERM
+ * when it refuses the token (or etcd user), KV_ENOTSUP when protocol rdma
+ * is asked for and not available. *out NULL on failure. */
 int  kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__cluster **out,
                        char *err, size_t errlen);
 /* The same over any backend (be NULL = pure client); what tests use. */

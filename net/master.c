@@ -454,6 +454,15 @@ int kv__mclient_leave(struct kv__mclient *m, const struct kv__member *self)
     return rc;
 }
 
+int kv__mclient_view(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,
+                     struct kv__member **members, size_t *n)
+{
+    pthread_mutex_lock(&m->lock);
+    int rc = mc_call(m, KV_MSG_LEAVE, self, version, members, n);
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
 int kv__mclient_local_ip(struct kv__mclient *m, char *ip, size_t cap)
 {
     struct sockaddr_in sa;

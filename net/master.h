@@ -29,6 +29,11 @@ void kv__mclient_close(struct kv__mclient *m);
 int  kv__mclient_join(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,
                       struct kv__member **members, size_t *n);
 int  kv__mclient_leave(struct kv__mclient *m, const struct kv__member *self);
+/* The view without joining it: a LEAVE for an id that is no member's
+ * (self's id must be one no member uses), which the master answers with
+ * its view and otherwise ignores. */
+int  kv__mclient_view(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,
+                      struct kv__member **members, size_t *n);
 /* The local IPv4 address of the connection to the master: what a node
  * listening on 0.0.0.0 advertises. Connects when not connected. */
 int  kv__mclient_local_ip(struct kv__mclient *m, char *ip, size_t cap);

@@ -6,8 +6,10 @@ set -eu
 PKGS="build-essential pkg-config librocksdb-dev libibverbs-dev librdmacm-dev \
 liblz4-dev libyaml-dev check libsubunit-dev libjemalloc-dev libxxhash-dev \
 python3-pytest python3-numpy \
-libmicrohttpd-dev gnuplot-nox"
+libmicrohttpd-dev gnuplot-nox libcurl4-openssl-dev libjson-c-dev etcd-server"
 [ $# -gt 0 ] && PKGS="$PKGS $*"
+# clang and its sanitizer and libFuzzer runtimes: make fuzz (tests/fuzz/).
+PKGS="$PKGS clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

@@ -2,7 +2,9 @@
  * check_cluster.c — the distributed DRAM tier, end to end on loopback:
  * kvmaster + kvnode processes + engines in this process.
  *
- * The transport is KV_TEST_PROTOCOL (tcp when unset). Every process a test
+ * The transport is KV_TEST_PROTOCOL (tcp when unset), the membership store
+ * KV_TEST_METADATA (kvmaster when unset; etcd starts a one-member etcd in
+ * the fixture where the kvmaster would be). Every process a test
  * starts is killed and reaped in the teardown, and dies with the test if the
  * test itself is killed (PR_SET_PDEATHSIG).
  */
@@ -20,7 +22,8 @@
 #include <unistd.h>
 
 #include "cluster.h"
-#include "master.h"
+#include "etcd_fixture.h"
+#include "membership.h"
 #include "proto.h"
 #include "testutil.h"
 #include "transport.h"
@@ -36,10 +39,39 @@ static char node_addr[MAXP][64];
 static int nprocs;
 static kv_engine *engines[4];
 
+static struct tu_etcd etcd;
+#define ETCD_PREFIX "/kvtest/cluster"
+
 static const char *protocol(void)
 {
     const char *p = getenv("KV_TEST_PROTOCOL");
     return p && *p ? p : "tcp";
+}
+
+static int use_etcd(void)
+{
+    const char *m = getenv("KV_TEST_METADATA");
+    return m && strcmp(m, "etcd") == 0;
+}
+
+/* The membership keys every member of the test cluster is given. */
+static void meta_config(struct kv_config *cfg)
+{
+    snprintf(cfg->cluster.master, sizeof cfg->cluster.master, "%s", master_addr);
+    if (use_etcd()) {
+        cfg->cluster.metadata = KV_META_ETCD;
+        snprintf(cfg->cluster.etcd_endpoints, sizeof cfg->cluster.etcd_endpoints, "%s",
+                 etcd.endpoints);
+        snprintf(cfg->cluster.etcd_prefix, sizeof cfg->cluster.etcd_prefix, ETCD_PREFIX);
+    }
+}
+
+/* How long a SIGKILLed member may stay in the view: node_ttl_ms plus the
+ * store's sweep and our polling. etcd's leases count whole seconds and its
+ * lessor looks for expired ones every 500 ms. */
+static uint64_t leave_bound_ms(void)
+{
+    return use_etcd() ? (TTL_MS + 999) / 1000 * 1000 + 500 + 250 : TTL_MS + 150;
 }
 
 static pid_t spawn(char *const argv[], const char *log)
@@ -50,31 +82,28 @@ static pid_t spawn(char *const argv[], const char *log)
     return pid;
 }
 
-/* The owners in the master's view, as an observer (a non-owner that leaves
- * again at once). Returns the count; addresses into out. */
+/* The owners in the store's view, read without joining it. Returns the
+ * count; addresses into out. */
 static int view_owners(char (*out)[64], int cap)
 {
-    struct kv__mclient *mc;
-    ck_assert_int_eq(kv__mclient_open(master_addr, TOKEN, 1000, &mc), KV_OK);
-    struct kv__member me;
-    memset(&me, 0, sizeof me);
-    snprintf(me.id, sizeof me.id, "observer-%ld", (long)getpid());
-    snprintf(me.addr, sizeof me.addr, "127.0.0.1:1");
+    struct kv_config cfg;
+    kv__config_defaults(&cfg);
+    meta_config(&cfg);
+    snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
+    struct kv__membership *ms;
+    ck_assert_int_eq(kv__membership_open(&cfg, 1000, NULL, NULL, &ms, NULL, 0), KV_OK);
     uint64_t v;
     struct kv__member *list = NULL;
     size_t n = 0;
-    int rc = kv__mclient_join(mc, &me, &v, &list, &n), k = 0;
-    if (rc == KV_OK) {
-        for (size_t i = 0; i < n; i++)
-            if (list[i].flags & KV_MEMBER_OWNER) {
-                if (k < cap && out)
-                    snprintf(out[k], 64, "%.63s", list[i].addr);
-                k++;
-            }
-        kv__mclient_leave(mc, &me);
-    }
+    int rc = ms->ops->view(ms, &v, &list, &n), k = 0;
+    for (size_t i = 0; rc == KV_OK && i < n; i++)
+        if (list[i].flags & KV_MEMBER_OWNER) {
+            if (k < cap && out)
+                snprintf(out[k], 64, "%.63s", list[i].addr);
+            k++;
+        }
     free(list);
-    kv__mclient_close(mc);
+    kv__membership_close(ms);
     return rc ? rc : k;
 }
 
@@ -84,6 +113,11 @@ static void wait_owners(int want)
     int n = -1;
     while (tu_now_ms() - t0 < 8000 && (n = view_owners(NULL, 0)) != want)
         usleep(20000);
+    if (n != want) {   /* what the nodes said, for whoever reads the failure */
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "tail -n 5 %s/kvnode*.log >&2", dir);
+        if (system(cmd)) {}
+    }
     ck_assert_msg(n == want, "view has %d owners, want %d", n, want);
 }
 
@@ -91,6 +125,20 @@ static void start_master_at(int same_addr);
 static void start_master(void) { start_master_at(0); }
 static void start_master_at(int same_addr)
 {
+    if (use_etcd()) {
+        /* etcd stands where kvmaster would: procs[] holds it, so that the
+         * tests that kill and restart "the master" do so to etcd. */
+        ck_assert_int_lt(nprocs, MAXP);
+        snprintf(master_addr, sizeof master_addr, "127.0.0.1:1");   /* unused */
+        if (!same_addr) {
+            tu_etcd_start(&etcd, dir, 1);
+        } else {
+            tu_etcd_start_member(&etcd, 0);
+            ck_assert_int_eq(tu_etcd_wait_ready(&etcd, NULL, 10000), KV_OK);
+        }
+        procs[nprocs++] = etcd.pid[0];
+        return;
+    }
     if (!same_addr)
         snprintf(master_addr, sizeof master_addr, "127.0.0.1:%u", tu_free_port());
     char bin[512], a1[128], a2[64], log[512];
@@ -121,7 +169,7 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
         snprintf(node_addr[i], sizeof node_addr[i], "%s", at);
     else
         snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", tu_free_port());
-    char bin[512], log[512], s[8][160];
+    char bin[512], log[512], s[11][240];
     snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
     snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
     snprintf(s[0], sizeof s[0], "cluster.master=%s", master_addr);
@@ -132,11 +180,15 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
     snprintf(s[5], sizeof s[5], "cluster.protocol=%s", protocol());
     snprintf(s[6], sizeof s[6], "cluster.token=%s", TOKEN);
     snprintf(s[7], sizeof s[7], "ssd.path=%s/node%d", dir, i);
+    snprintf(s[8], sizeof s[8], "cluster.metadata=%s", use_etcd() ? "etcd" : "kvmaster");
+    snprintf(s[9], sizeof s[9], "cluster.etcd_endpoints=%s",
+             use_etcd() ? etcd.endpoints : "127.0.0.1:2379");
+    snprintf(s[10], sizeof s[10], "cluster.etcd_prefix=%s", ETCD_PREFIX);
     char *argv[] = { bin, "--set", s[0], "--set", s[1], "--set", s[2], "--set", s[3],
                      "--set", s[4], "--set", s[5], "--set", s[6],
                      "--set", ssd == 2 ? "pipeline=ssd" : ssd ? "pipeline=dram|ssd" : "pipeline=dram",
                      "--set", "io.threads=2", "--set", s[7], "--set", "ssd.capacity=256MiB",
-                     NULL };
+                     "--set", s[8], "--set", s[9], "--set", s[10], NULL };
     spawn(argv, log);
     return i;
 }
@@ -167,6 +219,11 @@ static int open_engine_t(const char *cap, unsigned r, const char *token, const c
     ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", "1000"), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "io.threads", "2"), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", timeout), KV_OK);
+    if (use_etcd()) {
+        ck_assert_int_eq(kv_config_set(cfg, "cluster.metadata", "etcd"), KV_OK);
+        ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_endpoints", etcd.endpoints), KV_OK);
+        ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_prefix", ETCD_PREFIX), KV_OK);
+    }
     *out = NULL;
     int rc = kv_open(cfg, out);
     kv_config_free(cfg);
@@ -348,8 +405,11 @@ START_TEST(replica_failover)
     /* the dead node left the view within node_ttl_ms (+ sweep and poll
      * slack: the master sweeps every 20 ms, we look between batches) */
     ck_assert_msg(gone > 0, "dead node still in the view");
-    ck_assert_msg(gone <= TTL_MS + 150, "dead node left after %llu ms",
+    ck_assert_msg(gone <= leave_bound_ms(), "dead node left after %llu ms",
                   (unsigned long long)gone);
+    if (getenv("KV_TEST_VERBOSE"))
+        fprintf(stderr, "replica_failover (%s): dead node left the view after %llu ms\n",
+                use_etcd() ? "etcd" : "kvmaster", (unsigned long long)gone);
     ck_assert_int_eq(n, 2);
     /* and after the view changed, everything still loads */
     memset(s.dst, 0, s.n * s.len);
@@ -553,8 +613,22 @@ START_TEST(wrong_token_refused)
     start_node("16MiB", 1);
     wait_owners(1);
     kv_engine *e = NULL;
-    ck_assert_int_eq(open_engine("0", 1, "not-the-token", &e), KV_EPERM);
-    ck_assert_ptr_null(e);
+    if (use_etcd()) {
+        /* etcd has its own credentials (cluster.etcd_user); the token
+         * guards the data connections: the member joins, and every shard
+         * it sends is refused. */
+        ck_assert_int_eq(open_engine("0", 1, "not-the-token", &e), KV_OK);
+        struct set w = make_set(2, 4096, 3);
+        ck_assert_int_ne(run_task(e, 1, w.dump, w.n), KV_OK);
+        free_set(&w);
+        kv_close(e);
+        for (int i = 0; i < 4; i++)
+            if (engines[i] == e)
+                engines[i] = NULL;
+    } else {
+        ck_assert_int_eq(open_engine("0", 1, "not-the-token", &e), KV_EPERM);
+        ck_assert_ptr_null(e);
+    }
     if (strcmp(protocol(), "tcp") == 0) {
         const struct kv__transport_ops *T = &kv__tcp_transport;
         struct kv__transport *t = raw_client_tcp("not-the-token");
@@ -668,7 +742,7 @@ static void start_memnode(unsigned r)
         signal(SIGTERM, on_term);
         struct kv_config cfg;
         kv__config_defaults(&cfg);
-        snprintf(cfg.cluster.master, sizeof cfg.cluster.master, "%s", master_addr);
+        meta_config(&cfg);
         snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "127.0.0.1:0");
         snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
         cfg.cluster.protocol = KV_PROTO_TCP;
@@ -694,7 +768,7 @@ START_TEST(net_layer_without_engine)
     wait_owners(2);
     struct kv_config cfg;
     kv__config_defaults(&cfg);
-    snprintf(cfg.cluster.master, sizeof cfg.cluster.master, "%s", master_addr);
+    meta_config(&cfg);
     snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
     cfg.cluster.protocol = KV_PROTO_TCP;
     cfg.cluster.replica_num = 2;

@@ -1,0 +1,883 @@
+/*
+ * etcd.c — cluster membership kept in etcd (v3), spoken over etcd's JSON
+ * gateway (POST /v3/...) with libcurl and json-c.
+ *
+ * Each member puts its record (membership.h's kv__member as JSON) at
+ * PREFIX/members/ID, attached to a lease of cluster.node_ttl_ms (rounded up
+ * to whole seconds: etcd's unit) that its heartbeats keep alive; a member
+ * that stops heartbeating loses its lease, and etcd deletes its record.
+ * The view is every record under PREFIX/members/, and its version is the
+ * etcd revision at which the set of records last changed.
+ *
+ * Key design choice: the watch is a doorbell, not a log. A thread keeps a
+ * watch stream open on the prefix; every event on it makes the thread read
+ * the whole prefix again (one range; a view is a few hundred records at
+ * most) instead of applying events one by one. So there is one way the
+ * view is built, a lost or compacted watch costs nothing but a re-read,
+ * and the heartbeat can check the view the same way: a keepalive's answer
+ * carries etcd's current revision, and when it is newer than the last read
+ * the heartbeat reads again, which keeps views right even while no watch
+ * stream is up (an endpoint died and the thread is reconnecting).
+ *
+ * Endpoints are tried in turn, starting from the one that answered last;
+ * an endpoint that cannot be reached or has no leader ("unavailable")
+ * sends the call to the next. Unary calls share one libcurl handle (and its
+ * kept-alive connection) under call_lock; the watch has its own handle in a
+ * multi handle, so that close can wake it (curl_multi_wakeup).
+ */
+#include <curl/curl.h>
+#include <json-c/json.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "membership.h"
+
+#define EP_MAX 16
+#define ANSWER_MAX (16u << 20)          /* a bigger answer is refused */
+#define WATCH_BACKOFF_MAX_MS 1000u
+
+struct etcd {
+    struct kv__membership base;
+    char ep[EP_MAX][KV_CFG_STR];
+    int nep;
+    _Atomic int cur;                    /* the endpoint that answered last */
+    char key_prefix[KV_CFG_STR + 16];   /* "PREFIX/members/" */
+    char user[KV_CFG_STR], password[KV_CFG_STR];
+    unsigned timeout_ms;
+    int64_t ttl_s;
+    void (*notify)(void *);
+    void *arg;
+
+    pthread_mutex_t call_lock;          /* h, auth, lease, self, local_ip */
+    CURL *h;
+    char auth[512];                     /* etcd's auth token; "" = none yet */
+    int64_t lease;                      /* 0 = none */
+    struct kv__member self;
+    int joined;
+    char local_ip[64];
+
+    pthread_mutex_t view_lock;          /* the view below */
+    uint64_t version;                   /* revision the records last changed at */
+    uint64_t seen_rev;                  /* revision of the last read */
+    struct kv__member *members;
+    size_t n;
+    int have_view;
+
+    pthread_t watcher;
+    int watching;
+    pthread_mutex_t wlock;
+    pthread_cond_t wcond;
+    int stop;
+    CURLM *multi;
+};
+
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
+
+/* ---- base64 (etcd's keys and values travel so in JSON) ------------------ */
+
+static const char B64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+static char *b64_encode(const void *src, size_t n)
+{
+    const uint8_t *s = src;
+    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16 | (i + 1 < n ? (uint32_t)s[i + 1] << 8 : 0) |
+                     (i + 2 < n ? s[i + 2] : 0);
+        *o++ = B64[v >> 18 & 63];
+        *o++ = B64[v >> 12 & 63];
+        *o++ = i + 1 < n ? B64[v >> 6 & 63] : '=';
+        *o++ = i + 2 < n ? B64[v & 63] : '=';
+    }
+    *o = '\0';
+    return out;
+}
+
+/* Decodes s into a malloc'd NUL-terminated buffer (*len bytes before the
+ * NUL); NULL for text that is not base64. */
+static char *b64_decode(const char *s, size_t *len)
+{
+    size_t n = strlen(s);
+    if (n % 4)
+        return NULL;
+    char *out = malloc(n / 4 * 3 + 1);
+    size_t k = 0;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i += 4) {
+        uint32_t v = 0;
+        int pad = 0;
+        for (int j = 0; j < 4; j++) {
+            const char *p = s[i + j] == '=' ? NULL : strchr(B64, s[i + j]);
+            if (s[i + j] == '=' && i + 4 == n && j >= 2) {
+                pad++;
+            } else if (!p || !s[i + j] || pad) {
+                free(out);
+                return NULL;
+            }
+            v = v << 6 | (p ? (uint32_t)(p - B64) : 0);
+        }
+        out[k++] = (char)(v >> 16);
+        if (pad < 2)
+            out[k++] = (char)(v >> 8);
+        if (pad < 1)
+            out[k++] = (char)v;
+    }
+    out[k] = '\0';
+    *len = k;
+    return out;
+}
+
+/* ---- JSON helpers ------------------------------------------------------- */
+
+static json_object *jget(json_object *o, const char *key)
+{
+    json_object *v = NULL;
+    return o && json_object_object_get_ex(o, key, &v) ? v : NULL;
+}
+
+/* etcd's int64 fields come as JSON strings ("revision":"12"); json-c
+ * parses either form. Absent = 0. */
+static int64_t jint(json_object *o, const char *key)
+{
+    json_object *v = jget(o, key);
+    return v ? json_object_get_int64(v) : 0;
+}
+
+static const char *jstr(json_object *o, const char *key)
+{
+    json_object *v = jget(o, key);
+    return v && json_object_is_type(v, json_type_string) ? json_object_get_string(v) : NULL;
+}
+
+static void jadd_b64(json_object *o, const char *key, const char *s)
+{
+    char *b = b64_encode(s, strlen(s));
+    json_object_object_add(o, key, json_object_new_string(b ? b : ""));
+    free(b);
+}
+
+static void jadd_int(json_object *o, const char *key, int64_t v)
+{
+    char t[32];
+    snprintf(t, sizeof t, "%lld", (long long)v);
+    json_object_object_add(o, key, json_object_new_string(t));
+}
+
+/* ---- records ------------------------------------------------------------ */
+
+static char *record_encode(const struct kv__member *m)
+{
+    json_object *o = json_object_new_object(), *segs = json_object_new_array();
+    json_object_object_add(o, "id", json_object_new_string(m->id));
+    json_object_object_add(o, "addr", json_object_new_string(m->addr));
+    json_object_object_add(o, "flags", json_object_new_int64(m->flags));
+    for (uint32_t i = 0; i < m->nseg && i < KV_PROTO_SEG_MAX; i++) {
+        json_object *s = json_object_new_object();
+        jadd_int(s, "base", (int64_t)m->seg[i].base);
+        jadd_int(s, "len", (int64_t)m->seg[i].len);
+        json_object_object_add(s, "rkey", json_object_new_int64(m->seg[i].rkey));
+        json_object_array_add(segs, s);
+    }
+    json_object_object_add(o, "segs", segs);
+    char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+    json_object_put(o);
+    return out;
+}
+
+/* A record as stored; nonzero for one that is not ours to read (it is
+ * skipped with a warning, not allowed to empty the view). */
+static int record_decode(const char *text, struct kv__member *m)
+{
+    json_object *o = json_tokener_parse(text);
+    const char *id = jstr(o, "id"), *addr = jstr(o, "addr");
+    json_object *segs = jget(o, "segs");
+    int rc = -1;
+    memset(m, 0, sizeof *m);
+    if (id && addr && *id && strlen(id) <= KV_PROTO_ID_MAX && strlen(addr) <= KV_PROTO_ID_MAX &&
+        (!segs || (json_object_is_type(segs, json_type_array) &&
+                   json_object_array_length(segs) <= KV_PROTO_SEG_MAX))) {
+        snprintf(m->id, sizeof m->id, "%s", id);
+        snprintf(m->addr, sizeof m->addr, "%s", addr);
+        m->flags = (uint32_t)jint(o, "flags");
+        m->nseg = segs ? (uint32_t)json_object_array_length(segs) : 0;
+        for (uint32_t i = 0; i < m->nseg; i++) {
+            json_object *s = json_object_array_get_idx(segs, i);
+            m->seg[i].base = (uint64_t)jint(s, "base");
+            m->seg[i].len = (uint64_t)jint(s, "len");
+            m->seg[i].rkey = (uint32_t)jint(s, "rkey");
+        }
+        rc = 0;
+    }
+    json_object_put(o);
+    return rc;
+}
+
+static int same_member(const struct kv__member *a, const struct kv__member *b)
+{
+    if (strcmp(a->id, b->id) || strcmp(a->addr, b->addr) || a->flags != b->flags ||
+        a->nseg != b->nseg)
+        return 0;
+    for (uint32_t i = 0; i < a->nseg; i++)
+        if (a->seg[i].base != b->seg[i].base || a->seg[i].len != b->seg[i].len ||
+            a->seg[i].rkey != b->seg[i].rkey)
+            return 0;
+    return 1;
+}
+
+/* ---- one call ----------------------------------------------------------- */
+
+struct answer {
+    char *p;
+    size_t len;
+};
+
+static size_t on_answer(char *d, size_t sz, size_t nm, void *u)
+{
+    struct answer *a = u;
+    size_t n = sz * nm;
+    if (a->len + n > ANSWER_MAX)
+        return 0;
+    char *p = realloc(a->p, a->len + n + 1);
+    if (!p)
+        return 0;
+    memcpy(p + a->len, d, n);
+    a->len += n;
+    p[a->len] = '\0';
+    a->p = p;
+    return n;
+}
+
+static struct curl_slist *headers(struct etcd *e)
+{
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    if (e->auth[0]) {
+        char t[sizeof e->auth + 32];
+        snprintf(t, sizeof t, "Authorization: %s", e->auth);
+        hd = curl_slist_append(hd, t);
+    }
+    return hd;
+}
+
+/* gRPC codes that mean "this endpoint cannot serve now; another may". */
+static int unavailable(int http, int64_t code)
+{
+    return http == 503 || http == 502 || http == 504 || code == 14 || code == 4;
+}
+
+/*
+ * POSTs body to endpoint k within ms; *out the parsed answer. KV_ENET /
+ * KV_ETIMEDOUT for an endpoint that cannot serve (try the next), KV_EPERM
+ * for refused credentials (*unauth set when etcd said "unauthenticated",
+ * worth one fresh token), KV_ENOTFOUND for etcd's NotFound (a lease that
+ * is gone), KV_EPROTO for anything else etcd refused.
+ */
+static int post_one(struct etcd *e, int k, const char *path, const char *body, uint64_t ms,
+                    json_object **out, int *unauth)
+{
+    char url[KV_CFG_STR + 64];
+    snprintf(url, sizeof url, "http://%s%s", e->ep[k], path);
+    struct answer a = { 0 };
+    struct curl_slist *hd = headers(e);
+    CURL *h = e->h;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_answer);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &a);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(ms ? ms : 1));
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)(ms ? ms : 1));
+    CURLcode cc = curl_easy_perform(h);
+    curl_slist_free_all(hd);
+    long http = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &http);
+    int rc = KV_OK;
+    json_object *o = NULL;
+    if (cc == CURLE_OPERATION_TIMEDOUT) {
+        rc = KV_ETIMEDOUT;
+    } else if (cc != CURLE_OK) {
+        rc = KV_ENET;
+    } else if (!(o = a.p ? json_tokener_parse(a.p) : NULL)) {
+        KV_WARN("etcd %s%s: answer is not JSON (HTTP %ld)", e->ep[k], path, http);
+        rc = http == 200 ? KV_EPROTO : KV_ENET;
+    } else {
+        /* A streamed method (lease keepalive) wraps its answer in
+         * "result", or its error in "error". */
+        json_object *err = http == 200 ? jget(o, "error") : o;
+        int64_t code = jint(err, "code") ? jint(err, "code") : jint(err, "grpc_code");
+        const char *msg = jstr(err, "message") ? jstr(err, "message") : jstr(err, "error");
+        if (http == 200 && !err) {
+            char *ip = NULL;
+            if (curl_easy_getinfo(h, CURLINFO_LOCAL_IP, &ip) == CURLE_OK && ip)
+                snprintf(e->local_ip, sizeof e->local_ip, "%s", ip);
+        } else if (unavailable((int)http, code)) {
+            rc = KV_ENET;
+        } else if (http == 401 || code == 16 ||
+                   (msg && strstr(msg, "user name is empty"))) {
+            /* (the last: auth is on and we sent no token) */
+            *unauth = 1;
+            rc = KV_EPERM;
+        } else if (http == 403 || code == 7) {
+            rc = KV_EPERM;
+        } else if (http == 404 && code == 5) {
+            rc = KV_ENOTFOUND;
+        } else {
+            rc = KV_EPROTO;
+        }
+        if (rc != KV_OK && rc != KV_ENOTFOUND)
+            KV_WARN("etcd %s%s: %s (HTTP %ld, code %lld)", e->ep[k], path,
+                    msg ? msg : "refused", http, (long long)code);
+    }
+    free(a.p);
+    if (rc == KV_OK && jget(o, "result"))
+        *out = json_object_get(jget(o, "result"));
+    else if (rc == KV_OK)
+        *out = json_object_get(o);
+    json_object_put(o);
+    return rc;
+}
+
+static int authenticate(struct etcd *e, int k, uint64_t ms);
+
+/* POSTs body to path on the endpoints in turn, from the one that answered
+ * last, within timeout_ms in all. Caller holds call_lock. */
+static int post(struct etcd *e, const char *path, json_object *req, json_object **out)
+{
+    const char *body = json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN);
+    uint64_t deadline = kv__now_ms() + e->timeout_ms;
+    int start = atomic_load(&e->cur), rc = KV_ENET, reauthed = 0;
+    *out = NULL;
+    for (int i = 0; i < e->nep; i++) {
+        int k = (start + i) % e->nep;
+        uint64_t now = kv__now_ms();
+        if (now >= deadline)
+            return KV_ETIMEDOUT;
+        /* An endpoint that hangs must leave the others some time. */
+        uint64_t ms = (deadline - now) / (uint64_t)(e->nep - i);
+        int unauth = 0;
+        if (e->user[0] && !e->auth[0] && (rc = authenticate(e, k, ms)) != KV_OK) {
+            if (rc == KV_ENET || rc == KV_ETIMEDOUT)
+                continue;
+            return rc;
+        }
+        rc = post_one(e, k, path, body, ms, out, &unauth);
+        if (rc == KV_EPERM && unauth && e->user[0] && !reauthed) {
+            /* The token expired (etcd's simple tokens do): a fresh one,
+             * once, on the same endpoint. */
+            reauthed = 1;
+            e->auth[0] = '\0';
+            i--;
+            continue;
+        }
+        if (rc != KV_ENET && rc != KV_ETIMEDOUT) {
+            atomic_store(&e->cur, k);
+            return rc;
+        }
+    }
+    return rc;
+}
+
+static int authenticate(struct etcd *e, int k, uint64_t ms)
+{
+    json_object *req = json_object_new_object(), *ans = NULL;
+    json_object_object_add(req, "name", json_object_new_string(e->user));
+    json_object_object_add(req, "password", json_object_new_string(e->password));
+    int unauth = 0;
+    int rc = post_one(e, k, "/v3/auth/authenticate",
+                      json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN), ms, &ans,
+                      &unauth);
+    json_object_put(req);
+    const char *tok = jstr(ans, "token");
+    if (rc == KV_OK && !tok)
+        rc = KV_EPROTO;
+    if (rc == KV_OK) {
+        snprintf(e->auth, sizeof e->auth, "%s", tok);
+    } else if (rc != KV_ENET && rc != KV_ETIMEDOUT) {
+        /* etcd says "invalid argument" for a wrong password: a refusal. */
+        KV_ERROR("etcd %s: user '%s' refused (cluster.etcd_user / etcd_password)", e->ep[k],
+                 e->user);
+        rc = KV_EPERM;
+    }
+    json_object_put(ans);
+    return rc;
+}
+
+/* ---- the view ----------------------------------------------------------- */
+
+static void prefix_end(const char *p, char *out, size_t cap)
+{
+    snprintf(out, cap, "%s", p);
+    out[strlen(out) - 1]++;   /* "PREFIX/members/" -> "PREFIX/members0" */
+}
+
+/* Reads every record under the prefix; installs them as the view when they
+ * differ from it (version = this read's revision). *changed says whether
+ * they did. Caller holds call_lock. */
+static int refresh(struct etcd *e, int *changed)
+{
+    char end[sizeof e->key_prefix];
+    prefix_end(e->key_prefix, end, sizeof end);
+    json_object *req = json_object_new_object(), *ans = NULL;
+    jadd_b64(req, "key", e->key_prefix);
+    jadd_b64(req, "range_end", end);
+    int rc = post(e, "/v3/kv/range", req, &ans);
+    json_object_put(req);
+    *changed = 0;
+    if (rc != KV_OK)
+        return rc;
+    uint64_t rev = (uint64_t)jint(jget(ans, "header"), "revision");
+    json_object *kvs = jget(ans, "kvs");
+    size_t cnt = kvs && json_object_is_type(kvs, json_type_array) ? json_object_array_length(kvs)
+                                                                  : 0;
+    if (cnt > KV_PROTO_VIEW_MAX)
+        cnt = KV_PROTO_VIEW_MAX;
+    struct kv__member *list = calloc(cnt ? cnt : 1, sizeof *list);
+    size_t n = 0;
+    if (!list) {
+        json_object_put(ans);
+        return KV_ENOMEM;
+    }
+    for (size_t i = 0; i < cnt; i++) {
+        json_object *kv = json_object_array_get_idx(kvs, i);
+        size_t vl = 0;
+        const char *v64 = jstr(kv, "value");
+        char *val = v64 ? b64_decode(v64, &vl) : NULL;
+        if (val && record_decode(val, &list[n]) == 0)
+            n++;
+        else
+            KV_WARN("etcd: a record under %s is not a member's; skipped", e->key_prefix);
+        free(val);
+    }
+    json_object_put(ans);
+    pthread_mutex_lock(&e->view_lock);
+    int same = e->have_view && e->n == n;
+    for (size_t i = 0; same && i < n; i++)
+        same = same_member(&e->members[i], &list[i]);
+    if (!same) {
+        free(e->members);
+        e->members = list;
+        e->n = n;
+        e->version = rev;
+        e->have_view = 1;
+        list = NULL;
+        *changed = 1;
+    }
+    if (rev > e->seen_rev)
+        e->seen_rev = rev;
+    pthread_mutex_unlock(&e->view_lock);
+    free(list);
+    return KV_OK;
+}
+
+static int view_copy(struct etcd *e, uint64_t *version, struct kv__member **members, size_t *n)
+{
+    pthread_mutex_lock(&e->view_lock);
+    struct kv__member *m = malloc((e->n ? e->n : 1) * sizeof *m);
+    if (m) {
+        memcpy(m, e->members, e->n * sizeof *m);
+        *members = m;
+        *n = e->n;
+        *version = e->version;
+    }
+    pthread_mutex_unlock(&e->view_lock);
+    return m ? KV_OK : KV_ENOMEM;
+}
+
+/* ---- the watch ---------------------------------------------------------- */
+
+struct stream {
+    struct etcd *e;
+    json_tokener *tok;
+    int event, created, failed;
+};
+
+static void stream_object(struct stream *s, json_object *o)
+{
+    json_object *r = jget(o, "result");
+    if (!r) {   /* {"error": ...}: the stream is over */
+        const char *msg = jstr(jget(o, "error"), "message");
+        KV_WARN("etcd watch: %s", msg ? msg : "error");
+        s->failed = 1;
+        return;
+    }
+    json_object *c = jget(r, "created"), *x = jget(r, "canceled");
+    if (c && json_object_get_boolean(c))
+        s->created = 1;
+    if (x && json_object_get_boolean(x))
+        s->failed = 1;   /* compacted past us, or refused: read again */
+    if (jget(r, "events"))
+        s->event = 1;
+}
+
+static size_t on_stream(char *d, size_t sz, size_t nm, void *u)
+{
+    struct stream *s = u;
+    size_t n = sz * nm, pos = 0;
+    /* Answers are JSON objects one after the other; the tokener keeps
+     * the state of one cut between two writes. */
+    while (pos < n && !s->failed) {
+        json_object *o = json_tokener_parse_ex(s->tok, d + pos, (int)(n - pos));
+        enum json_tokener_error je = json_tokener_get_error(s->tok);
+        if (je == json_tokener_continue)
+            break;
+        if (je != json_tokener_success) {
+            KV_WARN("etcd watch: unreadable answer (%s)", json_tokener_error_desc(je));
+            s->failed = 1;
+            break;
+        }
+        pos += json_tokener_get_parse_end(s->tok);
+        json_tokener_reset(s->tok);
+        stream_object(s, o);
+        json_object_put(o);
+    }
+    return s->failed ? 0 : n;
+}
+
+static int stopping(struct etcd *e)
+{
+    pthread_mutex_lock(&e->wlock);
+    int s = e->stop;
+    pthread_mutex_unlock(&e->wlock);
+    return s;
+}
+
+static void refresh_and_notify(struct etcd *e)
+{
+    int changed = 0;
+    pthread_mutex_lock(&e->call_lock);
+    refresh(e, &changed);
+    pthread_mutex_unlock(&e->call_lock);
+    if (changed && e->notify)
+        e->notify(e->arg);
+}
+
+/* Watches the prefix on endpoint k from revision from until the stream
+ * ends, the thread is stopped, or calls moved to another endpoint. Each
+ * event makes the view be read again. Returns whether the stream was up. */
+static int watch_stream(struct etcd *e, int k, uint64_t from)
+{
+    char url[KV_CFG_STR + 32], end[sizeof e->key_prefix];
+    snprintf(url, sizeof url, "http://%s/v3/watch", e->ep[k]);
+    prefix_end(e->key_prefix, end, sizeof end);
+    json_object *req = json_object_new_object(), *cr = json_object_new_object();
+    jadd_b64(cr, "key", e->key_prefix);
+    jadd_b64(cr, "range_end", end);
+    jadd_int(cr, "start_revision", (int64_t)from);
+    json_object_object_add(req, "create_request", cr);
+    pthread_mutex_lock(&e->call_lock);
+    struct curl_slist *hd = headers(e);
+    pthread_mutex_unlock(&e->call_lock);
+    struct stream s = { .e = e, .tok = json_tokener_new() };
+    CURL *h = curl_easy_init();
+    if (!h || !s.tok) {
+        curl_easy_cleanup(h);
+        json_tokener_free(s.tok);
+        curl_slist_free_all(hd);
+        json_object_put(req);
+        return 0;
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_COPYPOSTFIELDS,
+                     json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_stream);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &s);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
+    json_object_put(req);
+    curl_multi_add_handle(e->multi, h);
+    for (;;) {
+        int running = 0;
+        CURLMcode mc = curl_multi_perform(e->multi, &running);
+        if (s.event) {
+            s.event = 0;
+            refresh_and_notify(e);
+        }
+        if (mc != CURLM_OK || !running || s.failed || stopping(e) || atomic_load(&e->cur) != k)
+            break;
+        curl_multi_poll(e->multi, NULL, 0, 1000, NULL);
+    }
+    curl_multi_remove_handle(e->multi, h);
+    curl_easy_cleanup(h);
+    curl_slist_free_all(hd);
+    json_tokener_free(s.tok);
+    return s.created;
+}
+
+static void *watch_main(void *arg)
+{
+    struct etcd *e = arg;
+    unsigned backoff = 20;
+    while (!stopping(e)) {
+        int changed = 0;
+        pthread_mutex_lock(&e->call_lock);
+        int rc = refresh(e, &changed);
+        int k = atomic_load(&e->cur);
+        pthread_mutex_lock(&e->view_lock);
+        uint64_t from = e->seen_rev + 1;
+        pthread_mutex_unlock(&e->view_lock);
+        pthread_mutex_unlock(&e->call_lock);
+        if (changed && e->notify)
+            e->notify(e->arg);
+        if (rc == KV_OK && watch_stream(e, k, from))
+            backoff = 20;
+        /* Down, or refused: wait a little (longer each time, up to a
+         * second), then read and watch again. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += (long)backoff * 1000000L;
+        ts.tv_sec += ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_mutex_lock(&e->wlock);
+        if (!e->stop)
+            pthread_cond_timedwait(&e->wcond, &e->wlock, &ts);
+        pthread_mutex_unlock(&e->wlock);
+        backoff = backoff * 2 > WATCH_BACKOFF_MAX_MS ? WATCH_BACKOFF_MAX_MS : backoff * 2;
+    }
+    return NULL;
+}
+
+/* ---- registration ------------------------------------------------------- */
+
+static int grant(struct etcd *e)
+{
+    json_object *req = json_object_new_object(), *ans = NULL;
+    jadd_int(req, "TTL", e->ttl_s);
+    int rc = post(e, "/v3/lease/grant", req, &ans);
+    json_object_put(req);
+    if (rc == KV_OK && !(e->lease = jint(ans, "ID")))
+        rc = KV_EPROTO;
+    json_object_put(ans);
+    return rc;
+}
+
+/* Puts self's record on a lease (a new one when there is none, or when the
+ * one we had is gone). Caller holds call_lock. */
+static int put_record(struct etcd *e)
+{
+    char key[sizeof e->key_prefix + KV_PROTO_ID_MAX + 1];
+    snprintf(key, sizeof key, "%s%s", e->key_prefix, e->self.id);
+    char *val = record_encode(&e->self);
+    if (!val)
+        return KV_ENOMEM;
+    int rc = KV_OK;
+    for (int tries = 0; tries < 2; tries++) {
+        if (!e->lease && (rc = grant(e)))
+            break;
+        json_object *req = json_object_new_object(), *ans = NULL;
+        jadd_b64(req, "key", key);
+        jadd_b64(req, "value", val);
+        jadd_int(req, "lease", e->lease);
+        rc = post(e, "/v3/kv/put", req, &ans);
+        json_object_put(req);
+        json_object_put(ans);
+        if (rc != KV_ENOTFOUND)
+            break;
+        e->lease = 0;   /* expired between grant and put: once more */
+    }
+    free(val);
+    return rc == KV_ENOTFOUND ? KV_ENET : rc;
+}
+
+static int start_watch(struct etcd *e)
+{
+    if (e->watching)
+        return KV_OK;
+    if (!e->multi && !(e->multi = curl_multi_init()))
+        return KV_ENOMEM;
+    if (pthread_create(&e->watcher, NULL, watch_main, e) != 0)
+        return KV_ENOMEM;
+    e->watching = 1;
+    return KV_OK;
+}
+
+/* ---- the ops ------------------------------------------------------------ */
+
+static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*notify)(void *),
+                     void *arg, struct kv__membership **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    pthread_once(&curl_once, curl_init_once);
+    struct etcd *e = calloc(1, sizeof *e);
+    if (!e)
+        return KV_ENOMEM;
+    e->base.ops = &kv__etcd_membership;
+    for (const char *p = cfg->cluster.etcd_endpoints; *p && e->nep < EP_MAX;) {
+        size_t len = strcspn(p, ",");
+        if (len)
+            snprintf(e->ep[e->nep++], KV_CFG_STR, "%.*s", (int)len, p);
+        p += len + (p[len] == ',');
+    }
+    const char *pre = cfg->cluster.etcd_prefix;
+    if (!e->nep || pre[0] != '/') {
+        kv__errf(err, errlen, "%s", !e->nep ? "cluster.etcd_endpoints: empty"
+                                            : "cluster.etcd_prefix: must start with '/'");
+        free(e);
+        return KV_ECONFIG;
+    }
+    snprintf(e->key_prefix, sizeof e->key_prefix, "%s/members/", pre);
+    snprintf(e->user, sizeof e->user, "%s", cfg->cluster.etcd_user);
+    snprintf(e->password, sizeof e->password, "%s", cfg->cluster.etcd_password);
+    e->timeout_ms = timeout_ms ? timeout_ms : 2000;
+    e->ttl_s = (int64_t)((cfg->cluster.node_ttl_ms + 999) / 1000);
+    if (e->ttl_s < 1)
+        e->ttl_s = 1;
+    e->notify = notify;
+    e->arg = arg;
+    pthread_mutex_init(&e->call_lock, NULL);
+    pthread_mutex_init(&e->view_lock, NULL);
+    pthread_mutex_init(&e->wlock, NULL);
+    pthread_cond_init(&e->wcond, NULL);
+    if (!(e->h = curl_easy_init())) {
+        free(e);
+        return KV_ENOMEM;
+    }
+    curl_easy_setopt(e->h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(e->h, CURLOPT_TCP_NODELAY, 1L);
+    *out = &e->base;
+    return KV_OK;
+}
+
+static void etcd_close(struct kv__membership *m)
+{
+    struct etcd *e = (struct etcd *)m;
+    if (e->watching) {
+        pthread_mutex_lock(&e->wlock);
+        e->stop = 1;
+        pthread_cond_signal(&e->wcond);
+        pthread_mutex_unlock(&e->wlock);
+        curl_multi_wakeup(e->multi);
+        pthread_join(e->watcher, NULL);
+    }
+    if (e->multi)
+        curl_multi_cleanup(e->multi);
+    curl_easy_cleanup(e->h);
+    free(e->members);
+    pthread_mutex_destroy(&e->call_lock);
+    pthread_mutex_destroy(&e->view_lock);
+    pthread_mutex_destroy(&e->wlock);
+    pthread_cond_destroy(&e->wcond);
+    free(e);
+}
+
+static int etcd_local_ip(struct kv__membership *m, char *ip, size_t cap)
+{
+    struct etcd *e = (struct etcd *)m;
+    int rc = KV_OK, changed;
+    pthread_mutex_lock(&e->call_lock);
+    if (!e->local_ip[0])
+        rc = refresh(e, &changed);
+    if (rc == KV_OK && !e->local_ip[0])
+        rc = KV_ENET;
+    if (rc == KV_OK)
+        snprintf(ip, cap, "%s", e->local_ip);
+    pthread_mutex_unlock(&e->call_lock);
+    return rc;
+}
+
+static int etcd_join(struct kv__membership *m, const struct kv__member *self, uint64_t *version,
+                     struct kv__member **members, size_t *n)
+{
+    struct etcd *e = (struct etcd *)m;
+    int changed;
+    pthread_mutex_lock(&e->call_lock);
+    e->self = *self;
+    e->joined = 1;
+    int rc = put_record(e);
+    if (rc == KV_OK)
+        rc = refresh(e, &changed);
+    if (rc == KV_OK)
+        rc = start_watch(e);
+    pthread_mutex_unlock(&e->call_lock);
+    return rc ? rc : view_copy(e, version, members, n);
+}
+
+static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *self,
+                          uint64_t *version, struct kv__member **members, size_t *n)
+{
+    struct etcd *e = (struct etcd *)m;
+    int rc = KV_OK, changed;
+    pthread_mutex_lock(&e->call_lock);
+    e->self = *self;
+    if (e->lease) {
+        json_object *req = json_object_new_object(), *ans = NULL;
+        jadd_int(req, "ID", e->lease);
+        rc = post(e, "/v3/lease/keepalive", req, &ans);
+        json_object_put(req);
+        if (rc == KV_OK && jint(ans, "TTL") <= 0) {
+            /* etcd let the lease go (we were cut off longer than the TTL):
+             * our record went with it. Register again. */
+            KV_WARN("etcd: lease of %s expired; registering again", e->self.id);
+            e->lease = 0;
+        }
+        uint64_t rev = (uint64_t)jint(jget(ans, "header"), "revision");
+        json_object_put(ans);
+        pthread_mutex_lock(&e->view_lock);
+        int stale = rc == KV_OK && rev > e->seen_rev;
+        pthread_mutex_unlock(&e->view_lock);
+        /* Something changed in etcd since the view was read; the watch may
+         * not have told us (it may be reconnecting). */
+        if (stale && e->lease)
+            rc = refresh(e, &changed);
+    }
+    if (rc == KV_OK && !e->lease && (rc = put_record(e)) == KV_OK)
+        rc = refresh(e, &changed);
+    if (rc == KV_OK)
+        rc = start_watch(e);
+    pthread_mutex_unlock(&e->call_lock);
+    return rc ? rc : view_copy(e, version, members, n);
+}
+
+static int etcd_view(struct kv__membership *m, uint64_t *version, struct kv__member **members,
+                     size_t *n)
+{
+    struct etcd *e = (struct etcd *)m;
+    int rc = KV_OK, changed;
+    pthread_mutex_lock(&e->call_lock);
+    /* With a watch running the cached view is current; else read it. */
+    if (!e->watching || !e->have_view)
+        rc = refresh(e, &changed);
+    pthread_mutex_unlock(&e->call_lock);
+    return rc ? rc : view_copy(e, version, members, n);
+}
+
+static int etcd_leave(struct kv__membership *m, const struct kv__member *self)
+{
+    struct etcd *e = (struct etcd *)m;
+    char key[sizeof e->key_prefix + KV_PROTO_ID_MAX + 1];
+    snprintf(key, sizeof key, "%s%s", e->key_prefix, self->id);
+    pthread_mutex_lock(&e->call_lock);
+    json_object *req = json_object_new_object(), *ans = NULL;
+    jadd_b64(req, "key", key);
+    int rc = post(e, "/v3/kv/deleterange", req, &ans);
+    json_object_put(req);
+    json_object_put(ans);
+    if (e->lease) {   /* and the lease, so that nothing of ours lingers */
+        req = json_object_new_object();
+        jadd_int(req, "ID", e->lease);
+        post(e, "/v3/lease/revoke", req, &ans);
+        json_object_put(req);
+        json_object_put(ans);
+        e->lease = 0;
+    }
+    e->joined = 0;
+    pthread_mutex_unlock(&e->call_lock);
+    return rc;
+}
+
+const struct kv__membership_ops kv__etcd_membership = {
+    .name = "etcd",
+    .open = etcd_open,
+    .close = etcd_close,
+    .local_ip = etcd_local_ip,
+    .join = etcd_join,
+    .heartbeat = etcd_heartbeat,
+    .view = etcd_view,
+    .leave = etcd_leave,
+};

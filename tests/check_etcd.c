@@ -1,0 +1,546 @@
+/*
+ * check_etcd.c — the "etcd" suite: cluster membership kept in etcd
+ * (net/etcd.c) when etcd itself fails. A three-member etcd whose leader is
+ * SIGKILLed while a client loads and dumps; etcd down altogether for longer
+ * than the TTL; etcd with authentication on; and the config keys.
+ *
+ * The plain cluster tests run over etcd too (make etcdtest:
+ * KV_TEST_METADATA=etcd CK_RUN_SUITE=cluster). Every etcd member and kvnode
+ * is killed and reaped in the teardown (and dies with the test process,
+ * PR_SET_PDEATHSIG); data directories live in the test's temporary
+ * directory, removed afterwards.
+ */
+#include <curl/curl.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "etcd_fixture.h"
+#include "membership.h"
+#include "testutil.h"
+
+#define TOKEN "etok"
+#define TTL_MS 1000
+#define PREFIX "/kvtest/etcd"
+#define MAXN 6
+
+static char *dir;
+static struct tu_etcd etcd;
+static pid_t nodes[MAXN];
+static char node_addr[MAXN][64];
+static int nnodes;
+static kv_engine *engines[4];
+
+static void setup(void)
+{
+    dir = tu_mkdtemp();
+    nnodes = 0;
+    memset(&etcd, 0, sizeof etcd);
+}
+
+static void teardown(void)
+{
+    for (int i = 0; i < 4; i++) {
+        kv_close(engines[i]);
+        engines[i] = NULL;
+    }
+    for (int i = 0; i < nnodes; i++)
+        if (nodes[i] > 0) {
+            kill(nodes[i], SIGKILL);
+            waitpid(nodes[i], NULL, 0);
+            nodes[i] = 0;
+        }
+    tu_etcd_stop(&etcd);
+    tu_rmdir(dir);
+}
+
+/* A kvnode on etcd with 32 MiB of DRAM and replica_num r. */
+static int start_node(unsigned r, const char *endpoints)
+{
+    ck_assert_int_lt(nnodes, MAXN);
+    int i = nnodes;
+    snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", tu_free_port());
+    char bin[512], log[512], s[6][300];
+    snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
+    snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
+    snprintf(s[0], sizeof s[0], "cluster.etcd_endpoints=%s", endpoints ? endpoints : etcd.endpoints);
+    snprintf(s[1], sizeof s[1], "cluster.listen=%s", node_addr[i]);
+    snprintf(s[2], sizeof s[2], "cluster.replica_num=%u", r);
+    snprintf(s[3], sizeof s[3], "cluster.node_ttl_ms=%d", TTL_MS);
+    snprintf(s[4], sizeof s[4], "cluster.etcd_prefix=%s", PREFIX);
+    snprintf(s[5], sizeof s[5], "ssd.path=%s/node%d", dir, i);
+    char *argv[] = { bin, "--set", "cluster.metadata=etcd", "--set", s[0], "--set", s[1],
+                     "--set", s[2], "--set", s[3], "--set", s[4], "--set", s[5],
+                     "--set", "cluster.token=" TOKEN, "--set", "cluster.protocol=tcp",
+                     "--set", "dram.capacity=32MiB", "--set", "pipeline=dram",
+                     "--set", "io.threads=2", NULL };
+    nodes[nnodes++] = tu_spawn(argv, log);
+    return i;
+}
+
+static void kill_node(int i)
+{
+    kill(nodes[i], SIGKILL);
+    waitpid(nodes[i], NULL, 0);
+    nodes[i] = 0;
+}
+
+static kv_config *engine_config(const char *cap, unsigned r, const char *extra_key,
+                                const char *extra_val)
+{
+    kv_config *cfg;
+    char v[64];
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", cap), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.metadata", "etcd"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_endpoints",
+                                   etcd.endpoints[0] ? etcd.endpoints : "127.0.0.1:1"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_prefix", PREFIX), KV_OK);
+    snprintf(v, sizeof v, "127.0.0.1:%u", tu_free_port());
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.listen", v), KV_OK);
+    snprintf(v, sizeof v, "%u", r);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.replica_num", v), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.token", TOKEN), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", "tcp"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", "1000"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "io.threads", "2"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", "3000"), KV_OK);
+    if (extra_key)
+        ck_assert_int_eq(kv_config_set(cfg, extra_key, extra_val), KV_OK);
+    return cfg;
+}
+
+static int open_engine(const char *cap, unsigned r, kv_engine **out)
+{
+    kv_config *cfg = engine_config(cap, r, NULL, NULL);
+    *out = NULL;
+    int rc = kv_open(cfg, out);
+    kv_config_free(cfg);
+    for (int i = 0; rc == KV_OK && i < 4; i++)
+        if (!engines[i]) {
+            engines[i] = *out;
+            break;
+        }
+    return rc;
+}
+
+/* Owners in the view as etcd holds it (kv_members), or the error. */
+static int owners_in_etcd(const char *endpoints)
+{
+    kv_config *cfg = engine_config("0", 1, "cluster.etcd_endpoints",
+                                   endpoints ? endpoints : etcd.endpoints);
+    uint64_t v;
+    kv_member_info *m = NULL;
+    size_t n = 0;
+    int rc = kv_members(cfg, &v, &m, &n), k = 0;
+    for (size_t i = 0; rc == KV_OK && i < n; i++)
+        k += m[i].owner;
+    free(m);
+    kv_config_free(cfg);
+    return rc ? rc : k;
+}
+
+static void wait_owners(int want, const char *endpoints)
+{
+    uint64_t t0 = tu_now_ms();
+    int n = -1;
+    while (tu_now_ms() - t0 < 10000 && (n = owners_in_etcd(endpoints)) != want)
+        usleep(20000);
+    ck_assert_msg(n == want, "etcd's view has %d owners, want %d", n, want);
+}
+
+/* The owners in the view engine e last saw (its /metrics text). */
+static int engine_owners(kv_engine *e)
+{
+    char *text;
+    size_t len;
+    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
+    const char *p = strstr(text, "kvengine_members{role=\"owner\"} ");
+    int n = p ? atoi(p + strlen("kvengine_members{role=\"owner\"} ")) : -1;
+    free(text);
+    return n;
+}
+
+static void wait_engine_owners(kv_engine *e, int want, uint64_t within_ms)
+{
+    uint64_t t0 = tu_now_ms();
+    int n = -1;
+    while (tu_now_ms() - t0 < within_ms && (n = engine_owners(e)) != want)
+        usleep(10000);
+    ck_assert_msg(n == want, "the engine's view has %d owners, want %d", n, want);
+}
+
+/* n shards of len bytes of blocks salt:0.. (two shards per block). */
+struct set {
+    size_t n, len;
+    uint8_t *src, *dst;
+    kv_iov *siov, *diov;
+    kv_shard *dump, *load;
+};
+
+static struct set make_set(size_t n, size_t len, uint64_t salt)
+{
+    struct set s = { .n = n, .len = len };
+    s.src = malloc(n * len);
+    s.dst = malloc(n * len);
+    s.siov = calloc(n, sizeof *s.siov);
+    s.diov = calloc(n, sizeof *s.diov);
+    s.dump = calloc(n, sizeof *s.dump);
+    s.load = calloc(n, sizeof *s.load);
+    for (size_t i = 0; i < n; i++) {
+        tu_fill(s.src + i * len, len, salt * 1000 + i);
+        s.siov[i] = (kv_iov){ s.src + i * len, len };
+        s.diov[i] = (kv_iov){ s.dst + i * len, len };
+        kv_block_id id = tu_id(i / 2, salt);
+        s.dump[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.siov[i],
+                                .iovcnt = 1 };
+        s.load[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.diov[i],
+                                .iovcnt = 1 };
+    }
+    return s;
+}
+
+static void free_set(struct set *s)
+{
+    free(s->src);
+    free(s->dst);
+    free(s->siov);
+    free(s->diov);
+    free(s->dump);
+    free(s->load);
+}
+
+static int run_task(kv_engine *e, int dump, const kv_shard *sh, size_t n)
+{
+    kv_task t = 0;
+    int rc = dump ? kv_dump(e, sh, n, &t) : kv_load(e, sh, n, &t);
+    return rc ? rc : kv_wait(e, t, 10000);
+}
+
+/* ---- talking to etcd directly (to find its leader, to set up auth) ------ */
+
+struct ans {
+    size_t len;
+    char buf[4000];
+};
+
+static size_t sink(char *d, size_t sz, size_t nm, void *u)
+{
+    struct ans *a = u;
+    size_t n = sz * nm;
+    if (a->len + n < sizeof a->buf) {
+        memcpy(a->buf + a->len, d, n);
+        a->len += n;
+        a->buf[a->len] = '\0';
+    }
+    return n;
+}
+
+/* POSTs body to http://ep/path; the answer's JSON (json_object_put it) or
+ * NULL. auth: an Authorization header value, or NULL. */
+static json_object *etcd_post(const char *ep, const char *path, const char *body,
+                              const char *auth)
+{
+    struct ans a = { 0, "" };
+    char url[256], hdr[512];
+    snprintf(url, sizeof url, "http://%s%s", ep, path);
+    CURL *h = curl_easy_init();
+    struct curl_slist *hd = NULL;
+    if (auth) {
+        snprintf(hdr, sizeof hdr, "Authorization: %s", auth);
+        hd = curl_slist_append(hd, hdr);
+    }
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &a);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 2000L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_cleanup(h);
+    curl_slist_free_all(hd);
+    return cc == CURLE_OK ? json_tokener_parse(a.buf) : NULL;
+}
+
+static const char *jstr(json_object *o, const char *k)
+{
+    json_object *v;
+    return o && json_object_object_get_ex(o, k, &v) ? json_object_get_string(v) : NULL;
+}
+
+/* The index of etcd's leader, -1 when none answers as one. */
+static int etcd_leader(void)
+{
+    for (int i = 0; i < etcd.n; i++) {
+        if (etcd.pid[i] <= 0)
+            continue;
+        char ep[64];
+        snprintf(ep, sizeof ep, "127.0.0.1:%u", etcd.cport[i]);
+        json_object *o = etcd_post(ep, "/v3/maintenance/status", "{}", NULL), *hd = NULL;
+        int me = o && json_object_object_get_ex(o, "header", &hd) && jstr(hd, "member_id") &&
+                 jstr(o, "leader") && strcmp(jstr(hd, "member_id"), jstr(o, "leader")) == 0;
+        json_object_put(o);
+        if (me)
+            return i;
+    }
+    return -1;
+}
+
+/* ---- the tests ---------------------------------------------------------- */
+
+/* etcd's leader SIGKILLed while a client dumps and loads: no load fails (the
+ * data path does not touch etcd), members keep their records (leases move
+ * to the new leader), and views keep changing correctly afterwards: a
+ * node joining and a node dying both show in the client's view. */
+START_TEST(leader_killed_during_loads)
+{
+    tu_etcd_start(&etcd, dir, 3);
+    for (int i = 0; i < 3; i++)
+        start_node(2, NULL);
+    wait_owners(3, NULL);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 2, &client), KV_OK);
+    struct set s = make_set(48, 32 << 10, 1);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    int leader = etcd_leader();
+    ck_assert_int_ge(leader, 0);
+    int loads = 0, failed = 0, dumps = 0, dfailed = 0;
+    uint64_t killed_at = 0;
+    for (int round = 0; round < 1000; round++) {
+        for (size_t b = 0; b < s.n; b += 8) {
+            memset(s.dst + b * s.len, 0, 8 * s.len);
+            int rc = run_task(client, 0, s.load + b, 8);
+            loads++;
+            if (rc != KV_OK || memcmp(s.src + b * s.len, s.dst + b * s.len, 8 * s.len) != 0)
+                failed++;
+        }
+        /* a dump of blocks already there (skipped by the owners) and of
+         * fresh ones, to keep writes going through the kill */
+        struct set w = make_set(4, 8 << 10, 100 + (uint64_t)round);
+        dumps++;
+        dfailed += run_task(client, 1, w.dump, w.n) != KV_OK;
+        free_set(&w);
+        if (round == 0) {
+            tu_etcd_kill(&etcd, leader);
+            killed_at = tu_now_ms();
+        } else if (tu_now_ms() - killed_at > 2500) {
+            break;
+        }
+    }
+    ck_assert_int_gt(loads, 12);
+    ck_assert_msg(failed == 0, "%d of %d loads failed", failed, loads);
+    ck_assert_msg(dfailed == 0, "%d of %d dumps failed", dfailed, dumps);
+    /* a new leader among the two left, and every member still in the view
+     * (their leases survived the election) */
+    uint64_t t0 = tu_now_ms();
+    int nl;
+    while ((nl = etcd_leader()) < 0 && tu_now_ms() - t0 < 5000)
+        usleep(20000);
+    ck_assert_int_ge(nl, 0);
+    ck_assert_int_ne(nl, leader);
+    wait_owners(3, NULL);
+    ck_assert_int_eq(engine_owners(client), 3);
+    /* views keep changing: a node joins ... */
+    start_node(2, NULL);
+    wait_owners(4, NULL);
+    wait_engine_owners(client, 4, 3000);
+    /* ... and a node dies: gone from the client's view within the TTL
+     * (whole seconds in etcd) plus etcd's 500 ms expiry sweep */
+    kill_node(0);
+    uint64_t k0 = tu_now_ms();
+    wait_engine_owners(client, 3, 4000);
+    uint64_t gone = tu_now_ms() - k0;
+    if (getenv("KV_TEST_VERBOSE"))
+        fprintf(stderr, "etcd: dead node left the client's view after %llu ms\n",
+                (unsigned long long)gone);
+    ck_assert_msg(gone <= 1000 + 500 + 500, "dead node left after %llu ms",
+                  (unsigned long long)gone);
+    /* and everything still loads, byte for byte */
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+/* etcd gone altogether, for longer than the TTL: members keep serving on
+ * their last view, a new member cannot join; when etcd is back everyone is
+ * still a member (no lease expired while nobody could keep it alive) and
+ * the newcomer joins. */
+START_TEST(etcd_down_for_a_while)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    start_node(1, NULL);
+    start_node(1, NULL);
+    wait_owners(2, NULL);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, &client), KV_OK);
+    struct set s = make_set(32, 16 << 10, 2);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    tu_etcd_kill(&etcd, 0);
+    uint64_t t0 = tu_now_ms();
+    int rounds = 0;
+    while (tu_now_ms() - t0 < 2 * TTL_MS + 500 && rounds < 200) {
+        memset(s.dst, 0, s.n * s.len);
+        ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+        ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+        struct set w = make_set(2, 4096, 50 + (uint64_t)rounds);
+        ck_assert_int_eq(run_task(client, 1, w.dump, w.n), KV_OK);
+        free_set(&w);
+        rounds++;
+        usleep(50000);
+    }
+    ck_assert_int_eq(engine_owners(client), 2);
+    /* a newcomer cannot join while etcd is down */
+    kv_engine *late = NULL;
+    int rc = open_engine("0", 1, &late);
+    ck_assert_msg(rc == KV_ENET || rc == KV_ETIMEDOUT, "kv_open without etcd: %s",
+                  kv_strerror(rc));
+    ck_assert_ptr_null(late);
+    /* etcd back (same data): the members are still there, the newcomer
+     * joins, everything loads through it */
+    tu_etcd_start_member(&etcd, 0);
+    ck_assert_int_eq(tu_etcd_wait_ready(&etcd, NULL, 10000), KV_OK);
+    wait_owners(2, NULL);
+    ck_assert_int_eq(open_engine("0", 1, &late), KV_OK);
+    ck_assert_int_eq(engine_owners(late), 2);
+    /* and the view still changes: a third node joins */
+    start_node(1, NULL);
+    wait_owners(3, NULL);
+    wait_engine_owners(client, 3, 3000);
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(late, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+/* etcd with authentication on: members with cluster.etcd_user /
+ * etcd_password join; without them, or with a wrong password, kv_open is
+ * refused (KV_EPERM) and says so. */
+START_TEST(etcd_with_auth)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    const char *ep = etcd.endpoints;
+    json_object *o;
+    o = etcd_post(ep, "/v3/auth/user/add", "{\"name\":\"root\",\"password\":\"rootpw\"}", NULL);
+    ck_assert_ptr_nonnull(o);
+    json_object_put(o);
+    o = etcd_post(ep, "/v3/auth/user/grant", "{\"user\":\"root\",\"role\":\"root\"}", NULL);
+    json_object_put(o);
+    o = etcd_post(ep, "/v3/auth/enable", "{}", NULL);
+    ck_assert_ptr_nonnull(o);
+    json_object_put(o);
+    kv_config *cfg = engine_config("16MiB", 1, "cluster.etcd_user", "root");
+    kv_engine *e = NULL;
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_password", "wrong"), KV_OK);
+    ck_assert_int_eq(kv_open(cfg, &e), KV_EPERM);
+    ck_assert_ptr_null(e);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_password", "rootpw"), KV_OK);
+    ck_assert_int_eq(kv_open(cfg, &e), KV_OK);
+    engines[0] = e;
+    kv_config_free(cfg);
+    kv_engine *anon = NULL;
+    ck_assert_int_eq(open_engine("0", 1, &anon), KV_EPERM);
+    /* the member is in the view (read with the credentials) and serves */
+    cfg = engine_config("0", 1, "cluster.etcd_user", "root");
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_password", "rootpw"), KV_OK);
+    uint64_t v;
+    kv_member_info *m = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(cfg, &v, &m, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_int_eq(m[0].owner, 1);
+    free(m);
+    kv_config_free(cfg);
+    struct set s = make_set(4, 4096, 3);
+    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+static void expect_bad(const char *yaml, int line, const char *key, const char *phrase)
+{
+    kv_config *c;
+    char err[512] = "";
+    ck_assert_int_eq(kv_config_new(&c), KV_OK);
+    ck_assert_int_eq(kv_config_parse(c, yaml, strlen(yaml), err, sizeof err), KV_ECONFIG);
+    char want[128];
+    snprintf(want, sizeof want, ":%d: %s: ", line, key);
+    ck_assert_msg(strstr(err, want) && strstr(err, phrase), "[%s] said \"%s\"", yaml, err);
+    kv_config_free(c);
+}
+
+/* The membership keys are checked like every other (file:line: key). */
+START_TEST(config_keys)
+{
+    kv_config *c;
+    char v[256];
+    ck_assert_int_eq(kv_config_new(&c), KV_OK);
+    ck_assert_int_eq(kv_config_get(c, "cluster.metadata", v, sizeof v), KV_OK);
+    ck_assert_str_eq(v, "kvmaster");
+    ck_assert_int_eq(kv_config_get(c, "cluster.etcd_endpoints", v, sizeof v), KV_OK);
+    ck_assert_str_eq(v, "127.0.0.1:2379");
+    ck_assert_int_eq(kv_config_get(c, "cluster.etcd_prefix", v, sizeof v), KV_OK);
+    ck_assert_str_eq(v, "/kvengine/default");
+    ck_assert_int_eq(kv_config_set(c, "cluster.etcd_endpoints", "10.0.0.1:2379,e2:2379,e3:1"),
+                     KV_OK);
+    ck_assert_int_eq(kv_config_set(c, "cluster.metadata", "zookeeper"), KV_ECONFIG);
+    kv_config_free(c);
+    expect_bad("cluster:\n  metadata: zk\n", 2, "cluster.metadata", "kvmaster, etcd");
+    expect_bad("cluster:\n  etcd_endpoints: \"a:1,b\"\n", 2, "cluster.etcd_endpoints", "\"b\"");
+    expect_bad("cluster:\n  etcd_endpoints: \"a:1,\"\n", 2, "cluster.etcd_endpoints",
+               "expected host:port; got \"\"");
+    expect_bad("\ncluster:\n  etcd_endpoints: \"a:0\"\n", 3, "cluster.etcd_endpoints", "port");
+    expect_bad("cluster:\n  etcd_prefix: kv\n", 2, "cluster.etcd_prefix", "start with '/'");
+    expect_bad("cluster:\n  etcd_prefix: /kv/\n", 2, "cluster.etcd_prefix", "end with '/'");
+    expect_bad("cluster:\n  etcd_prefix: \"/k v\"\n", 2, "cluster.etcd_prefix", "letters");
+    expect_bad("cluster:\n  rereplicate_mib_s: -1\n", 2, "cluster.rereplicate_mib_s", "");
+}
+END_TEST
+
+/* etcd not running at all: kv_open says it cannot reach it, quickly. */
+START_TEST(no_etcd_is_enet)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "127.0.0.1:%u", tu_free_port());   /* nobody listens */
+    kv_config *cfg = engine_config("0", 1, "cluster.etcd_endpoints", ep);
+    kv_engine *e = NULL;
+    uint64_t t0 = tu_now_ms();
+    ck_assert_int_eq(kv_open(cfg, &e), KV_ENET);
+    ck_assert_ptr_null(e);
+    ck_assert_uint_lt(tu_now_ms() - t0, 2000);
+    kv_config_free(cfg);
+}
+END_TEST
+
+Suite *etcd_suite(void)
+{
+    Suite *s = suite_create("etcd");
+    TCase *u = tcase_create("config");
+    tcase_add_test(u, config_keys);
+    suite_add_tcase(s, u);
+    if (!tu_etcd_available()) {
+        fprintf(stderr, "etcd suite: %s not found (Debian package etcd-server); "
+                        "only the config tests run\n", tu_etcd_bin());
+        return s;
+    }
+    TCase *tc = tcase_create("etcd");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, no_etcd_is_enet);
+    tcase_add_test(tc, etcd_down_for_a_while);
+    tcase_add_test(tc, leader_killed_during_loads);
+    tcase_add_test(tc, etcd_with_auth);
+    suite_add_tcase(s, tc);
+    return s;
+}
