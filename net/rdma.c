@@ -64,6 +64,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -104,6 +105,9 @@ enum {
 #define BOUNCE_PIECE (1u << 20)
 #define PIECE_MAX    (1u << 30)
 #define DISCARD_LEN  (64u << 10)
+/* Connections (each a thread) a server holds: a pooled client keeps a few
+ * per node, so this is far above a healthy cluster's need. */
+#define KV__RDMA_CONNS_MAX 1024
 
 enum { ACT_COMMIT = 1, ACT_ABORT = 2 };
 
@@ -147,6 +151,7 @@ struct rdma {
     struct cbuf *bufs;
     /* server threads */
     int lfd;
+    int spare_fd;           /* given up to refuse a peer at EMFILE */
     pthread_t accept_th;
     int accepting;
     pthread_mutex_t lock;
@@ -163,6 +168,7 @@ struct handle {
     uint8_t ns;
     uint32_t index;
     kv_block_id id;
+    uint64_t expires_ms;    /* given back (with the connection) after this */
     kv__pin pin;
     kv__resv resv;
 };
@@ -448,7 +454,22 @@ static uint64_t handle_new(struct sconn *sc, uint8_t kind, const struct kv__wire
     h->ns = q->ns;
     h->index = q->index;
     h->id = q->id;
+    /* A pin or reservation lives as long as an honest client needs to
+     * move its bytes and say RELEASE / COMMIT: the quiet limit plus the
+     * bytes at the floor rate. Other frames in between (a no-op PREP) do
+     * not extend it. */
+    h->expires_ms = kv__now_ms() + 2ull * sc->r->o.timeout_ms + kv__net_floor_ms(q->len);
     return (uint64_t)h->gen << 32 | slot;
+}
+
+/* When the first of the connection's pins and reservations expires. */
+static uint64_t handles_expire(const struct sconn *sc)
+{
+    uint64_t t = UINT64_MAX;
+    for (uint32_t i = 0; sc->live && i < sc->nh; i++)
+        if ((sc->h[i].gen & 1) && sc->h[i].expires_ms < t)
+            t = sc->h[i].expires_ms;
+    return t;
 }
 
 static struct handle *handle_get(struct sconn *sc, uint64_t hv, uint8_t kind)
@@ -754,11 +775,15 @@ static void *sconn_main(void *arg)
     }
     while (rc == KV_OK && !atomic_load(&r->stopping)) {
         /* An idle pooled connection may wait for ever; one holding pins or
-         * reservations must finish its batch (RELEASE / COMMIT) in time. */
-        rc = kv__sock_wait(sc->fd, POLLIN, sc->live ? kv__now_ms() + 2ull * r->o.timeout_ms
-                                              : UINT64_MAX);
+         * reservations must finish its batch (RELEASE / COMMIT) in time:
+         * it may go quiet for twice the timeout, and each pin or
+         * reservation lives no longer than its handle says. */
+        uint64_t quiet = sc->live ? kv__now_ms() + 2ull * r->o.timeout_ms : UINT64_MAX;
+        uint64_t expire = handles_expire(sc);
+        rc = kv__sock_wait(sc->fd, POLLIN, quiet < expire ? quiet : expire);
         if (rc == KV_ETIMEDOUT)
-            KV_WARN("rdma: '%s' went quiet holding %u pins/reservations; closing", id, sc->live);
+            KV_WARN("rdma: '%s' %s holding %u pins/reservations; closing", id,
+                    expire <= quiet ? "outlived their lifetime" : "went quiet", sc->live);
         if (rc)
             break;
         sc->deadline = kv__now_ms() + r->o.timeout_ms;
@@ -802,8 +827,21 @@ static void *accept_main(void *arg)
         if (kv__sock_wait(r->lfd, POLLIN, kv__now_ms() + 200) != KV_OK)
             continue;
         int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE)
+                kv__net_refuse_one(r->lfd, &r->spare_fd);
             continue;
+        }
+        /* A thread per connection: past the cap, refuse rather than let a
+         * flood of connections (each waits up to the timeout for its
+         * HELLO) take the process's threads. */
+        pthread_mutex_lock(&r->lock);
+        int full = r->nconns >= KV__RDMA_CONNS_MAX;
+        pthread_mutex_unlock(&r->lock);
+        if (full) {
+            close(fd);
+            continue;
+        }
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct sconn *sc = calloc(1, sizeof *sc);
@@ -860,6 +898,8 @@ static void rdma_destroy(struct kv__transport *tp)
     pthread_mutex_unlock(&r->lock);
     if (r->lfd >= 0)
         close(r->lfd);
+    if (r->spare_fd >= 0)
+        close(r->spare_fd);
     while (r->bufs) {
         struct cbuf *b = r->bufs;
         r->bufs = b->next;
@@ -896,6 +936,7 @@ static int rdma_create(const struct kv__net_opts *o, struct kv__backend *be,
     r->be = be;
     kv__serve_init(&r->serve, be);
     r->lfd = -1;
+    r->spare_fd = -1;
     pthread_rwlock_init(&r->buf_lock, NULL);
     pthread_mutex_init(&r->lock, NULL);
     pthread_cond_init(&r->gone, NULL);
@@ -986,6 +1027,7 @@ static int rdma_listen(struct kv__transport *tp, const char *addr, char *bound, 
         snprintf(bound, boundlen, "%s:%u", ip, ntohs(sa.sin_port));
     }
     r->lfd = fd;
+    r->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (pthread_create(&r->accept_th, NULL, accept_main, r) != 0) {
         kv__errf(err, errlen, "rdma: cannot start the accept thread");
         return KV_ENOMEM;

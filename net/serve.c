@@ -10,9 +10,12 @@
  * own way over the same decisions.
  */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "serve.h"
 
@@ -344,6 +347,19 @@ void kv__serve_ops(struct kv__backend *be, struct kv__op *ops, size_t n)
         }
         }
     }
+}
+
+/* ---- listeners -------------------------------------------------------- */
+
+void kv__net_refuse_one(int lfd, int *spare)
+{
+    if (*spare < 0)
+        return;
+    close(*spare);
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd >= 0)
+        close(fd);
+    *spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
 /* ---- exposure --------------------------------------------------------- */

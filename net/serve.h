@@ -158,6 +158,14 @@ void kv__serve_dump_abort(struct kv__serve *s, struct kv__serve_dump *d);
  * theirs (backend->dump when there is one, else reserve, copy, commit). */
 void kv__serve_ops(struct kv__backend *be, struct kv__op *ops, size_t n);
 
+/* ---- listeners -------------------------------------------------------- */
+
+/* Out of descriptors with peers waiting, a listening socket stays readable
+ * and an accept loop would spin: gives up the spare descriptor (*spare, an
+ * open /dev/null) to accept the newest peer and close it at once (it will
+ * retry), then takes the spare back. */
+void kv__net_refuse_one(int lfd, int *spare);
+
 /* ---- exposure --------------------------------------------------------- */
 
 /* A member listening on addr beyond 127.0.0.0/8 with an empty token serves

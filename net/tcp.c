@@ -500,13 +500,7 @@ static void refuse_one(struct tcp *t)
                 atomic_load(&t->nconns));
     }
     evict_unauth(t);
-    if (t->spare_fd >= 0) {
-        close(t->spare_fd);
-        int fd = accept4(t->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0)
-            close(fd);
-        t->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    }
+    kv__net_refuse_one(t->lfd, &t->spare_fd);
 }
 
 static void accept_all(struct tcp *t)

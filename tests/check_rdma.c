@@ -972,6 +972,81 @@ START_TEST(transport_wrong_token_and_hostile_frames)
 }
 END_TEST
 
+/* A reservation has a lifetime: a peer that PREPs a dump and then keeps the
+ * connection busy with no-op PREPs (lookups) instead of writing and
+ * committing loses the connection and the reservation after twice the
+ * timeout plus the bytes at the floor rate (issue 10, item 8). */
+START_TEST(transport_reservation_lifetime)
+{
+    if (!have_device())
+        return;
+    char addr[64];
+    srv_timeout_ms = 300;
+    start_server(1, addr);
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(addr, &sa), KV_OK);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = { .tv_sec = 3 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint8_t b[512];
+    int n = kv__hello_encode(TOKEN, "holder", b + KV_PROTO_HDR_LEN, 200);
+    struct kv__hdr h = { .type = KV_MSG_HELLO, .req_id = 1, .body_len = (uint32_t)n };
+    kv__hdr_encode(&h, b);
+    ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
+    ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN), 0);
+    /* reserve 6 of the 8 MiB */
+    struct kv__wire_req item = { .kind = KV_OP_DUMP, .ns = KV_NS_BLOCK, .id = tu_id(40, 9),
+                                 .len = 6u << 20 };
+    n = kv__batch_encode(&item, 1, b + KV_PROTO_HDR_LEN, 256);
+    h = (struct kv__hdr){ .type = KV_MSG_RDMA_FIRST + 2, .req_id = 2, .body_len = (uint32_t)n };
+    kv__hdr_encode(&h, b);
+    ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
+    ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN + kv__batch_r_body_len(1)), 0);
+    struct kv__wire_resp r;
+    size_t one = 1;
+    ck_assert_int_eq(kv__batch_r_decode(b + KV_PROTO_HDR_LEN, kv__batch_r_body_len(1), &r, &one),
+                     KV_OK);
+    ck_assert_int_eq(r.status, KV_OK);
+    ck_assert_uint_ne(r.handle, 0);                /* reserved for us */
+    /* no-op PREPs every 100 ms: 2 x 300 ms + 6 MiB at 10 MiB/s is ~1.2 s */
+    item = (struct kv__wire_req){ .kind = KV_OP_LOOKUP, .ns = KV_NS_BLOCK, .id = tu_id(41, 9) };
+    uint64_t t0 = tu_now_ms(), dt = 0;
+    int closed = 0;
+    for (uint64_t id = 3; !closed && (dt = tu_now_ms() - t0) < 4000; id++) {
+        n = kv__batch_encode(&item, 1, b + KV_PROTO_HDR_LEN, 256);
+        h = (struct kv__hdr){ .type = KV_MSG_RDMA_FIRST + 2, .req_id = id,
+                              .body_len = (uint32_t)n };
+        kv__hdr_encode(&h, b);
+        closed = send(fd, b, KV_PROTO_HDR_LEN + (size_t)n, MSG_NOSIGNAL) !=
+                     (ssize_t)(KV_PROTO_HDR_LEN + (size_t)n) ||
+                 xread(fd, b, KV_PROTO_HDR_LEN + kv__batch_r_body_len(1)) != 0;
+        usleep(100000);
+    }
+    close(fd);
+    ck_assert_msg(closed && dt < 3000, "a reservation was held %llu ms by no-op PREPs",
+                  (unsigned long long)dt);
+    /* the 6 MiB are back: a 6 MiB dump fits */
+    struct kv__net_opts o = opts(TOKEN);
+    struct kv__transport *t = NULL;
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
+    ck_assert_int_eq(T->connect(t, addr, &c), KV_OK);
+    size_t len = 6u << 20;
+    uint8_t *v = malloc(len);
+    tu_fill(v, len, 4);
+    kv_iov vi = { v, len };
+    struct kv__op d = op(KV_OP_DUMP, 42, 0, &vi, 1);
+    ck_assert_int_eq(T->batch(c, &d, 1), KV_OK);
+    ck_assert_int_eq(d.result, KV_OK);
+    free(v);
+    T->close(c);
+    T->destroy(t);
+    stop_server();
+    assert_registry_gone();
+}
+END_TEST
+
 START_TEST(transport_server_gone_is_a_connection_error)
 {
     if (!have_device())
@@ -1221,6 +1296,7 @@ Suite *rdma_suite(void)
     tcase_add_test(tc, transport_roundtrip_over_engine_segment);
     tcase_add_test(tc, transport_roundtrip_memstore_falls_back_inline);
     tcase_add_test(tc, transport_wrong_token_and_hostile_frames);
+    tcase_add_test(tc, transport_reservation_lifetime);
     tcase_add_test(tc, transport_server_gone_is_a_connection_error);
     tcase_add_test(tc, transport_client_refuses_addresses_outside_the_regions);
     tcase_add_test(tc, transport_concurrent_connections);
