@@ -88,8 +88,12 @@ def _is_torch(obj):
 
 
 def tensor_span(t, writable):
-    """(address, nbytes) of a CPU tensor; ValueError for others."""
-    if t.device.type != "cpu":
+    """(address, nbytes) of a CPU tensor; ValueError for others. (is_cpu is
+    read rather than device.type: a fifth of the cost, per tensor.)"""
+    cpu = getattr(t, "is_cpu", None)
+    if cpu is None:   # a torch without Tensor.is_cpu
+        cpu = t.device.type == "cpu"
+    if not cpu:
         raise ValueError("a %s tensor cannot be copied by the engine directly; "
                          "kvengine.ucm.KvEngineStore stages device tensors" % t.device.type)
     if not t.is_contiguous():
@@ -135,11 +139,14 @@ def span(buf, writable):
     if _is_torch(buf):
         addr, size = tensor_span(buf, writable)
         return addr, size, buf
-    try:
-        mv = memoryview(buf)
-    except TypeError:
-        raise TypeError("%s is not a buffer (bytes-like, numpy array, CPU tensor or an "
-                        "(address, size) pair)" % t.__name__) from None
+    if t is memoryview:
+        mv = buf
+    else:
+        try:
+            mv = memoryview(buf)
+        except TypeError:
+            raise TypeError("%s is not a buffer (bytes-like, numpy array, CPU tensor or an "
+                            "(address, size) pair)" % t.__name__) from None
     if not mv.c_contiguous:
         raise ValueError("%s is not C-contiguous" % t.__name__)
     n = mv.nbytes

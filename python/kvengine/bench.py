@@ -1,0 +1,194 @@
+"""bench.py — the binding against `kvctl bench`, same config, same run.
+
+    PYTHONPATH=python python3 -m kvengine.bench                       # 1 MiB x 512, batch 8
+    PYTHONPATH=python python3 -m kvengine.bench --value-size 4KiB --nr-objects 20000
+
+Each round runs `kvctl bench --scenario read_perf` (a subprocess) and then
+the same workload through kvengine.Engine in this process, with the same
+engine settings; rounds alternate so that drift on a shared machine hits
+both alike. The workload mirrors kvctl's (tools/kvctl_jobs.c): object k is
+shard 0 of block id k, written as two buffers (a 64-byte header naming the
+object, then the value's shared rest), read back into one of batch-size
+reused destinations, every batch one dump or load task waited for at once.
+Reported per round: MiB/s of each, their ratio, and microseconds per shard;
+the difference per shard is what the binding costs. --pack-only times the
+binding's own work (building the shard arrays, no C call).
+
+Key design choice: nothing is verified inside the timed loops (kvctl's
+bench does not verify either unless --verify); one batch is checked byte
+for byte after each phase instead.
+"""
+
+import argparse
+import json
+import mmap
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+from . import _lib
+from .engine import Engine
+
+HDR = 64
+
+
+def parse_size(s):
+    units = {"": 1, "b": 1, "kib": 1 << 10, "kb": 1 << 10, "mib": 1 << 20, "mb": 1 << 20,
+             "gib": 1 << 30, "gb": 1 << 30}
+    t = s.strip().lower()
+    num = t.rstrip("kmgib")
+    return int(float(num) * units[t[len(num):]])
+
+
+def kvctl_path(explicit):
+    if explicit:
+        return explicit
+    b = os.environ.get("KV_BUILD") or os.path.dirname(os.path.abspath(_lib.path))
+    return os.path.join(b, "kvctl")
+
+
+def run_kvctl(kvctl, settings, a):
+    argv = [kvctl]
+    for k, v in settings.items():
+        argv += ["--set", "%s=%s" % (k, v)]
+    argv += ["bench", "--scenario", "read_perf", "--value-size", str(a.value_size),
+             "--nr-objects", str(a.nr_objects), "--batch-size", str(a.batch_size),
+             "--summary-json", "-"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0:
+        raise SystemExit("kvctl bench failed (%d): %s" % (p.returncode, p.stderr[-2000:]))
+    js = json.loads(p.stdout[p.stdout.index("{"):])
+    ph = {x["name"]: x for x in js["phases"]}
+    return {"write_s": ph["write"]["seconds"], "read_s": ph["read"]["seconds"]}
+
+
+def run_python(settings, a):
+    vs, n, bs = a.value_size, a.nr_objects, a.batch_size
+    ids = [struct.pack("<QQ", 0x6b76656e67696e65, k) for k in range(n)]
+    # Memory as kvctl gets it: one page-aligned, touched region for the
+    # value and one for the read destinations (posix_memalign + memset
+    # there, an anonymous mapping here), so that both copy between the
+    # same kinds of pages.
+    pmap = mmap.mmap(-1, vs)
+    pmap.write(os.urandom(vs))
+    rest = memoryview(pmap)[HDR:] if vs > HDR else None
+    # Headers: the object's id and number, like kvctl's; made before timing.
+    hdrs = [bytes(ids[k][:16]) + struct.pack("<Q", k) * 6 for k in range(n)]
+    rmap = mmap.mmap(-1, vs * bs)
+    rmap.write(bytes(vs * bs))
+    rmv = memoryview(rmap)
+    rbuf = [rmv[j * vs:(j + 1) * vs] for j in range(bs)]
+    with Engine(settings=settings) as e:
+        t0 = time.perf_counter()
+        for i in range(0, n, bs):
+            m = min(bs, n - i)
+            if rest is not None:
+                e.dump([(ids[i + j], 0, [hdrs[i + j], rest]) for j in range(m)]).wait()
+            else:
+                e.dump([(ids[i + j], 0, [hdrs[i + j][:vs]]) for j in range(m)]).wait()
+        write_s = time.perf_counter() - t0
+        for i in range(0, n, 1024):
+            if not all(e.lookup(ids[i:i + 1024])):
+                raise SystemExit("lookup missed a block just written")
+        t0 = time.perf_counter()
+        for i in range(0, n, bs):
+            m = min(bs, n - i)
+            e.load([(ids[i + j], 0, [rbuf[j]]) for j in range(m)]).wait()
+        read_s = time.perf_counter() - t0
+        # The last batch read, checked byte for byte (outside the timing).
+        last = (n - 1) // bs * bs
+        for j in range(n - last):
+            want = hdrs[last + j] + bytes(rest) if rest is not None else hdrs[last + j][:vs]
+            if bytes(rbuf[j]) != want:
+                raise SystemExit("object %d read back wrong" % (last + j))
+    del rest, rbuf, rmv
+    pmap.close()
+    rmap.close()
+    return {"write_s": write_s, "read_s": read_s}
+
+
+def pack_only(a):
+    """Seconds per shard the binding spends building a dump's shard array."""
+    vs, n, bs = a.value_size, min(a.nr_objects, 20000), a.batch_size
+    ids = [os.urandom(16) for _ in range(n)]
+    payload = bytearray(vs)
+    rest = memoryview(payload)[HDR:]
+    hdr = bytes(HDR)
+    t0 = time.perf_counter()
+    for i in range(0, n, bs):
+        m = min(bs, n - i)
+        Engine._pack([(ids[i + j], 0, [hdr, rest]) for j in range(m)], False)
+    return (time.perf_counter() - t0) / n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--value-size", type=parse_size, default=1 << 20)
+    ap.add_argument("--nr-objects", type=int, default=None,
+                    help="objects (default: 512 MiB / value size)")
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--kvctl", default=None, help="kvctl to compare with (default: the "
+                    "library's build directory, or $KV_BUILD)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="engine setting for both sides; repeatable")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    a = ap.parse_args(argv)
+    if a.nr_objects is None:
+        a.nr_objects = max(1, (512 << 20) // a.value_size)
+    data = a.value_size * a.nr_objects
+    settings = {"pipeline": "dram", "dram.capacity": str(max(256 << 20, int(data * 1.3))),
+                "log.level": "warn"}
+    for kv in a.set:
+        k, _, v = kv.partition("=")
+        settings[k] = v
+    kvctl = kvctl_path(a.kvctl)
+    rows = []
+    for r in range(a.rounds):
+        c = run_kvctl(kvctl, settings, a)
+        p = run_python(settings, a)
+        rows.append((c, p))
+    mib = data / (1 << 20)
+    out = {"value_size": a.value_size, "nr_objects": a.nr_objects, "batch_size": a.batch_size,
+           "settings": settings, "rounds": [], "pack_us_per_shard": pack_only(a) * 1e6}
+    for c, p in rows:
+        out["rounds"].append({
+            "kvctl_write_mib_s": mib / c["write_s"], "py_write_mib_s": mib / p["write_s"],
+            "kvctl_read_mib_s": mib / c["read_s"], "py_read_mib_s": mib / p["read_s"],
+            "write_ratio": c["write_s"] / p["write_s"], "read_ratio": c["read_s"] / p["read_s"],
+            "write_us_per_shard": (p["write_s"] - c["write_s"]) / a.nr_objects * 1e6,
+            "read_us_per_shard": (p["read_s"] - c["read_s"]) / a.nr_objects * 1e6,
+            "kvctl_write_us": c["write_s"] / a.nr_objects * 1e6,
+            "py_write_us": p["write_s"] / a.nr_objects * 1e6,
+            "kvctl_read_us": c["read_s"] / a.nr_objects * 1e6,
+            "py_read_us": p["read_s"] / a.nr_objects * 1e6})
+    for key in ("write_ratio", "read_ratio", "write_us_per_shard", "read_us_per_shard"):
+        out["median_" + key] = statistics.median(x[key] for x in out["rounds"])
+    if a.json:
+        json.dump(out, sys.stdout, indent=1)
+        print()
+        return 0
+    print("kvengine.bench: %d x %d B, batch %d, %d rounds, settings %s"
+          % (a.nr_objects, a.value_size, a.batch_size, a.rounds,
+             " ".join("%s=%s" % kv for kv in settings.items())))
+    print("round  write MiB/s kvctl / python (ratio)   read MiB/s kvctl / python (ratio)"
+          "   us/shard write kvctl/python   read kvctl/python")
+    for i, x in enumerate(out["rounds"]):
+        print("%5d  %9.0f / %9.0f (%.2fx)        %9.0f / %9.0f (%.2fx)       %6.2f / %6.2f"
+              "        %6.2f / %6.2f" % (
+                  i + 1, x["kvctl_write_mib_s"], x["py_write_mib_s"], x["write_ratio"],
+                  x["kvctl_read_mib_s"], x["py_read_mib_s"], x["read_ratio"],
+                  x["kvctl_write_us"], x["py_write_us"], x["kvctl_read_us"], x["py_read_us"]))
+    print("median ratio python/kvctl: write %.2fx, read %.2fx; binding cost per shard "
+          "(python - kvctl): write %.2f us, read %.2f us; packing alone %.2f us"
+          % (out["median_write_ratio"], out["median_read_ratio"],
+             out["median_write_us_per_shard"], out["median_read_us_per_shard"],
+             out["pack_us_per_shard"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
