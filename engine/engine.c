@@ -189,6 +189,26 @@ int kv__local_size(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, 
     return KV_ENOTFOUND;
 }
 
+int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg)
+{
+    if (!e->has_dram)
+        return KV_OK;
+    struct kv__table *t = &e->tab[ns];
+    int stop = 0;
+    for (uint32_t s = 0; s < t->n && !stop; s++) {
+        struct kv__tshard *ts = &t->sh[s];
+        pthread_mutex_lock(&ts->lock);
+        for (uint32_t k = 0; k <= ts->mask && !stop; k++)
+            for (struct kv__blk *b = ts->buckets[k]; b && !stop; b = b->hnext) {
+                struct kv__sref *r = kv__blk_srefs(b);
+                for (uint32_t i = 0; i < b->nshards && !stop; i++)
+                    stop = cb(arg, &b->id, r[i].index, r[i].len, b->stamp);
+            }
+        pthread_mutex_unlock(&ts->lock);
+    }
+    return KV_OK;
+}
+
 /*
  * Lookup is the hot path of prefix matching (thousands of ids per request),
  * so it is written for memory-level parallelism: the bucket of the id

@@ -32,6 +32,15 @@ int kv__local_load(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
 /* The stored length of a shard in the local tiers; KV_ENOTFOUND. */
 int kv__local_size(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, uint64_t *len);
 
+/* Calls cb for every shard the DRAM tier holds in ns: its block, index,
+ * length, and the block's last use (ns since the engine opened; larger is
+ * more recent). One table shard at a time under its lock, so cb must be
+ * quick and must not call into the engine; nonzero from cb stops the walk.
+ * Shards on the SSD tier only are not visited. For re-replication. */
+typedef int (*kv__scan_cb)(void *arg, const kv_block_id *id, uint32_t index, uint64_t len,
+                           uint64_t used);
+int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg);
+
 /*
  * Zero-copy serving. kv__local_pin finds a DRAM-resident shard and pins its
  * block (eviction skips it, a replacing put defers the free) so the caller

@@ -206,6 +206,20 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
         bprintf(&b, "kvengine_members{role=\"client\"} %zu\n", members - owners);
         one(&b, "view_version", "gauge", "Version of the cluster view this node last saw.",
             version);
+        struct kv__cluster_counters k;
+        kv__cluster_counters(e->cluster, &k);
+        one(&b, "rereplicated_shards_total", "counter",
+            "Shards this node copied to their new owners after owner changes.",
+            k.rereplicated_shards);
+        one(&b, "rereplicated_bytes_total", "counter",
+            "Bytes of those copies (a shard sent to two owners counts twice).",
+            k.rereplicated_bytes);
+        one(&b, "rereplicate_failed_total", "counter",
+            "Shards whose copy to a new owner failed.", k.rereplicate_failed);
+        one(&b, "rereplicate_pending", "gauge",
+            "Shards the running re-replication has still to copy.", k.rereplicate_pending);
+        one(&b, "rereplicate_jobs_total", "counter",
+            "Re-replication jobs (one per owner change) run to the end.", k.rereplicate_jobs);
     }
     if (b.oom) {
         free(b.p);

@@ -117,6 +117,16 @@ struct kv__cluster {
 
     _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
 
+    /* Re-replication (its section below): one job at a time, from the
+     * view before an owner change to the view after it. */
+    pthread_t rr;
+    int rr_started, rr_stop;
+    pthread_mutex_t rrlock;
+    pthread_cond_t rrcond;
+    struct view *rr_from, *rr_to;       /* the pending job (references) */
+    uint64_t rr_gen;                    /* bumped per job: a running one yields */
+    _Atomic uint64_t rr_shards, rr_bytes, rr_failed, rr_pending, rr_jobs;
+
     pthread_mutex_t fanlock;
     pthread_cond_t fancond;
     struct fan_job *fanq, **fantail;
@@ -125,6 +135,8 @@ struct kv__cluster {
 };
 
 static void *fan_main(void *arg);
+static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to);
+static void *rr_main(void *arg);
 
 /* ---- views and peers ---------------------------------------------------- */
 
@@ -238,6 +250,11 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
             found = old->owners[j] == v->owners[i];
         same = found;
     }
+    int rerep = old && !same && c->rr_started;
+    if (rerep) {   /* references for the re-replication job */
+        atomic_fetch_add(&old->refs, 1);
+        atomic_fetch_add(&v->refs, 1);
+    }
     if (old && !same) {
         older = c->prev;
         c->prev = old;
@@ -250,6 +267,8 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         KV_INFO("cluster: view %llu: %zu members, %zu owners", (unsigned long long)version,
                 n, v->n);
     view_put(older);
+    if (rerep)
+        rr_enqueue(c, old, v);
     return KV_OK;
 }
 
@@ -317,6 +336,8 @@ static void *hb_main(void *arg)
 
 static int start(struct kv__cluster *c, char *err, size_t errlen)
 {
+    pthread_mutex_init(&c->rrlock, NULL);
+    pthread_cond_init(&c->rrcond, NULL);
     /* Before the store is opened: its watch may ring from then on. */
     pthread_mutex_init(&c->hblock, NULL);
     pthread_cond_init(&c->hbcond, NULL);
@@ -408,6 +429,14 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
             break;
         c->nfan++;
     }
+    /* Owners copy blocks to new owners after view changes; a pure client
+     * holds nothing to copy. */
+    if (c->be && c->be->scan && cfg->cluster.rereplicate_mib_s > 0 &&
+        pthread_create(&c->rr, NULL, rr_main, c) == 0) {
+        pthread_mutex_lock(&c->vlock);   /* view_install reads it there */
+        c->rr_started = 1;
+        pthread_mutex_unlock(&c->vlock);
+    }
     KV_INFO("cluster: %s %s over %s, view %llu (%zu owners), replica_num %u",
             c->be ? "serving" : "joined as a pure client", c->be ? c->self.addr : c->self.id,
             c->ops->name, (unsigned long long)version, c->view->n, c->replicas);
@@ -464,6 +493,13 @@ void kv__cluster_stop(struct kv__cluster *c)
 {
     if (!c)
         return;
+    /* Re-replication first: it drives batches through the fan threads. */
+    pthread_mutex_lock(&c->rrlock);
+    c->rr_stop = 1;
+    pthread_cond_signal(&c->rrcond);
+    pthread_mutex_unlock(&c->rrlock);
+    if (c->rr_started)
+        pthread_join(c->rr, NULL);
     if (c->nfan) {
         pthread_mutex_lock(&c->fanlock);
         c->fanstop = 1;
@@ -500,6 +536,10 @@ void kv__cluster_stop(struct kv__cluster *c)
         c->ops->destroy(c->t);
     view_put(c->view);
     view_put(c->prev);
+    view_put(c->rr_from);   /* a job the heartbeat queued while we stopped */
+    view_put(c->rr_to);
+    pthread_mutex_destroy(&c->rrlock);
+    pthread_cond_destroy(&c->rrcond);
     pthread_mutex_destroy(&c->vlock);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
@@ -829,6 +869,331 @@ static int worse(int a, int b)
     return a;
 }
 
+/* ---- re-replication ------------------------------------------------------
+ *
+ * When the owners change, a block's owner set may gain members that do not
+ * hold it: a new node, or the next-best owner of a block whose owner died.
+ * One thread per owner copies what it holds to those new owners, in the
+ * background and at most cluster.rereplicate_mib_s, newest blocks first
+ * (the ones a serving engine is likeliest to ask for again).
+ *
+ * Who copies: for each block, exactly one holder, so that a block is sent
+ * once per new owner however many copies survive. The holders are its
+ * owners in the view before the change; the copier is the first of them
+ * (in the new view's HRW order) that is still an owner of the block, else
+ * the first of them still alive (a join moved the block away from it).
+ * Everyone computes the same answer from the same two views. Nothing is
+ * ever removed here, so a block stays readable throughout; copies left on a
+ * node that is no longer an owner age out by eviction.
+ *
+ * A newer owner change stops the running job; the next one starts from the
+ * oldest view not fully handled, so nothing the first change needed is
+ * skipped. Not the engine's task pool: a job is one long, mostly sleeping
+ * walk, and a pool worker held by it would be one fewer for serving.
+ */
+#define RR_BATCH_BYTES (4u << 20)
+#define RR_BATCH_SHARDS 256
+
+struct rr_item {
+    kv_block_id id;
+    uint64_t used, len;
+    uint32_t index;
+    uint8_t ns, ntargets;
+    uint8_t targets[KV_PLACE_MAX];      /* owner indexes in the new view */
+};
+
+struct rr_scan {
+    struct kv__cluster *c;
+    struct view *from, *to;
+    int ns;
+    struct rr_item *v;
+    size_t n, cap;
+    int oom;
+    /* the last block decided (a block's shards come one after another) */
+    kv_block_id last;
+    int have_last, last_copy;
+    uint8_t last_targets[KV_PLACE_MAX], last_nt;
+};
+
+static size_t view_index(struct view *v, struct peer *p)
+{
+    for (size_t i = 0; i < v->n; i++)
+        if (v->owners[i] == p)
+            return i;
+    return SIZE_MAX;
+}
+
+/* Whether this node copies block id, and to which owners of the new view. */
+static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets, uint8_t *nt)
+{
+    size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX];
+    unsigned r = s->c->replicas;
+    size_t no = kv__place(s->from->seeds, s->from->n, id, r, o);
+    size_t nw = kv__place(s->to->seeds, s->to->n, id, r, w);
+    int self_held = 0;
+    for (size_t i = 0; i < no; i++)
+        self_held |= s->from->owners[o[i]]->self;
+    if (!self_held)
+        return 0;
+    *nt = 0;
+    struct peer *copier = NULL;
+    for (size_t i = 0; i < nw; i++) {
+        struct peer *p = s->to->owners[w[i]];
+        int held = 0;
+        for (size_t j = 0; j < no && !held; j++)
+            held = s->from->owners[o[j]] == p;
+        if (!held)
+            targets[(*nt)++] = (uint8_t)w[i];
+        else if (!copier)
+            copier = p;
+    }
+    for (size_t j = 0; j < no && !copier; j++)
+        if (view_index(s->to, s->from->owners[o[j]]) != SIZE_MAX)
+            copier = s->from->owners[o[j]];
+    return *nt && copier && copier->self;
+}
+
+static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t len,
+                    uint64_t used)
+{
+    struct rr_scan *s = arg;
+    if (!s->have_last || memcmp(&s->last, id, sizeof *id) != 0) {
+        s->last = *id;
+        s->have_last = 1;
+        s->last_copy = rr_decide(s, id, s->last_targets, &s->last_nt);
+    }
+    if (!s->last_copy)
+        return 0;
+    if (s->n == s->cap) {
+        size_t nc = s->cap ? s->cap * 2 : 1024;
+        struct rr_item *p = realloc(s->v, nc * sizeof *p);
+        if (!p) {
+            s->oom = 1;
+            return 1;
+        }
+        s->v = p;
+        s->cap = nc;
+    }
+    struct rr_item *it = &s->v[s->n++];
+    *it = (struct rr_item){ .id = *id, .used = used, .len = len, .index = index,
+                            .ns = (uint8_t)s->ns, .ntargets = s->last_nt };
+    memcpy(it->targets, s->last_targets, sizeof it->targets);
+    return 0;
+}
+
+static int rr_newest_first(const void *a, const void *b)
+{
+    const struct rr_item *x = a, *y = b;
+    if (x->used != y->used)
+        return x->used > y->used ? -1 : 1;
+    int k = memcmp(&x->id, &y->id, sizeof x->id);
+    return k ? k : x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Whether the job of generation gen should stop. */
+static int rr_cancelled(struct kv__cluster *c, uint64_t gen)
+{
+    pthread_mutex_lock(&c->rrlock);
+    int stop = c->rr_stop || c->rr_gen != gen;
+    pthread_mutex_unlock(&c->rrlock);
+    return stop;
+}
+
+/* Sleeps until kv__now_ms() reaches until, or the job is cancelled. */
+static void rr_sleep_until(struct kv__cluster *c, uint64_t until, uint64_t gen)
+{
+    pthread_mutex_lock(&c->rrlock);
+    while (!c->rr_stop && c->rr_gen == gen) {
+        uint64_t now = kv__now_ms();
+        if (now >= until)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wait = until - now;
+        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+        ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c->rrcond, &c->rrlock, &ts);
+    }
+    pthread_mutex_unlock(&c->rrlock);
+}
+
+/* Copies items[0..n) to their targets, one batch at a time, within the
+ * rate; returns the next item not done (n when all are). */
+static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *items, size_t n,
+                      uint64_t gen)
+{
+    struct kv__backend *be = c->be;
+    double bytes_per_ms = c->cfg.cluster.rereplicate_mib_s * 1048576.0 / 1000.0;
+    uint64_t t0 = kv__now_ms(), sent = 0;
+    struct kv__op *ops = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *ops);
+    size_t *owner = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *owner);
+    uint8_t **buf = calloc(RR_BATCH_SHARDS, sizeof *buf);
+    kv_iov *iov = malloc(RR_BATCH_SHARDS * sizeof *iov);
+    size_t *of = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *of);
+    size_t i = 0;
+    if (!ops || !owner || !buf || !iov || !of)
+        goto out;
+    while (i < n && !rr_cancelled(c, gen)) {
+        size_t k = 0, nb = 0;
+        uint64_t bytes = 0;
+        size_t first = i;
+        for (; i < n && nb < RR_BATCH_SHARDS && (nb == 0 || bytes < RR_BATCH_BYTES); i++) {
+            struct rr_item *it = &items[i];
+            uint8_t *b = malloc(it->len ? it->len : 1);
+            if (!b)
+                break;
+            iov[nb] = (kv_iov){ b, it->len };
+            /* Gone since the scan (evicted): nothing to copy. */
+            if (be->load(be->ctx, it->ns, &it->id, it->index, &iov[nb], 1) != KV_OK) {
+                free(b);
+                atomic_fetch_sub(&c->rr_pending, 1);
+                continue;
+            }
+            buf[nb] = b;
+            for (uint8_t t = 0; t < it->ntargets; t++) {
+                ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = it->ns, .index = it->index,
+                                          .id = it->id, .iov = &iov[nb], .iovcnt = 1 };
+                owner[k] = it->targets[t];
+                of[k] = i;
+                k++;
+                bytes += it->len;
+            }
+            nb++;
+        }
+        if (k && run_grouped(c, to, ops, owner, k) == KV_OK) {
+            /* A shard counts once, failed when any of its targets failed. */
+            for (size_t j = 0; j < k; j++) {
+                int last = j + 1 == k || of[j + 1] != of[j];
+                int ok = ops[j].result == KV_OK;
+                size_t x = j;
+                while (x > 0 && of[x - 1] == of[j] && ok)
+                    ok = ops[--x].result == KV_OK;
+                if (!last)
+                    continue;
+                atomic_fetch_add(ok ? &c->rr_shards : &c->rr_failed, 1);
+                if (ok)
+                    atomic_fetch_add(&c->rr_bytes, items[of[j]].len * items[of[j]].ntargets);
+                atomic_fetch_sub(&c->rr_pending, 1);
+            }
+        } else if (k) {
+            atomic_fetch_add(&c->rr_failed, nb);
+            atomic_fetch_sub(&c->rr_pending, nb);
+        }
+        for (size_t j = 0; j < nb; j++) {
+            free(buf[j]);
+            buf[j] = NULL;
+        }
+        if (i == first)   /* out of memory for even one shard */
+            break;
+        sent += bytes;
+        /* The rate: this much sent may not finish before t0 + sent / rate. */
+        rr_sleep_until(c, t0 + (uint64_t)((double)sent / bytes_per_ms), gen);
+    }
+out:
+    free(ops);
+    free(owner);
+    free(buf);
+    free(iov);
+    free(of);
+    return i;
+}
+
+/* One job: from the view before an owner change to the view after it.
+ * Returns whether it ran to the end. */
+static int rr_run(struct kv__cluster *c, struct view *from, struct view *to, uint64_t gen)
+{
+    struct rr_scan s = { .c = c, .from = from, .to = to };
+    if (!c->be || !c->be->scan)
+        return 1;
+    for (int ns = 0; ns < KV_NS_COUNT && !s.oom; ns++) {
+        s.ns = ns;
+        s.have_last = 0;
+        c->be->scan(c->be->ctx, ns, rr_visit, &s);
+    }
+    if (s.oom)
+        KV_WARN("cluster: re-replication: out of memory listing blocks; copying %zu", s.n);
+    uint64_t bytes = 0;
+    size_t blocks = 0;
+    qsort(s.v, s.n, sizeof *s.v, rr_newest_first);
+    for (size_t i = 0; i < s.n; i++) {
+        bytes += s.v[i].len * s.v[i].ntargets;
+        blocks += i == 0 || memcmp(&s.v[i].id, &s.v[i - 1].id, sizeof s.v[i].id) != 0 ||
+                  s.v[i].ns != s.v[i - 1].ns;
+    }
+    KV_INFO("cluster: view %llu (owners %zu -> %zu): re-replicating %zu blocks (%zu shards, "
+            "%.1f MiB) to their new owners, at most %u MiB/s",
+            (unsigned long long)to->version, from->n, to->n, blocks, s.n,
+            (double)bytes / 1048576.0, c->cfg.cluster.rereplicate_mib_s);
+    atomic_store(&c->rr_pending, s.n);
+    uint64_t t0 = kv__now_ms(), done0 = atomic_load(&c->rr_shards),
+             failed0 = atomic_load(&c->rr_failed);
+    size_t at = s.n ? rr_copy(c, to, s.v, s.n, gen) : 0;
+    int complete = at == s.n;
+    KV_INFO("cluster: view %llu: re-replication %s: %llu shards copied, %llu failed, in %.2f s",
+            (unsigned long long)to->version, complete ? "done" : "stopped (a newer view)",
+            (unsigned long long)(atomic_load(&c->rr_shards) - done0),
+            (unsigned long long)(atomic_load(&c->rr_failed) - failed0),
+            (double)(kv__now_ms() - t0) / 1000.0);
+    if (complete)
+        atomic_fetch_add(&c->rr_jobs, 1);
+    atomic_store(&c->rr_pending, 0);
+    free(s.v);
+    return complete;
+}
+
+static void *rr_main(void *arg)
+{
+    struct kv__cluster *c = arg;
+    pthread_mutex_lock(&c->rrlock);
+    for (;;) {
+        while (!c->rr_from && !c->rr_stop)
+            pthread_cond_wait(&c->rrcond, &c->rrlock);
+        if (c->rr_stop)
+            break;
+        struct view *from = c->rr_from, *to = c->rr_to;
+        uint64_t gen = c->rr_gen;
+        c->rr_from = c->rr_to = NULL;
+        pthread_mutex_unlock(&c->rrlock);
+        int complete = rr_run(c, from, to, gen);
+        pthread_mutex_lock(&c->rrlock);
+        if (!complete && c->rr_from) {
+            /* The next job starts from where this one did. */
+            view_put(c->rr_from);
+            c->rr_from = from;
+            from = NULL;
+        }
+        pthread_mutex_unlock(&c->rrlock);
+        view_put(from);
+        view_put(to);
+        pthread_mutex_lock(&c->rrlock);
+    }
+    pthread_mutex_unlock(&c->rrlock);
+    return NULL;
+}
+
+/* Takes over the references to from and to. */
+static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to)
+{
+    pthread_mutex_lock(&c->rrlock);
+    if (c->rr_stop) {
+        pthread_mutex_unlock(&c->rrlock);
+        view_put(from);
+        view_put(to);
+        return;
+    }
+    if (c->rr_from) {   /* one not started yet: keep its start, take the end */
+        view_put(from);
+        view_put(c->rr_to);
+    } else {
+        c->rr_from = from;
+    }
+    c->rr_to = to;
+    c->rr_gen++;
+    pthread_cond_signal(&c->rrcond);
+    pthread_mutex_unlock(&c->rrlock);
+}
+
 /* ---- the seam ----------------------------------------------------------- */
 
 int kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
@@ -1109,6 +1474,11 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->remote_errors = atomic_load(&c->remote_errors);
     out->failovers = atomic_load(&c->failovers);
     out->moved = atomic_load(&c->moved);
+    out->rereplicated_shards = atomic_load(&c->rr_shards);
+    out->rereplicated_bytes = atomic_load(&c->rr_bytes);
+    out->rereplicate_failed = atomic_load(&c->rr_failed);
+    out->rereplicate_pending = atomic_load(&c->rr_pending);
+    out->rereplicate_jobs = atomic_load(&c->rr_jobs);
     struct view *v = view_get(c);
     out->view_version = v->version;
     out->members = v->nmembers;

@@ -21,6 +21,10 @@
  *   also looked for on its owners in the previous view (still live); a load
  *   that finds it there copies it to its current owners (read repair). So a
  *   node joining does not turn 1/n of the cache into misses at once.
+ * - After the owners change, each owner copies the blocks it holds whose
+ *   owner set gained members to those members, in the background, at most
+ *   cluster.rereplicate_mib_s, newest first (one holder per block does it;
+ *   see cluster.c's re-replication section).
  * - This node serves its own blocks through kv__local_* without the network.
  * - Every remote call has a deadline. Let T be half of io.timeout_ms (the
  *   engine's task timeout: half leaves a hung owner's shards time to fail
@@ -79,6 +83,11 @@ struct kv__cluster_counters {
                                  * copied to their current owners */
     uint64_t view_version;
     uint64_t members, owners;   /* in the view last seen */
+    /* re-replication (cluster.c): shards copied to new owners after owner
+     * changes, their bytes (times the owners each went to), shards whose
+     * copy failed, shards still to copy, jobs run to the end */
+    uint64_t rereplicated_shards, rereplicated_bytes, rereplicate_failed;
+    uint64_t rereplicate_pending, rereplicate_jobs;
 };
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out);
 

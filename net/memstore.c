@@ -21,6 +21,7 @@ struct mval {
     uint32_t index;
     unsigned refs;          /* 1 for the table, +1 per pin */
     uint64_t len;
+    uint64_t seq;           /* commit order: scan's "last use" */
     uint8_t *data;
 };
 
@@ -30,6 +31,7 @@ struct memstore {
     struct kv__backend be;  /* first: the backend pointer is the store */
     pthread_mutex_t lock;
     uint64_t cap, used;     /* used counts stored values and reservations */
+    uint64_t seq;
     struct mval *b[MS_BUCKETS];
 };
 
@@ -174,11 +176,25 @@ static int ms_commit(void *c, kv__resv *r, int ns, const kv_block_id *id, uint32
     v->refs = 1;
     v->len = r->len;
     v->data = r->data;
+    v->seq = ++m->seq;
     unsigned bk = bucket(ns, id, index);
     v->next = m->b[bk];
     m->b[bk] = v;
     pthread_mutex_unlock(&m->lock);
     r->data = NULL;
+    return KV_OK;
+}
+
+static int ms_scan(void *c, int ns, kv__scan_cb cb, void *arg)
+{
+    struct memstore *m = c;
+    int stop = 0;
+    pthread_mutex_lock(&m->lock);
+    for (unsigned i = 0; i < MS_BUCKETS && !stop; i++)
+        for (struct mval *v = m->b[i]; v && !stop; v = v->next)
+            if (v->ns == ns)
+                stop = cb(arg, &v->id, v->index, v->len, v->seq);
+    pthread_mutex_unlock(&m->lock);
     return KV_OK;
 }
 
@@ -192,7 +208,7 @@ struct kv__backend *kv__memstore_new(uint64_t cap_bytes)
     m->be = (struct kv__backend){
         .ctx = m, .lookup = ms_lookup, .size = ms_size, .load = ms_load,
         .pin = ms_pin, .unpin = ms_unpin, .reserve = ms_reserve,
-        .commit = ms_commit, .abort = ms_abort,
+        .commit = ms_commit, .abort = ms_abort, .scan = ms_scan,
     };
     return &m->be;
 }

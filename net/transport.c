@@ -94,6 +94,7 @@ static int e_reserve(void *c, uint64_t len, kv__resv *r) { return kv__local_rese
 static int e_commit(void *c, kv__resv *r, int ns, const kv_block_id *id, uint32_t x)
 { return kv__local_commit(c, r, ns, id, x); }
 static void e_abort(void *c, kv__resv *r) { kv__local_abort(c, r); }
+static int e_scan(void *c, int ns, kv__scan_cb cb, void *arg) { return kv__local_scan(c, ns, cb, arg); }
 
 void kv__backend_engine(kv_engine *e, struct kv__backend *out)
 {
@@ -108,6 +109,7 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->commit = e_commit;
     out->abort = e_abort;
     out->dump = e_dump;
+    out->scan = e_scan;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
 }
 

@@ -66,6 +66,9 @@ struct kv__backend {
      * bounce buffer of at most KV_NET_BOUNCE_MAX bytes. NULL = none. */
     int  (*dump)(void *ctx, int ns, const kv_block_id *id, uint32_t index,
                  const kv_iov *iov, uint32_t iovcnt);
+    /* Visits the shards held in ns with their length and last use
+     * (kv__local_scan's contract), for re-replication. NULL = none. */
+    int  (*scan)(void *ctx, int ns, kv__scan_cb cb, void *arg);
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 

@@ -9,6 +9,7 @@
  * test itself is killed (PR_SET_PDEATHSIG).
  */
 #include <arpa/inet.h>
+#include <curl/curl.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -40,6 +41,8 @@ static int nprocs;
 static kv_engine *engines[4];
 
 static struct tu_etcd etcd;
+static int with_metrics;                /* nodes started now serve /metrics */
+static unsigned node_mport[MAXP];
 #define ETCD_PREFIX "/kvtest/cluster"
 
 static const char *protocol(void)
@@ -169,7 +172,7 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
         snprintf(node_addr[i], sizeof node_addr[i], "%s", at);
     else
         snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", tu_free_port());
-    char bin[512], log[512], s[11][240];
+    char bin[512], log[512], s[12][240];
     snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
     snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
     snprintf(s[0], sizeof s[0], "cluster.master=%s", master_addr);
@@ -184,11 +187,14 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
     snprintf(s[9], sizeof s[9], "cluster.etcd_endpoints=%s",
              use_etcd() ? etcd.endpoints : "127.0.0.1:2379");
     snprintf(s[10], sizeof s[10], "cluster.etcd_prefix=%s", ETCD_PREFIX);
+    node_mport[i] = with_metrics ? tu_free_port() : 0;
+    snprintf(s[11], sizeof s[11], "metrics.listen=127.0.0.1:%u", node_mport[i]);
     char *argv[] = { bin, "--set", s[0], "--set", s[1], "--set", s[2], "--set", s[3],
                      "--set", s[4], "--set", s[5], "--set", s[6],
                      "--set", ssd == 2 ? "pipeline=ssd" : ssd ? "pipeline=dram|ssd" : "pipeline=dram",
                      "--set", "io.threads=2", "--set", s[7], "--set", "ssd.capacity=256MiB",
-                     "--set", s[8], "--set", s[9], "--set", s[10], NULL };
+                     "--set", s[8], "--set", s[9], "--set", s[10],
+                     with_metrics ? "--set" : NULL, s[11], NULL };
     spawn(argv, log);
     return i;
 }
@@ -246,6 +252,7 @@ static struct kv__transport *raw_client_tcp(const char *token)
 
 static void setup(void)
 {
+    with_metrics = 0;
     /* SIGPIPE is left at its default on purpose: the library must never
      * raise it (peers are killed mid-transfer here). */
     dir = tu_mkdtemp();
@@ -563,6 +570,139 @@ START_TEST(node_join_keeps_blocks)
 }
 END_TEST
 
+/* ---- re-replication ---------------------------------------------------- */
+
+struct page {
+    size_t len;
+    char buf[32768];
+};
+
+static size_t page_sink(char *d, size_t sz, size_t nm, void *u)
+{
+    struct page *p = u;
+    size_t n = sz * nm;
+    if (p->len + n < sizeof p->buf) {
+        memcpy(p->buf + p->len, d, n);
+        p->len += n;
+        p->buf[p->len] = '\0';
+    }
+    return n;
+}
+
+/* Metric name of node i's /metrics (kvengine_ left off), or -1. */
+static long long node_metric(int i, const char *name)
+{
+    char url[128], key[128];
+    struct page p = { 0, "" };
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/metrics", node_mport[i]);
+    CURL *h = curl_easy_init();
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, page_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &p);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 2000L);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    CURLcode cc = curl_easy_perform(h);
+    curl_easy_cleanup(h);
+    snprintf(key, sizeof key, "\nkvengine_%s ", name);
+    const char *at = cc == CURLE_OK ? strstr(p.buf, key) : NULL;
+    return at ? atoll(at + strlen(key)) : -1;
+}
+
+/* Waits until node i has run more than jobs re-replication jobs to the end
+ * and has nothing pending. */
+static void wait_rereplicated(int i, long long jobs)
+{
+    uint64_t t0 = tu_now_ms();
+    while (tu_now_ms() - t0 < 10000 && !(node_metric(i, "rereplicate_jobs_total") > jobs &&
+                                        node_metric(i, "rereplicate_pending") == 0))
+        usleep(20000);
+    ck_assert_msg(node_metric(i, "rereplicate_jobs_total") > jobs,
+                  "node %d did not finish re-replicating", i);
+}
+
+/* replica_num 2, three nodes and a client: a node SIGKILLed; once the two
+ * left have copied its blocks' second copies to their new owners, a second
+ * node dies too, and every block still loads, byte for byte. Without
+ * re-replication the blocks the two dead nodes shared would be gone. */
+START_TEST(rereplication_after_node_death)
+{
+    with_metrics = 1;
+    int n[3];
+    for (int i = 0; i < 3; i++)
+        n[i] = start_node("32MiB", 2);
+    wait_owners(3);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    struct set s = make_set(120, 32 << 10, 15);   /* 60 blocks */
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    long long jobs1 = node_metric(n[1], "rereplicate_jobs_total"),
+              jobs2 = node_metric(n[2], "rereplicate_jobs_total");
+    ck_assert_int_ge(jobs1, 0);
+    ck_assert_int_ge(jobs2, 0);
+    kill_proc(n[0]);
+    wait_owners(2);
+    wait_rereplicated(n[1], jobs1);
+    wait_rereplicated(n[2], jobs2);
+    long long copied = node_metric(n[1], "rereplicated_shards_total") +
+                       node_metric(n[2], "rereplicated_shards_total");
+    /* the dead node owned about 2/3 of the blocks; each of those lost one
+     * copy, and the survivor holding the other sent it on */
+    ck_assert_msg(copied >= 20 && copied <= 120, "%lld shards re-replicated", copied);
+    ck_assert_int_eq(node_metric(n[1], "rereplicate_failed_total") +
+                     node_metric(n[2], "rereplicate_failed_total"), 0);
+    kill_proc(n[1]);
+    wait_owners(1);
+    usleep(600000);   /* the client's next heartbeats bring the new view */
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
+/* A node joining gets the blocks it now owns copied to it in the
+ * background, before anything reads them: once that is done, the old
+ * owners can die and those blocks still load. */
+START_TEST(rereplication_on_join)
+{
+    with_metrics = 1;
+    int a = start_node("32MiB", 1), b = start_node("32MiB", 1);
+    wait_owners(2);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    struct set s = make_set(60, 16 << 10, 16);   /* 30 blocks */
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    long long ja = node_metric(a, "rereplicate_jobs_total"),
+              jb = node_metric(b, "rereplicate_jobs_total");
+    int c = start_node("32MiB", 1);
+    wait_owners(3);
+    wait_rereplicated(a, ja);
+    wait_rereplicated(b, jb);
+    long long copied = node_metric(a, "rereplicated_shards_total") +
+                       node_metric(b, "rereplicated_shards_total");
+    ck_assert_msg(copied >= 4 && copied <= 50, "%lld shards copied to the newcomer", copied);
+    usleep(600000);   /* the client sees three owners */
+    kill_proc(a);
+    kill_proc(b);
+    wait_owners(1);
+    usleep(600000);
+    /* every block the newcomer owns (in the view of three) loads from it:
+     * the others fail (their owners are dead) */
+    int ok = 0;
+    for (size_t i = 0; i < s.n; i += 2) {
+        memset(s.dst + i * s.len, 0, 2 * s.len);
+        if (run_task(client, 0, s.load + i, 2) == KV_OK) {
+            ck_assert(memcmp(s.src + i * s.len, s.dst + i * s.len, 2 * s.len) == 0);
+            ok++;
+        }
+    }
+    ck_assert_msg(ok * 2 == copied, "%d blocks load from the newcomer, %lld shards were copied",
+                  ok, copied);
+    (void)c;
+    free_set(&s);
+}
+END_TEST
+
 /* A node started before its master waits for it (kvnode retries), then
  * joins and serves. */
 START_TEST(node_waits_for_master)
@@ -843,6 +983,8 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, node_join_keeps_blocks);
     tcase_add_test(tc, node_waits_for_master);
     tcase_add_test(tc, master_restart);
+    tcase_add_test(tc, rereplication_after_node_death);
+    tcase_add_test(tc, rereplication_on_join);
     suite_add_tcase(s, tc);
     return s;
 }
