@@ -210,6 +210,8 @@ struct kvctl_trace_stats {
     uint64_t lookup_hits;       /* blocks lookup_prefix said were there */
     uint64_t broken_promises;   /* blocks a lookup said hit whose load failed */
     uint64_t verify_failures;   /* shards loaded with the wrong bytes */
+    uint64_t dumps_refused;     /* shards a dump could not store for lack of
+                                   room (KV_ENOSPC): not cached, no error */
     double prefix_hit_ratio;    /* hits / block_refs */
     double hit_ratio_dram, hit_ratio_ssd;   /* loads served by each tier /
                                                block_refs (NAN: not known) */

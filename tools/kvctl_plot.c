@@ -8,7 +8,9 @@
  * KVCTL_PLOT_SCRIPT=FILE (the script is also written there). Panels: MiB/s
  * per data phase and lookup ids/s (one bar per backend), task latency
  * percentiles per phase (log scale), and with --compare the kvengine/other
- * ratios of kvs/s per phase.
+ * ratios of kvs/s per phase. A trace replay draws instead its hit ratio over
+ * the trace, per window of requests and cumulated, for every run beside the
+ * infinite cache and the LRU model.
  */
 #include "kvctl.h"
 
@@ -30,6 +32,8 @@ static const struct kvctl_phase *find(const struct kvctl_run *run, const char *n
     return NULL;
 }
 
+static void quote_path(FILE *f, const char *png);
+
 static void script(FILE *f, const char *png, const struct kvctl_report *r)
 {
     const struct kvctl_run *a = &r->runs[0];
@@ -37,10 +41,7 @@ static void script(FILE *f, const char *png, const struct kvctl_report *r)
     int panels = cmp ? 3 : 2;
     char vs[32];
     fprintf(f, "set terminal pngcairo noenhanced size 1200,%d font 'sans,10'\n", 330 * panels);
-    fprintf(f, "set output '");
-    for (const char *p = png; *p; p++)   /* gnuplot single quotes: '' is a quote */
-        fprintf(f, *p == '\'' ? "''" : "%c", *p);
-    fprintf(f, "'\n");
+    quote_path(f, png);
     /* Throughput of the data phases in MiB/s, per backend; a lookup phase
      * moves no bytes, so its ids/s go into the panel's title instead of a
      * bar on a scale a thousand times off. */
@@ -104,6 +105,81 @@ static void script(FILE *f, const char *png, const struct kvctl_report *r)
     fprintf(f, "unset multiplot\n");
 }
 
+/* Block-weighted hit ratio of requests [lo, hi) by per-request hits h. */
+static double window_ratio(const struct kvctl_trace *t, const uint32_t *h, size_t lo, size_t hi)
+{
+    uint64_t hits = 0, refs = 0;
+    for (size_t i = lo; i < hi; i++) {
+        hits += h[i];
+        refs += t->req[i].n;
+    }
+    return refs ? (double)hits / (double)refs : 0;
+}
+
+static void quote_path(FILE *f, const char *png)
+{
+    fprintf(f, "set output '");
+    for (const char *p = png; *p; p++)   /* gnuplot single quotes: '' is a quote */
+        fprintf(f, *p == '\'' ? "''" : "%c", *p);
+    fprintf(f, "'\n");
+}
+
+/* A trace replay: two panels, hit ratio per window of requests and
+ * cumulated, one line per run and one per model. */
+static void trace_script(FILE *f, const char *png, const struct kvctl_report *r)
+{
+    const struct kvctl_trace *t = r->trace;
+    const struct kvctl_run *series[KVCTL_MAX_RUNS];
+    int ns = 0;
+    for (int i = 0; i < r->nruns; i++)
+        if (r->runs[i].open_error == KV_OK && r->runs[i].trace.on && r->runs[i].trace.req_hits)
+            series[ns++] = &r->runs[i];
+    const uint32_t *lru = r->runs[0].trace.lru_req_hits;
+    size_t w = t->nreq / 100 ? t->nreq / 100 : 1;
+    char vs[32];
+    fprintf(f, "set terminal pngcairo noenhanced size 1200,760 font 'sans,10'\n");
+    quote_path(f, png);
+    for (int pass = 0; pass < 2; pass++) {
+        fprintf(f, "$%s << EOD\nrequest", pass ? "cum" : "win");
+        for (int k = 0; k < ns; k++)
+            fprintf(f, " \"%s\"", series[k]->backend);
+        fprintf(f, " ideal%s\n", lru ? " LRU" : "");
+        for (size_t lo = 0; lo < t->nreq; lo += w) {
+            size_t hi = lo + w < t->nreq ? lo + w : t->nreq, from = pass ? 0 : lo;
+            fprintf(f, "%zu", hi);
+            for (int k = 0; k < ns; k++)
+                fprintf(f, " %.5f", window_ratio(t, series[k]->trace.req_hits, from, hi));
+            fprintf(f, " %.5f", window_ratio(t, r->ideal_req_hits, from, hi));
+            if (lru)
+                fprintf(f, " %.5f", window_ratio(t, lru, from, hi));
+            fprintf(f, "\n");
+        }
+        fprintf(f, "EOD\n");
+    }
+    int cols = ns + 1 + (lru != NULL);
+    fprintf(f, "set multiplot layout 2,1 title \"kvctl bench: trace %zu requests, %u shard(s) "
+               "x %s, %u job(s), pipeline %s, dram.capacity %s\" font ',12'\n"
+               "set grid\nset key outside right top\nset yrange [0:1]\n"
+               "set xlabel 'request'\nset ylabel 'prefix hit ratio'\n",
+            t->nreq, r->shards, kvctl_fmt_size(r->value_size, vs, sizeof vs), r->numjobs,
+            r->pipeline, r->dram_capacity);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass)
+            fprintf(f, "set title 'Cumulated: blocks loaded / block references so far'\n");
+        else
+            fprintf(f, "set title 'Per window of %zu requests'\n", w);
+        fprintf(f, "plot ");
+        for (int c = 0; c < cols; c++) {
+            bool model = c >= ns;
+            fprintf(f, "%s$%s using 1:%d with lines lw %s%s title columnheader(%d)",
+                    c ? ", " : "", pass ? "cum" : "win", c + 2, model ? "1.5" : "2",
+                    model ? " dt 2" : "", c + 2);
+        }
+        fprintf(f, "\n");
+    }
+    fprintf(f, "unset multiplot\n");
+}
+
 int kvctl_plot(const char *png, const struct kvctl_report *r)
 {
     if (r->nruns < 1 || r->runs[0].open_error != KV_OK || r->runs[0].nphases == 0) {
@@ -114,7 +190,7 @@ int kvctl_plot(const char *png, const struct kvctl_report *r)
     if (keep && *keep) {
         FILE *k = fopen(keep, "w");
         if (k) {
-            script(k, png, r);
+            (r->trace ? trace_script : script)(k, png, r);
             fclose(k);
         }
     }
@@ -124,7 +200,7 @@ int kvctl_plot(const char *png, const struct kvctl_report *r)
         fprintf(stderr, "kvctl bench: --plot: cannot run gnuplot: %s\n", strerror(errno));
         return KV_EIO;
     }
-    script(g, png, r);
+    (r->trace ? trace_script : script)(g, png, r);
     int st = pclose(g);
     if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
         fprintf(stderr, "kvctl bench: --plot: gnuplot failed%s (is gnuplot installed? "

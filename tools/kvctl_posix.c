@@ -4,8 +4,10 @@
  *
  * The layout, reproduced exactly: block id -> 32 lowercase hex characters;
  * the file is {root}/{first 3 hex}/{32 hex} (so 4096 possible directories,
- * made on first use); a block is written as {root}/{dir}/{hex}.tmp and
- * rename()d to its final name when its last shard has landed; lookup is
+ * made on first use); a block is written as {root}/{dir}/{hex}.tmp (here
+ * .tmp.{writer's thread id}, so that concurrent dumps of one block do not
+ * share a file) and rename()d to its final name when its last shard has
+ * landed; lookup is
  * access(); a read is open + read; no fsync, no checksum.
  *
  * Key design choice: calls are synchronous on the job thread that makes
@@ -138,8 +140,12 @@ static int write_all(int fd, const kv_iov *iov, uint32_t cnt, off_t off)
  * block appears whole or not at all, as in UCM's Posix store. */
 static int put_block(struct posix_store *p, const kv_shard *s, size_t n)
 {
-    char tmp[4096], dst[4096];
-    block_path(p, &s->block, ".tmp", tmp, sizeof tmp);
+    char tmp[4096], dst[4096], suffix[32];
+    /* The writer's thread id in the temporary name: two jobs dumping the
+     * same block at once (two requests that missed on the same prefix)
+     * must not write into one file; each renames a whole copy into place. */
+    snprintf(suffix, sizeof suffix, ".tmp.%ld", (long)gettid());
+    block_path(p, &s->block, suffix, tmp, sizeof tmp);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0 && errno == ENOENT) {
         /* First block in this directory: make it ({root}/{3 hex}). */

@@ -111,8 +111,8 @@ static void print_trace(FILE *f, const struct kvctl_trace_stats *t)
     if (isfinite(t->lru_hit_ratio))
         fprintf(f, " (%" PRIu64 " blocks)", t->lru_blocks);
     fprintf(f, "\n       broken promises %" PRIu64 ", verify failures %" PRIu64
-               "; lookup+load per request p50 %.1f us, p99 %.1f us\n",
-            t->broken_promises, t->verify_failures, t->p50_us, t->p99_us);
+               ", dumps refused %" PRIu64 "; lookup+load per request p50 %.1f us, p99 %.1f us\n",
+            t->broken_promises, t->verify_failures, t->dumps_refused, t->p50_us, t->p99_us);
     fprintf(f, "       prefill skipped for %" PRIu64 " of %" PRIu64 " prompt tokens (%.1f%%)\n",
             t->tokens_skipped, t->prompt_tokens,
             t->prompt_tokens ? 100.0 * (double)t->tokens_skipped / (double)t->prompt_tokens : 0);
@@ -405,8 +405,8 @@ static void json_trace(FILE *f, const struct kvctl_run *run)
     fputs(",\"lru_blocks\":", f);
     jcount(f, t->lru_blocks, isfinite(t->lru_hit_ratio));
     fprintf(f, ",\"broken_promises\":%" PRIu64 ",\"verify_failures\":%" PRIu64
-               ",\"load_mib_s\":",
-            t->broken_promises, t->verify_failures);
+               ",\"dumps_refused\":%" PRIu64 ",\"load_mib_s\":",
+            t->broken_promises, t->verify_failures, t->dumps_refused);
     jnum(f, ld ? kvctl_phase_mib_s(ld) : NAN);
     fputs(",\"dump_mib_s\":", f);
     jnum(f, dp ? kvctl_phase_mib_s(dp) : NAN);

@@ -669,8 +669,7 @@ int kvctl_trace_load(const char *path, uint64_t limit, struct kvctl_trace **out)
         t->prompt_tokens += r->input_length;
     }
     if (t->nreq == 0) {
-        fprintf(stderr, "kvctl bench: %s:%" PRIu64 ": empty trace: no requests\n", path,
-                l.line ? l.line : 1);
+        fprintf(stderr, "kvctl bench: %s:1: empty trace: no requests\n", path);
         goto fail;
     }
     t->ndistinct = rd.map.n;
@@ -794,6 +793,7 @@ struct tcount {
     uint64_t refs, hits, lookup_hits, broken, verr;
     uint64_t lk_ns, ld_ns, dp_ns;       /* time inside each kind of call */
     uint64_t lk_err, ld_shards, ld_bytes, ld_miss, ld_err, dp_shards, dp_bytes, dp_err;
+    uint64_t dp_refused;                /* shards a full cache said no to */
     int lk_first, ld_first, dp_first;
 };
 
@@ -868,8 +868,25 @@ static ssize_t lookup_prefix(struct tjob *jb, uint32_t n)
     return i - 1;
 }
 
-/* Loads the first `hits` blocks of request r; returns how many of them, in
- * a leading run, came back whole and verified. */
+/* Whether the first HDR bytes of v are still the zeros load() wrote. */
+static bool untouched(const uint8_t *v)
+{
+    static const uint8_t zero[HDR];
+    return memcmp(v, zero, HDR) == 0;
+}
+
+/*
+ * Loads the first `hits` blocks of request r; returns how many of them, in
+ * a leading run, came back whole and verified.
+ *
+ * A shard that did not come back breaks the lookup's promise. That is a
+ * failed result, or one that says KV_OK over a destination the load never
+ * wrote: the kvengine backend tells misses apart after a failed task by
+ * asking kv_lookup, which looks at shard 0 only, so a shard the task could
+ * not find while its block's shard 0 was there reads as OK. The header
+ * wiped before the load tells the two apart; bytes that did land and are
+ * wrong are verify failures.
+ */
 static uint32_t load(struct tjob *jb, const struct kvctl_trace_req *r, uint32_t hits, size_t ri)
 {
     struct replay *rp = jb->rp;
@@ -880,7 +897,7 @@ static uint32_t load(struct tjob *jb, const struct kvctl_trace_req *r, uint32_t 
         for (uint32_t s = 0; s < K; s++) {
             size_t i = (size_t)b * K + s;
             uint8_t *dst = jb->rbuf + i * vs;
-            memset(dst, 0, HDR);                /* not copied = fails verify */
+            memset(dst, 0, HDR);
             jb->riov[i] = (kv_iov){ dst, vs };
             jb->sh[i] = (kv_shard){ .block = jb->ids[b], .index = s, .iov = &jb->riov[i],
                                     .iovcnt = 1 };
@@ -895,30 +912,29 @@ static uint32_t load(struct tjob *jb, const struct kvctl_trace_req *r, uint32_t 
     uint32_t run = 0;
     bool whole_run = true;
     for (uint32_t b = 0; b < hits; b++) {
-        bool ok = true;
+        bool ok = true, broken = false;
         for (uint32_t s = 0; s < K; s++) {
             size_t i = (size_t)b * K + s;
+            const uint8_t *v = jb->rbuf + i * vs;
             int rc = jb->res[i];
+            if (rc == KV_OK && untouched(v))
+                rc = KV_ENOTFOUND;
             if (rc == KV_OK) {
                 jb->c.ld_bytes += vs;
-                if (!verify(rp, &jb->ids[b], rp->t->hash[r->first + b], s, jb->rbuf + i * vs)) {
+                if (!verify(rp, &jb->ids[b], rp->t->hash[r->first + b], s, v)) {
                     jb->c.verr++;
                     ok = false;
                 }
-            } else {
-                ok = false;
-                if (rc == KV_ENOTFOUND)
-                    jb->c.ld_miss++;
-                else
-                    first_error(&jb->c.ld_err, &jb->c.ld_first, rc, 1);
+                continue;
             }
+            ok = false;
+            broken = true;
+            if (rc == KV_ENOTFOUND)
+                jb->c.ld_miss++;
+            else
+                first_error(&jb->c.ld_err, &jb->c.ld_first, rc, 1);
         }
-        /* A verify failure is counted as one; a shard that did not come
-         * back at all breaks the lookup's promise. */
-        bool failed_load = false;
-        for (uint32_t s = 0; s < K; s++)
-            failed_load |= jb->res[(size_t)b * K + s] != KV_OK;
-        jb->c.broken += failed_load;
+        jb->c.broken += broken;
         if (ok && whole_run)
             run++;
         else
@@ -950,9 +966,14 @@ static void dump(struct tjob *jb, const struct kvctl_trace_req *r, uint32_t from
     jb->c.dp_ns += el;
     rp->lat_dp[ri] = el;
     jb->c.dp_shards += m;
+    /* A cache may refuse a dump when it has no room that is not leased,
+     * pinned or still being written back (KV_ENOSPC, DESIGN.md): the block
+     * is then not cached, which costs hits, not correctness. */
     for (size_t i = 0; i < m; i++) {
         if (jb->res[i] == KV_OK)
             jb->c.dp_bytes += vs;
+        else if (jb->res[i] == KV_ENOSPC)
+            jb->c.dp_refused++;
         else
             first_error(&jb->c.dp_err, &jb->c.dp_first, jb->res[i], 1);
     }
@@ -1151,7 +1172,7 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
 #define SUM(f) c.f += j->f
         SUM(refs); SUM(hits); SUM(lookup_hits); SUM(broken); SUM(verr);
         SUM(lk_ns); SUM(ld_ns); SUM(dp_ns); SUM(ld_shards); SUM(ld_bytes); SUM(ld_miss);
-        SUM(dp_shards); SUM(dp_bytes);
+        SUM(dp_shards); SUM(dp_bytes); SUM(dp_refused);
 #undef SUM
         if (j->lk_err && !c.lk_err)
             c.lk_first = j->lk_first;
@@ -1192,6 +1213,7 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
     ts->lookup_hits = c.lookup_hits;
     ts->broken_promises = c.broken;
     ts->verify_failures = c.verr;
+    ts->dumps_refused = c.dp_refused;
     ts->seconds = (double)(end - rp.t0) / 1e9;
     ts->cpu_s = cpu;            /* the phases interleave: only the whole has one */
     ts->p50_us = req.p50_us;
