@@ -30,7 +30,7 @@
  * and a warning per input would drown libFuzzer's own output. */
 void fz_quiet(void);
 
-/* A fresh directory under $TMPDIR (or /tmp) named for tag; aborts when none
+/* A fresh directory under $TMPDIR (else /dev/shm, else /tmp) named for tag; aborts when none
  * can be made. The caller frees the string and removes the tree. */
 char *fz_tmpdir(const char *tag);
 /* Removes path and everything below it. */
