@@ -256,6 +256,13 @@ fuzz-corpus: fuzz-build
 	@set -e; for b in $(FUZZ_BINS); do d=tests/fuzz/corpus/$$(basename $$b); \
 	    mkdir -p $$d; KV_FUZZ_MKCORPUS=$$d $$b; echo "fuzz-corpus: $$d"; done
 
+# Sustained load (mixed_rw with eviction, spill, GC and log compaction, and
+# a two-node cluster with a client) watching every process's RSS and open
+# descriptors; fails on growth after the warm-up (scripts/soak.sh says how).
+SOAK_SECONDS ?= 600
+soak: all
+	KV_BUILD=$(BUILD) bash scripts/soak.sh $(SOAK_SECONDS)
+
 clean:
 	rm -rf build
 

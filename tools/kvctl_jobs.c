@@ -34,9 +34,15 @@
 struct jstat {
     uint64_t ops, bytes, misses, verr, errs;
     int first_err;
-    uint64_t *lat;                  /* ns per task */
+    uint64_t *lat;                  /* ns per task: a uniform sample of at most LAT_KEEP */
     size_t nlat, cap;
+    uint64_t seen, rng;             /* tasks timed; the sample's random state */
 };
+
+/* Latencies kept per job and phase, at most: past this a reservoir keeps a
+ * uniform sample (plenty for p99), so a bench of any length holds bounded
+ * memory (the soak, scripts/soak.sh, runs one for 10 minutes). */
+#define LAT_KEEP 16384u
 
 struct job {
     struct kvctl_jobs *js;
@@ -205,6 +211,14 @@ static bool out_of_time(const struct kvctl_jobs *js)
 
 static void record(struct jstat *s, uint64_t ns)
 {
+    if (s->seen++ >= LAT_KEEP) {
+        /* Algorithm R: the task replaces a kept one with chance keep/seen. */
+        s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t j = (s->rng >> 11) % s->seen;
+        if (j < s->nlat)
+            s->lat[j] = ns;
+        return;
+    }
     if (s->nlat == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 1024;
         uint64_t *n = realloc(s->lat, cap * sizeof *n);
