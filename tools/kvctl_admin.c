@@ -61,7 +61,8 @@ static const struct {
     { "members",
       "usage: kvctl [--config FILE] [--set KEY=VALUE]... members [--json]\n"
       "\n"
-      "Asks the kvmaster at cluster.master (with cluster.token) for its view and\n"
+      "Asks the kvmaster at cluster.master (with cluster.token), or etcd at\n"
+      "cluster.etcd_endpoints when cluster.metadata is etcd, for the view and\n"
       "prints its version and members: id, address, role (owner or client) and\n"
       "registered DRAM. Does not join the view.\n"
       "\n"
@@ -507,8 +508,12 @@ int kvctl_members_main(struct kvctl_common *c, int argc, char **argv)
     kv_config *cfg = NULL;
     if ((rc = kvctl_build_config(c, &cfg)) != KVCTL_EXIT_OK)
         return rc;
-    char master[256] = "?";
-    kv_config_get(cfg, "cluster.master", master, sizeof master);
+    char master[256] = "?", meta[16] = "kvmaster", where[300];
+    kv_config_get(cfg, "cluster.metadata", meta, sizeof meta);
+    int etcd = strcmp(meta, "etcd") == 0;
+    kv_config_get(cfg, etcd ? "cluster.etcd_endpoints" : "cluster.master", master, sizeof master);
+    snprintf(where, sizeof where, "%s at %s (%s)", etcd ? "etcd" : "kvmaster", master,
+             etcd ? "cluster.etcd_endpoints" : "cluster.master");
     uint64_t version = 0;
     kv_member_info *m = NULL;
     size_t n = 0;
@@ -516,10 +521,11 @@ int kvctl_members_main(struct kvctl_common *c, int argc, char **argv)
     kv_config_free(cfg);
     if (err != KV_OK) {
         if (err == KV_ENET || err == KV_ETIMEDOUT)
-            fprintf(stderr, "kvctl members: kvmaster at %s (cluster.master) does not answer: %s\n",
-                    master, err == KV_ETIMEDOUT ? "timed out" : "connection refused or reset");
+            fprintf(stderr, "kvctl members: %s does not answer: %s\n", where,
+                    err == KV_ETIMEDOUT ? "timed out" : "connection refused or reset");
         else if (err == KV_EPERM)
-            fprintf(stderr, "kvctl members: kvmaster at %s refused cluster.token\n", master);
+            fprintf(stderr, "kvctl members: %s refused %s\n", where,
+                    etcd ? "cluster.etcd_user / etcd_password" : "cluster.token");
         else
             fprintf(stderr, "kvctl members: %s: %s\n", master, kv_strerror(err));
         return err == KV_ECONFIG ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
