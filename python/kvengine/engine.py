@@ -393,31 +393,52 @@ class Engine:
         pins.append(arr)
         return base + ioff, n, pins
 
-    def _submit(self, fn, name, shards, writable):
+    def _submit(self, fn, name, shards, writable, wait):
         addr, n, pins = self._pack(shards, writable)
         task = ctypes.c_uint64()
         h = self._enter()
         try:
+            if wait:
+                rc = fn(h, addr, n, ctypes.byref(task))
+                if rc == OK:
+                    # Waited at once: kv_wait then runs the task on this
+                    # thread unless a worker claimed it first, so nothing
+                    # is done between the two calls.
+                    rc = _lib.kv_wait(h, task.value, 0)
+                if rc:
+                    raise KvError(rc, name)
+                return None
+            # The Task exists before the C task does, so that the time
+            # between kv_dump and a wait that follows at once is as short as
+            # can be (a wait that comes before any worker claims the task
+            # runs it itself, without a thread switch).
+            t = Task(self, 0, pins)
+            t._result = ECLOSED
+            self._tasks.add(t)
             rc = fn(h, addr, n, ctypes.byref(task))
             if rc:
+                self._tasks.discard(t)
                 raise KvError(rc, name)
-            t = Task(self, task.value, pins)
-            self._tasks.add(t)
+            t._handle = task.value
+            t._result = None
         finally:
             self._leave()
         return t
 
-    def dump(self, shards):
-        """Starts copying shards in; returns a Task. A shard is (16-byte block
-        id, shard index, [buffers]); a buffer is bytes-like, a numpy array, a
-        CPU torch tensor or an (address, size) pair. The buffers must stay
-        unchanged until the task is done (the Task keeps Python objects alive)."""
-        return self._submit(_lib.kv_dump, "kv_dump", shards, False)
+    def dump(self, shards, wait=False):
+        """Starts copying shards in; returns a Task (or, with wait=True, runs
+        it to the end and returns None: a little faster than .wait() for
+        small shards). A shard is (16-byte block id, shard index, [buffers]);
+        a buffer is bytes-like, a numpy array, a CPU torch tensor or an
+        (address, size) pair. The buffers must stay unchanged until the task
+        is done (the Task keeps Python objects alive until then)."""
+        return self._submit(_lib.kv_dump, "kv_dump", shards, False, wait)
 
-    def load(self, shards):
-        """Starts copying shards out into writable buffers; returns a Task.
-        The buffers of a shard must add up to its stored size exactly."""
-        return self._submit(_lib.kv_load, "kv_load", shards, True)
+    def load(self, shards, wait=False):
+        """Starts copying shards out into writable buffers; returns a Task
+        (None with wait=True, as dump). The buffers of a shard must add up to
+        its stored size exactly."""
+        return self._submit(_lib.kv_load, "kv_load", shards, True, wait)
 
     def shard_size(self, block_id, index=0):
         """The stored length of shard (block_id, index), or None when absent."""

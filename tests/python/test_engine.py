@@ -379,3 +379,29 @@ def test_close_races_with_callers():
     for t in ts:
         t.join(30)
     assert all(code == kvengine.ECLOSED for code in seen)
+
+
+def test_dump_load_wait_true(engine):
+    bid = ids(3)
+    data = [os.urandom(3000) for _ in bid]
+    assert engine.dump([(bid[i], 0, [data[i]]) for i in range(3)], wait=True) is None
+    outs = [bytearray(3000) for _ in bid]
+    assert engine.load([(bid[i], 0, [outs[i]]) for i in range(3)], wait=True) is None
+    assert [bytes(o) for o in outs] == data
+    with pytest.raises(kvengine.KvError) as ei:
+        engine.load([(ids(1)[0], 0, [bytearray(8)])], wait=True)
+    assert ei.value.code == kvengine.ENOTFOUND
+
+
+def test_dump_refused_by_the_engine_leaves_no_task(engine):
+    # kv_dump itself refuses a shard above KV_VALUE_MAX (before touching it).
+    with pytest.raises(kvengine.KvError) as ei:
+        engine.dump([(ids(1)[0], 0, [(4096, kvengine.VALUE_MAX + 1)])])
+    assert ei.value.code == kvengine.EINVAL and "kv_dump" in str(ei.value)
+    assert len(engine._tasks) == 0
+    # A task that fails later fails at wait: no room for 65 MiB in 64 MiB.
+    t = engine.dump([(ids(1)[0], 0, [bytearray(65 << 20)])])
+    with pytest.raises(kvengine.KvError) as ei:
+        t.wait()
+    assert ei.value.code == kvengine.ENOSPC
+    assert len(engine._tasks) == 0
