@@ -148,11 +148,6 @@ kv_shard_size = _proto("kv_shard_size", _i, _p, _p, ctypes.c_uint32,
 kv_members = _proto("kv_members", _i, _p, ctypes.POINTER(ctypes.c_uint64),
                     ctypes.POINTER(ctypes.POINTER(kv_member_info)), ctypes.POINTER(_sz))
 
-# Optional batched plain-key calls (issue 11, part 1). When the library has
-# them the Mooncake store uses them for its batch calls; otherwise it loops.
-kv_put_many = getattr(lib, "kv_put_many", None)
-kv_get_many = getattr(lib, "kv_get_many", None)
-
 _libc = ctypes.CDLL(None)
 free = _libc.free
 free.restype = None
