@@ -10,20 +10,34 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "master.h"
+#include "serve.h"
 
 #define MASTER_BODY_MAX (64u << 10)
-#define MASTER_CONNS_MAX 1024
 #define MASTER_SEND_MS 1000
+/* Connections that have not yet presented the token. A node sends its JOIN
+ * as soon as it connects, so 64 fill up only under a flood; then the
+ * oldest is closed to let the newest in, and idle connections cannot lock
+ * nodes (or kvctl members) out. */
+#define KV__MASTER_UNAUTH_MAX 64
+/* How long a connection may take to authenticate, and a frame to arrive
+ * once begun: a JOIN is one small frame right after connecting, so 2 s is
+ * far above any LAN round trip, and short enough that a flood cycles. */
+#define KV__MASTER_FRAME_MS 2000
+/* Every member of the largest view keeps one connection, plus room for
+ * unauthenticated ones and view queries. */
+#define MASTER_CONNS_MAX (KV_PROTO_VIEW_MAX + KV__MASTER_UNAUTH_MAX + 64)
 
 unsigned kv__master_heartbeat_ms(uint64_t ttl)
 {
@@ -51,10 +65,14 @@ static int send_frame(int fd, uint8_t type, int status, uint64_t req_id, const u
 struct mentry {
     struct kv__member m;
     uint64_t last_ms;
+    uint8_t secret[KV_PROTO_SECRET_LEN];    /* its creator's: see proto.h */
+    int owned;                  /* 0: created by a client without secrets */
 };
 
 struct mconn {
     int fd;
+    int authed;                 /* has presented the token */
+    uint64_t born_ms, frame_ms; /* accepted at; the frame in flight began at */
     uint8_t hdr[KV_PROTO_HDR_LEN];
     size_t got;
     struct kv__hdr h;
@@ -68,11 +86,14 @@ struct master {
     size_t n, cap;
     uint64_t version;
     struct mconn conns[MASTER_CONNS_MAX];
-    size_t nconns;
+    size_t nconns, nunauth;
+    int spare_fd;               /* given up to refuse a peer at EMFILE */
 };
 
 static void mconn_drop(struct master *ms, size_t i)
 {
+    if (!ms->conns[i].authed)
+        ms->nunauth--;
     close(ms->conns[i].fd);
     free(ms->conns[i].body);
     ms->conns[i] = ms->conns[--ms->nconns];
@@ -92,9 +113,11 @@ static int same_record(const struct kv__member *a, const struct kv__member *b)
            memcmp(a->seg, b->seg, a->nseg * sizeof a->seg[0]) == 0;
 }
 
-static int send_view(struct master *ms, int fd, uint64_t req_id)
+/* Sends the view; with secret, appends it (the answer to the JOIN that
+ * created or took over a record). */
+static int send_view(struct master *ms, int fd, uint64_t req_id, const uint8_t *secret)
 {
-    size_t need = 12;
+    size_t need = 12 + KV_PROTO_SECRET_LEN;
     for (size_t i = 0; i < ms->n; i++)
         need += kv__member_wire_len(&ms->mem[i].m);
     uint8_t *b = malloc(need);
@@ -109,6 +132,10 @@ static int send_view(struct master *ms, int fd, uint64_t req_id)
         list[i] = ms->mem[i].m;
     int len = kv__view_encode(ms->version, list, ms->n, b, need);
     free(list);
+    if (len >= 0 && secret) {
+        memcpy(b + len, secret, KV_PROTO_SECRET_LEN);
+        len += KV_PROTO_SECRET_LEN;
+    }
     int rc = len < 0 ? len
                      : send_frame(fd, KV_MSG_VIEW, KV_OK, req_id, b, (size_t)len,
                                   kv__now_ms() + MASTER_SEND_MS);
@@ -116,60 +143,115 @@ static int send_view(struct master *ms, int fd, uint64_t req_id)
     return rc;
 }
 
-/* Serves one complete frame; nonzero means drop the connection. */
+/* Constant time, as tokens are (kv__token_eq). */
+static int secret_eq(const uint8_t *a, const uint8_t *b)
+{
+    volatile uint8_t d = 0;
+    for (int i = 0; i < KV_PROTO_SECRET_LEN; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+static int refuse(struct master *ms, struct mconn *c, const char *what, const char *id)
+{
+    KV_WARN("kvmaster: refused %s for '%s': %s", c->h.type == KV_MSG_LEAVE ? "a LEAVE" : "a JOIN",
+            id, what);
+    send_frame(c->fd, KV_MSG_VIEW, KV_EPERM, c->h.req_id, NULL, 0,
+               kv__now_ms() + MASTER_SEND_MS);
+    return 1;
+}
+
+/*
+ * Serves one complete frame; nonzero means drop the connection.
+ *
+ * Ownership: the JOIN that creates a record gets a fresh random secret in
+ * its answer, and from then on only a JOIN or LEAVE carrying it changes or
+ * drops the record, so one token holder cannot rewrite another's address.
+ * A JOIN without it is still answered when it repeats the record exactly
+ * (a node restarted before its old record expired), without refreshing it;
+ * and once the owner has been silent for two heartbeats, the id may be
+ * claimed afresh (that restarted node takes its id back).
+ */
 static int master_serve(struct master *ms, struct mconn *c)
 {
     char token[KV_PROTO_ID_MAX + 1];
     struct kv__member m;
+    uint8_t secret[KV_PROTO_SECRET_LEN], fresh[KV_PROTO_SECRET_LEN];
+    int has = 0;
     memset(&m, 0, sizeof m);
     if ((c->h.type != KV_MSG_JOIN && c->h.type != KV_MSG_LEAVE) ||
-        kv__join_decode(c->body, c->h.body_len, token, sizeof token, &m)) {
+        kv__join_decode_secret(c->body, c->h.body_len, token, sizeof token, &m, secret, &has)) {
         KV_WARN("kvmaster: malformed frame (type %u); closing", c->h.type);
         return 1;
     }
-    if (strcmp(token, ms->cfg->cluster.token) != 0) {
-        KV_WARN("kvmaster: refused '%s': wrong cluster token", m.id);
-        send_frame(c->fd, KV_MSG_VIEW, KV_EPERM, c->h.req_id, NULL, 0,
-                   kv__now_ms() + MASTER_SEND_MS);
-        return 1;
+    if (!kv__token_eq(token, ms->cfg->cluster.token))
+        return refuse(ms, c, "wrong cluster token", m.id);
+    if (!c->authed) {
+        c->authed = 1;
+        ms->nunauth--;
     }
+    uint64_t now = kv__now_ms();
     ssize_t at = find_member(ms, m.id);
+    struct mentry *e = at >= 0 ? &ms->mem[at] : NULL;
+    int owner = e && ((has && secret_eq(e->secret, secret)) || !e->owned);
+    int stale = e && now - e->last_ms > 2ull * kv__master_heartbeat_ms(ms->cfg->cluster.node_ttl_ms);
+    const uint8_t *give = NULL;
     /* A LEAVE for an id not in the view changes nothing and is answered
      * with the view like any other: kv_members (net/admin.c) reads the
      * view that way without joining. Keep it so. */
     if (c->h.type == KV_MSG_LEAVE) {
-        if (at >= 0) {
+        if (e && !owner)
+            return refuse(ms, c, "not the member's own (no or wrong secret)", m.id);
+        if (e) {
             ms->mem[at] = ms->mem[--ms->n];
             ms->version++;
             KV_INFO("kvmaster: %s left (view %llu, %zu members)", m.id,
                     (unsigned long long)ms->version, ms->n);
         }
-    } else if (at >= 0) {
-        if (!same_record(&ms->mem[at].m, &m)) {
-            ms->mem[at].m = m;
+    } else if (e && !owner && !stale) {
+        if (!same_record(&e->m, &m))
+            return refuse(ms, c, "the record belongs to the member that created it", m.id);
+        /* answered, not refreshed: the record still ages as its owner's */
+    } else if (e && owner) {
+        if (!same_record(&e->m, &m)) {
+            e->m = m;
             ms->version++;
         }
-        ms->mem[at].last_ms = kv__now_ms();
+        e->last_ms = now;
     } else {
-        if (ms->n >= KV_PROTO_VIEW_MAX)
+        if (getrandom(fresh, sizeof fresh, 0) != (ssize_t)sizeof fresh) {
+            KV_WARN("kvmaster: no random bytes for a member secret: %s", strerror(errno));
             return 1;
-        if (ms->n == ms->cap) {
-            size_t nc = ms->cap ? ms->cap * 2 : 16;
-            struct mentry *p = realloc(ms->mem, nc * sizeof *p);
-            if (!p)
-                return 1;
-            ms->mem = p;
-            ms->cap = nc;
         }
-        ms->mem[ms->n].m = m;
-        ms->mem[ms->n].last_ms = kv__now_ms();
-        ms->n++;
-        ms->version++;
-        KV_INFO("kvmaster: %s joined at %s%s (view %llu, %zu members)", m.id, m.addr,
-                (m.flags & KV_MEMBER_OWNER) ? "" : " as a client",
-                (unsigned long long)ms->version, ms->n);
+        give = c->h.flags & KV_HDR_SECRET ? fresh : NULL;
+        if (e) {
+            KV_INFO("kvmaster: %s claimed afresh at %s (its owner silent %llu ms)", m.id, m.addr,
+                    (unsigned long long)(now - e->last_ms));
+            if (!same_record(&e->m, &m))
+                ms->version++;
+        } else {
+            if (ms->n >= KV_PROTO_VIEW_MAX)
+                return 1;
+            if (ms->n == ms->cap) {
+                size_t nc = ms->cap ? ms->cap * 2 : 16;
+                struct mentry *p = realloc(ms->mem, nc * sizeof *p);
+                if (!p)
+                    return 1;
+                ms->mem = p;
+                ms->cap = nc;
+            }
+            e = &ms->mem[ms->n++];
+            ms->version++;
+            KV_INFO("kvmaster: %s joined at %s%s (view %llu, %zu members)", m.id, m.addr,
+                    (m.flags & KV_MEMBER_OWNER) ? "" : " as a client",
+                    (unsigned long long)ms->version, ms->n);
+        }
+        e->m = m;
+        e->last_ms = now;
+        e->owned = give != NULL;
+        memcpy(e->secret, fresh, sizeof fresh);
     }
-    return send_view(ms, c->fd, c->h.req_id) != KV_OK;
+    return send_view(ms, c->fd, c->h.req_id, give) != KV_OK;
 }
 
 /* Reads what is there; nonzero means drop the connection. */
@@ -184,6 +266,8 @@ static int master_read(struct master *ms, struct mconn *c)
                 continue;
             if (r <= 0)
                 return 1;
+            if (c->got == 0)
+                c->frame_ms = kv__now_ms();
             c->got += (size_t)r;
             if (c->got < KV_PROTO_HDR_LEN)
                 continue;
@@ -215,6 +299,33 @@ static int master_read(struct master *ms, struct mconn *c)
         if (rc)
             return 1;
     }
+}
+
+/* Drops connections that have not authenticated within KV__MASTER_FRAME_MS
+ * of connecting, or sit on half a frame for as long. */
+static void master_reap(struct master *ms)
+{
+    uint64_t now = kv__now_ms();
+    for (size_t i = ms->nconns; i-- > 0;) {
+        struct mconn *c = &ms->conns[i];
+        int mid = c->got > 0 || c->in_body;
+        if ((!c->authed && now - c->born_ms > KV__MASTER_FRAME_MS) ||
+            (mid && now - c->frame_ms > KV__MASTER_FRAME_MS))
+            mconn_drop(ms, i);
+    }
+}
+
+/* Closes the oldest connection that has not authenticated; 1 if any. */
+static int evict_unauth(struct master *ms)
+{
+    size_t old = SIZE_MAX;
+    for (size_t i = 0; i < ms->nconns; i++)
+        if (!ms->conns[i].authed && (old == SIZE_MAX ||
+                                     ms->conns[i].born_ms < ms->conns[old].born_ms))
+            old = i;
+    if (old != SIZE_MAX)
+        mconn_drop(ms, old);
+    return old != SIZE_MAX;
 }
 
 static void master_expire(struct master *ms)
@@ -259,6 +370,7 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
         return KV_ENOMEM;
     }
     ms->cfg = cfg;
+    ms->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     /* Versions start from the wall clock, so a restarted master's views
      * still read as newer than any its members saw before. */
     struct timespec ts;
@@ -269,6 +381,8 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
             cfg->cluster.token[0] ? ", token required" : "");
     struct pollfd *pf = malloc((MASTER_CONNS_MAX + 1) * sizeof *pf);
     if (!pf) {
+        if (ms->spare_fd >= 0)
+            close(ms->spare_fd);
         free(ms);
         close(lfd);
         return KV_ENOMEM;
@@ -287,19 +401,33 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
             if (pf[0].revents & POLLIN) {
                 int fd;
                 while ((fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+                    if (ms->nunauth >= KV__MASTER_UNAUTH_MAX ||
+                        ms->nconns >= MASTER_CONNS_MAX)
+                        evict_unauth(ms);
                     if (ms->nconns >= MASTER_CONNS_MAX) {
                         close(fd);
                         continue;
                     }
                     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                    ms->conns[ms->nconns++] = (struct mconn){ .fd = fd };
+                    ms->conns[ms->nconns++] = (struct mconn){ .fd = fd,
+                                                              .born_ms = kv__now_ms() };
+                    ms->nunauth++;
+                }
+                /* Out of descriptors: make room, and take the waiting peer
+                 * off the listening socket so poll() does not spin on it. */
+                if (errno == EMFILE || errno == ENFILE) {
+                    evict_unauth(ms);
+                    kv__net_refuse_one(lfd, &ms->spare_fd);
                 }
             }
         }
+        master_reap(ms);
         master_expire(ms);
     }
     while (ms->nconns)
         mconn_drop(ms, 0);
+    if (ms->spare_fd >= 0)
+        close(ms->spare_fd);
     free(pf);
     free(ms->mem);
     free(ms);
@@ -317,6 +445,11 @@ struct kv__mclient {
     unsigned timeout_ms;
     int fd;
     uint64_t next_id;
+    /* The secret of the record this client created (master.c's ownership
+     * rule), for the id it was given to. */
+    char secret_id[KV_PROTO_ID_MAX + 1];
+    uint8_t secret[KV_PROTO_SECRET_LEN];
+    int has_secret;
 };
 
 int kv__mclient_open(const char *addr, const char *token, unsigned timeout_ms,
@@ -384,17 +517,24 @@ static int mc_connect(struct kv__mclient *m, uint64_t deadline)
 static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member *self,
                    uint64_t *version, struct kv__member **members, size_t *n)
 {
-    uint8_t buf[KV_PROTO_HDR_LEN + 2 + KV_PROTO_ID_MAX + sizeof(struct kv__member) + 64];
+    uint8_t buf[KV_PROTO_HDR_LEN + 2 + KV_PROTO_ID_MAX + sizeof(struct kv__member) + 64 +
+                KV_PROTO_SECRET_LEN];
     int blen = kv__join_encode(m->token, self, buf + KV_PROTO_HDR_LEN,
-                               sizeof buf - KV_PROTO_HDR_LEN);
+                               sizeof buf - KV_PROTO_HDR_LEN - KV_PROTO_SECRET_LEN);
     if (blen < 0)
         return KV_EINVAL;
+    int mine = m->has_secret && strcmp(m->secret_id, self->id) == 0;
+    if (mine) {
+        memcpy(buf + KV_PROTO_HDR_LEN + blen, m->secret, KV_PROTO_SECRET_LEN);
+        blen += KV_PROTO_SECRET_LEN;
+    }
     uint64_t deadline = kv__now_ms() + m->timeout_ms;
     int rc = KV_OK;
     if (m->fd < 0 && (rc = mc_connect(m, deadline)))
         return rc;
     uint64_t id = m->next_id++;
-    struct kv__hdr h = { .type = type, .body_len = (uint32_t)blen, .req_id = id };
+    struct kv__hdr h = { .type = type, .body_len = (uint32_t)blen, .req_id = id,
+                         .flags = KV_HDR_SECRET };
     kv__hdr_encode(&h, buf);
     uint8_t hb[KV_PROTO_HDR_LEN], *body = NULL;
     if ((rc = kv__sock_xfer1(m->fd, buf, KV_PROTO_HDR_LEN + (size_t)blen, 1, deadline)))
@@ -419,9 +559,18 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
     uint64_t v;
     struct kv__member *list;
     size_t cnt;
-    if ((rc = kv__view_decode(body, h.body_len, &v, &list, &cnt)))
+    uint8_t secret[KV_PROTO_SECRET_LEN];
+    int has = 0;
+    if ((rc = kv__view_decode_secret(body, h.body_len, &v, &list, &cnt, secret, &has)))
         goto fail;
     free(body);
+    if (has && type == KV_MSG_JOIN) {
+        snprintf(m->secret_id, sizeof m->secret_id, "%s", self->id);
+        memcpy(m->secret, secret, sizeof secret);
+        m->has_secret = 1;
+    } else if (mine && type == KV_MSG_LEAVE) {
+        m->has_secret = 0;      /* the record is gone */
+    }
     if (members) {
         *version = v;
         *members = list;

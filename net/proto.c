@@ -255,13 +255,34 @@ int kv__join_encode(const char *token, const struct kv__member *m, uint8_t *out,
     return rc < 0 ? rc : (int)(p - out);
 }
 
+/* After the fields: nothing, or (secret non-NULL) exactly a secret. */
+static int get_secret(const uint8_t *p, const uint8_t *end, uint8_t *secret, int *has)
+{
+    if (has)
+        *has = 0;
+    if (p == end)
+        return KV_OK;
+    if (!secret || end - p != KV_PROTO_SECRET_LEN)
+        return KV_EPROTO;
+    memcpy(secret, p, KV_PROTO_SECRET_LEN);
+    *has = 1;
+    return KV_OK;
+}
+
+int kv__join_decode_secret(const uint8_t *body, size_t len, char *token, size_t tokcap,
+                           struct kv__member *m, uint8_t *secret, int *has)
+{
+    const uint8_t *p = body, *end = body + len;
+    if (get_str(&p, end, token, tokcap) || get_member(&p, end, m) ||
+        get_secret(p, end, secret, has))
+        return KV_EPROTO;
+    return KV_OK;
+}
+
 int kv__join_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
                     struct kv__member *m)
 {
-    const uint8_t *p = body, *end = body + len;
-    if (get_str(&p, end, token, tokcap) || get_member(&p, end, m) || p != end)
-        return KV_EPROTO;
-    return KV_OK;
+    return kv__join_decode_secret(body, len, token, tokcap, m, NULL, NULL);
 }
 
 int kv__view_encode(uint64_t version, const struct kv__member *m, size_t n,
@@ -283,6 +304,12 @@ int kv__view_encode(uint64_t version, const struct kv__member *m, size_t n,
 int kv__view_decode(const uint8_t *body, size_t len, uint64_t *version,
                     struct kv__member **members, size_t *n)
 {
+    return kv__view_decode_secret(body, len, version, members, n, NULL, NULL);
+}
+
+int kv__view_decode_secret(const uint8_t *body, size_t len, uint64_t *version,
+                           struct kv__member **members, size_t *n, uint8_t *secret, int *has)
+{
     *members = NULL;
     *n = 0;
     if (len < 12)
@@ -301,7 +328,7 @@ int kv__view_decode(const uint8_t *body, size_t len, uint64_t *version,
             free(m);
             return KV_EPROTO;
         }
-    if (p != end) {
+    if (get_secret(p, end, secret, has)) {
         free(m);
         return KV_EPROTO;
     }

@@ -134,6 +134,21 @@ struct kv__member {
 int kv__join_encode(const char *token, const struct kv__member *m, uint8_t *out, size_t cap);
 int kv__join_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
                     struct kv__member *m);
+/* A member's secret: kvmaster hands one out in the VIEW answering the JOIN
+ * that creates a record (appended to the VIEW body), and only a JOIN or
+ * LEAVE carrying it (appended to the JOIN / LEAVE body) may change or drop
+ * that record. The decoders below take a body with or without it: the
+ * fields before it say where they end, so the two cannot be confused.
+ * has is set to whether it was there. */
+#define KV_PROTO_SECRET_LEN 16
+/* Header flag of a JOIN from a client that keeps the secret: only it is
+ * given one, so a client built before secrets (which refuses bytes after
+ * the VIEW's members) still reads the VIEW; its records stay unowned. */
+#define KV_HDR_SECRET 1u
+int kv__join_decode_secret(const uint8_t *body, size_t len, char *token, size_t tokcap,
+                           struct kv__member *m, uint8_t *secret, int *has);
+int kv__view_decode_secret(const uint8_t *body, size_t len, uint64_t *version,
+                           struct kv__member **members, size_t *n, uint8_t *secret, int *has);
 /* VIEW body. kv__view_decode allocates *members (count entries; free()). */
 int kv__view_encode(uint64_t version, const struct kv__member *m, size_t n,
                     uint8_t *out, size_t cap);

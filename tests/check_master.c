@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -256,6 +257,112 @@ START_TEST(sigterm_exits_cleanly)
 }
 END_TEST
 
+/* 1,100 connections that never send a thing neither lock nodes out (the
+ * oldest unauthenticated ones make room) nor stay for good (issue 10,
+ * item 5). */
+START_TEST(idle_flood_does_not_lock_out)
+{
+    struct rlimit rl;
+    getrlimit(RLIMIT_NOFILE, &rl);
+    if (rl.rlim_cur < 1400 && rl.rlim_max >= 1400) {
+        rl.rlim_cur = 1400;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    ck_assert_msg(rl.rlim_cur >= 1400, "need 1,400 descriptors (have %llu)",
+                  (unsigned long long)rl.rlim_cur);
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    enum { N = 1100 };
+    int *fd = malloc(N * sizeof *fd);
+    int opened = 0;
+    for (; opened < N; opened++) {
+        fd[opened] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd[opened] < 0 ||
+            connect(fd[opened], (struct sockaddr *)&sa, sizeof sa) != 0) {
+            if (fd[opened] >= 0)
+                close(fd[opened]);
+            break;
+        }
+    }
+    usleep(200000);   /* let the master accept them all */
+    /* a node still joins, and kvctl members still reads the view */
+    struct kv__mclient *mc;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &mc), KV_OK);
+    struct kv__member m = who("real-node", KV_MEMBER_OWNER);
+    int joined = join(mc, &m, NULL, NULL);
+    kv_config *cfg = NULL;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.token", "sesame"), KV_OK);
+    uint64_t v = 0;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    int members = kv_members(cfg, &v, &list, &n);
+    free(list);
+    kv_config_free(cfg);
+    for (int i = 0; i < opened; i++)
+        close(fd[i]);
+    free(fd);
+    ck_assert_int_eq(opened, N);
+    ck_assert_msg(joined == 1, "a node could not join past idle connections: %s",
+                  kv_strerror(joined));
+    ck_assert_msg(members == KV_OK && n == 1, "members: %s, %zu", kv_strerror(members), n);
+    /* one idle connection is closed after the master's deadline */
+    int idle = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(connect(idle, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = { .tv_sec = 5 };
+    setsockopt(idle, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    uint64_t t0 = tu_now_ms();
+    uint8_t b[8];
+    ssize_t got = recv(idle, b, sizeof b, 0);
+    uint64_t dt = tu_now_ms() - t0;
+    close(idle);
+    ck_assert_msg(got == 0 && dt < 4000, "an idle connection stayed %llu ms (recv %zd)",
+                  (unsigned long long)dt, got);
+    kv__mclient_close(mc);
+}
+END_TEST
+
+/* A member's record is changed only by whoever created it: another token
+ * holder cannot rewrite its address or make it leave, until the owner has
+ * gone quiet (a restarted node then takes its id back) (issue 10, item 10). */
+START_TEST(record_owned_by_its_joiner)
+{
+    struct kv__mclient *a, *b;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &a), KV_OK);
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &b), KV_OK);
+    struct kv__member ma = who("node-x", KV_MEMBER_OWNER), forged = ma;
+    snprintf(forged.addr, sizeof forged.addr, "10.6.6.6:9");
+    ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
+    /* the forger is refused and the view keeps the real address */
+    int forge = join(b, &forged, NULL, NULL);
+    ck_assert_int_eq(kv__mclient_leave(b, &ma), KV_EPERM);
+    uint64_t v;
+    struct kv__member *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv__mclient_join(a, &ma, &v, &list, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(list[0].addr, "127.0.0.1:1");
+    free(list);
+    ck_assert_msg(forge == KV_EPERM, "a forged JOIN was answered %d", forge);
+    /* the owner still changes its own record */
+    snprintf(ma.addr, sizeof ma.addr, "127.0.0.1:2");
+    ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
+    /* an identical record from another joiner is answered, not refused (a
+     * node restarted before its old record expired) */
+    ck_assert_int_eq(join(b, &ma, NULL, NULL), 1);
+    /* once the owner is quiet for two heartbeats (TTL 600: 2 x 150 ms),
+     * the id may be claimed afresh */
+    usleep(400000);
+    snprintf(forged.addr, sizeof forged.addr, "127.0.0.1:3");
+    ck_assert_int_eq(join(b, &forged, NULL, NULL), 1);
+    ck_assert_int_eq(kv__mclient_leave(a, &ma), KV_EPERM);
+    ck_assert_int_eq(kv__mclient_leave(b, &forged), KV_OK);
+    kv__mclient_close(a);
+    kv__mclient_close(b);
+}
+END_TEST
+
 Suite *master_suite(void)
 {
     Suite *s = suite_create("master");
@@ -266,6 +373,8 @@ Suite *master_suite(void)
     tcase_add_test(tc, token_refused);
     tcase_add_test(tc, ttl_expiry);
     tcase_add_test(tc, hostile_frames);
+    tcase_add_test(tc, idle_flood_does_not_lock_out);
+    tcase_add_test(tc, record_owned_by_its_joiner);
     tcase_add_test(tc, sigterm_exits_cleanly);
     suite_add_tcase(s, tc);
     return s;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "common.h"
 #include "kvengine.h"
@@ -95,6 +96,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvmaster: %s\n", err[0] ? err : kv_strerror(rc));
         kv_config_free(cfg);
         return 1;
+    }
+    /* Every member keeps a connection to the master: lift the soft limit on
+     * descriptors to the hard one, or a default of 1,024 caps the view. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
     }
     rc = kv_master_run(cfg, &stop_flag, err, sizeof err);
     kv_metrics_stop(ms);
