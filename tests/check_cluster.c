@@ -43,6 +43,7 @@ static kv_engine *engines[4];
 static struct tu_etcd etcd;
 static int with_metrics;                /* nodes started now serve /metrics */
 static unsigned node_mport[MAXP];
+static unsigned node_rr_mib = 64;       /* the nodes' cluster.rereplicate_mib_s */
 #define ETCD_PREFIX "/kvtest/cluster"
 
 static const char *protocol(void)
@@ -172,7 +173,7 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
         snprintf(node_addr[i], sizeof node_addr[i], "%s", at);
     else
         snprintf(node_addr[i], sizeof node_addr[i], "127.0.0.1:%u", tu_free_port());
-    char bin[512], log[512], s[12][240];
+    char bin[512], log[512], s[13][240];
     snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
     snprintf(log, sizeof log, "%s/kvnode%d.log", dir, i);
     snprintf(s[0], sizeof s[0], "cluster.master=%s", master_addr);
@@ -189,11 +190,12 @@ static int start_node_at(const char *cap, unsigned r, int ssd, const char *at)
     snprintf(s[10], sizeof s[10], "cluster.etcd_prefix=%s", ETCD_PREFIX);
     node_mport[i] = with_metrics ? tu_free_port() : 0;
     snprintf(s[11], sizeof s[11], "metrics.listen=127.0.0.1:%u", node_mport[i]);
+    snprintf(s[12], sizeof s[12], "cluster.rereplicate_mib_s=%u", node_rr_mib);
     char *argv[] = { bin, "--set", s[0], "--set", s[1], "--set", s[2], "--set", s[3],
                      "--set", s[4], "--set", s[5], "--set", s[6],
                      "--set", ssd == 2 ? "pipeline=ssd" : ssd ? "pipeline=dram|ssd" : "pipeline=dram",
                      "--set", "io.threads=2", "--set", s[7], "--set", "ssd.capacity=256MiB",
-                     "--set", s[8], "--set", s[9], "--set", s[10],
+                     "--set", s[8], "--set", s[9], "--set", s[10], "--set", s[12],
                      with_metrics ? "--set" : NULL, s[11], NULL };
     spawn(argv, log);
     return i;
@@ -253,6 +255,7 @@ static struct kv__transport *raw_client_tcp(const char *token)
 static void setup(void)
 {
     with_metrics = 0;
+    node_rr_mib = 64;
     /* SIGPIPE is left at its default on purpose: the library must never
      * raise it (peers are killed mid-transfer here). */
     dir = tu_mkdtemp();
@@ -965,6 +968,119 @@ START_TEST(net_layer_without_engine)
 }
 END_TEST
 
+/* ---- measurements (KV_TEST_MEASURE=1 CK_RUN_CASE=measure) --------------
+ * Not assertions about speed: figures for doc/cluster.md, printed to
+ * stderr. Run with KV_TEST_METADATA=etcd too. */
+
+/* The owners in the view engine e last saw (its /metrics text). */
+static int engine_owners(kv_engine *e)
+{
+    char *text;
+    size_t len;
+    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
+    const char *key = "kvengine_members{role=\"owner\"} ", *p = strstr(text, key);
+    int n = p ? atoi(p + strlen(key)) : -1;
+    free(text);
+    return n;
+}
+
+static uint64_t wait_engine_owners(kv_engine *e, int want)
+{
+    uint64_t t0 = tu_now_ms();
+    while (engine_owners(e) != want && tu_now_ms() - t0 < 10000)
+        usleep(2000);
+    ck_assert_int_eq(engine_owners(e), want);
+    return tu_now_ms() - t0;
+}
+
+START_TEST(measure_membership)
+{
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    const char *store = use_etcd() ? "etcd" : "kvmaster";
+    for (int round = 0; round < 3; round++) {
+        /* an engine joining: kv_open, then until another member sees it */
+        uint64_t t0 = tu_now_ms();
+        kv_engine *e;
+        ck_assert_int_eq(open_engine("16MiB", 1, TOKEN, &e), KV_OK);
+        uint64_t opened = tu_now_ms() - t0;
+        wait_engine_owners(client, round + 1);
+        uint64_t seen = tu_now_ms() - t0;
+        /* a kvnode process: spawn to visible */
+        t0 = tu_now_ms();
+        int n = start_node("16MiB", 1);
+        wait_engine_owners(client, round + 2);
+        uint64_t node_seen = tu_now_ms() - t0;
+        /* that node SIGKILLed: until the client's view drops it */
+        t0 = tu_now_ms();
+        kill_proc(n);
+        wait_engine_owners(client, round + 1);
+        uint64_t gone = tu_now_ms() - t0;
+        fprintf(stderr, "measure %s (node_ttl_ms %d): kv_open %llu ms, in another member's "
+                "view after %llu ms; kvnode spawn to visible %llu ms; SIGKILLed node out of "
+                "the view after %llu ms\n", store, TTL_MS, (unsigned long long)opened,
+                (unsigned long long)seen, (unsigned long long)node_seen,
+                (unsigned long long)gone);
+    }
+}
+END_TEST
+
+/* Loads s in batches of 16 shards for at least ms; adds the bytes to
+ * *bytes and returns GiB/s. */
+static double load_rate(kv_engine *c, struct set *s, uint64_t ms, int *fails, uint64_t *bytes)
+{
+    uint64_t t0 = tu_now_ms(), got = 0;
+    while (tu_now_ms() - t0 < ms)
+        for (size_t b = 0; b < s->n && tu_now_ms() - t0 < ms; b += 16) {
+            *fails += run_task(c, 0, s->load + b, 16) != KV_OK;
+            got += 16 * s->len;
+        }
+    if (bytes)
+        *bytes += got;
+    return (double)got / (double)(tu_now_ms() - t0) * 1000.0 / (1 << 30);
+}
+
+START_TEST(measure_rereplication)
+{
+    const char *mib = getenv("KV_TEST_RR_MIB");
+    node_rr_mib = mib ? (unsigned)atoi(mib) : 64;
+    with_metrics = 1;
+    int n[3];
+    for (int i = 0; i < 3; i++)
+        n[i] = start_node("128MiB", 2);
+    wait_owners(3);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    struct set s = make_set(256, 256 << 10, 17);   /* 64 MiB, 128 blocks */
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    int fails = 0;
+    double base = load_rate(client, &s, 3000, &fails, NULL);
+    long long j1 = node_metric(n[1], "rereplicate_jobs_total"),
+              j2 = node_metric(n[2], "rereplicate_jobs_total");
+    kill_proc(n[0]);
+    wait_engine_owners(client, 2);
+    /* serving while the survivors copy: load until both are done */
+    uint64_t t0 = tu_now_ms(), bytes = 0;
+    int during_fails = 0;
+    while (tu_now_ms() - t0 < 60000 &&
+           !(node_metric(n[1], "rereplicate_jobs_total") > j1 &&
+             node_metric(n[2], "rereplicate_jobs_total") > j2))
+        load_rate(client, &s, 100, &during_fails, &bytes);
+    uint64_t dt = tu_now_ms() - t0;
+    double during = (double)bytes / (double)dt * 1000.0 / (1 << 30);
+    long long copied = node_metric(n[1], "rereplicated_bytes_total") +
+                       node_metric(n[2], "rereplicated_bytes_total");
+    double after = load_rate(client, &s, 3000, &fails, NULL);
+    fprintf(stderr, "measure rereplication (%s, rereplicate_mib_s %u): %.1f MiB copied in "
+            "%.2f s (%.1f MiB/s, from the view change); client loads %.2f GiB/s before, %.2f GiB/s "
+            "during, %.2f GiB/s after; %d + %d failed loads\n",
+            use_etcd() ? "etcd" : "kvmaster", node_rr_mib, (double)copied / 1048576.0,
+            (double)dt / 1000.0, (double)copied / 1048576.0 / ((double)dt / 1000.0), base,
+            during, after, fails, during_fails);
+    free_set(&s);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -986,5 +1102,13 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, rereplication_after_node_death);
     tcase_add_test(tc, rereplication_on_join);
     suite_add_tcase(s, tc);
+    if (getenv("KV_TEST_MEASURE")) {
+        TCase *m = tcase_create("measure");
+        tcase_add_checked_fixture(m, setup, teardown);
+        tcase_set_timeout(m, 180);
+        tcase_add_test(m, measure_membership);
+        tcase_add_test(m, measure_rereplication);
+        suite_add_tcase(s, m);
+    }
     return s;
 }
