@@ -118,7 +118,8 @@ class KvEngineStore(UcmKVStoreBaseV1):
     of dotted keys) configure the engine (neither: its defaults);
     tensor_size or tensor_size_list give the sizes behind load_data /
     dump_data addresses; device_id >= 0 says those addresses are on that
-    CUDA device (staged through pinned host memory)."""
+    CUDA device (staged through pinned host memory) when torch.cuda is
+    available; without it they are host addresses."""
 
     def __init__(self, config):
         if not isinstance(config, dict):
@@ -306,9 +307,9 @@ class KvEngineStore(UcmKVStoreBaseV1):
         if len(rows) != n:
             raise ValueError("%d address lists for %d block ids" % (len(rows), n))
         sizes = self._sizes
-        if self._device_id >= 0:
+        if self._device_id >= 0 and self._torch_mod().cuda.is_available():
             # Device pointers: view them as device tensors and stage them.
-            torch = self._torch_mod()
+            torch = self._torch
             dev = torch.device("cuda", self._device_id)
             trows = []
             for i, row in enumerate(rows):

@@ -181,3 +181,19 @@ def test_closed_store(store):
     assert ei.value.code == kvengine.ECLOSED
     with pytest.raises(kvengine.KvError):
         store.cc_store()
+
+
+@pytest.mark.skipif(torch is None, reason="torch not installed")
+def test_device_id_without_cuda_means_host_addresses():
+    s = KvEngineStore({"kvengine_settings": dict(SMALL), "tensor_size": SIZE, "device_id": 0})
+    try:
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is here: device_id selects the staged path")
+        bid = ids(1)
+        src, saddr = _blocks(1, 2)
+        s.wait(s.dump_data(bid, [0], saddr))
+        dst, daddr = _blocks(1, 2)
+        s.wait(s.load_data(bid, [0], daddr))
+        assert dst == src
+    finally:
+        s.close()
