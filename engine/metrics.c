@@ -220,6 +220,9 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
             "Shards the running re-replication has still to copy.", k.rereplicate_pending);
         one(&b, "rereplicate_jobs_total", "counter",
             "Re-replication jobs (one per owner change) run to the end.", k.rereplicate_jobs);
+        one(&b, "rereplicate_behind", "gauge",
+            "Owner changes seen whose re-replication has not run to the end (0: done).",
+            k.rereplicate_behind);
     }
     if (b.oom) {
         free(b.p);

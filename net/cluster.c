@@ -125,7 +125,11 @@ struct kv__cluster {
     pthread_cond_t rrcond;
     struct view *rr_from, *rr_to;       /* the pending job (references) */
     uint64_t rr_gen;                    /* bumped per job: a running one yields */
+    uint64_t rr_seq;                    /* the pending job's owner change */
     _Atomic uint64_t rr_shards, rr_bytes, rr_failed, rr_pending, rr_jobs;
+    /* Owner changes seen (counted under vlock, as the view is installed)
+     * and the last one whose job ran to the end: "behind" is the gap. */
+    _Atomic uint64_t rr_wanted, rr_done;
 
     pthread_mutex_t fanlock;
     pthread_cond_t fancond;
@@ -135,7 +139,7 @@ struct kv__cluster {
 };
 
 static void *fan_main(void *arg);
-static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to);
+static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to, uint64_t seq);
 static void *rr_main(void *arg);
 
 /* ---- views and peers ---------------------------------------------------- */
@@ -251,9 +255,11 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         same = found;
     }
     int rerep = old && !same && c->rr_started;
+    uint64_t seq = 0;
     if (rerep) {   /* references for the re-replication job */
         atomic_fetch_add(&old->refs, 1);
         atomic_fetch_add(&v->refs, 1);
+        seq = atomic_fetch_add(&c->rr_wanted, 1) + 1;
     }
     if (old && !same) {
         older = c->prev;
@@ -268,7 +274,7 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
                 n, v->n);
     view_put(older);
     if (rerep)
-        rr_enqueue(c, old, v);
+        rr_enqueue(c, old, v, seq);
     return KV_OK;
 }
 
@@ -363,7 +369,12 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
         kv__errf(err, errlen, "cluster.token: at most %d bytes", KV_PROTO_ID_MAX);
         return KV_ECONFIG;
     }
-    int rc = kv__transport_pick(cfg->cluster.protocol, &o, &c->ops);
+    int rc;
+    if (c->be && (rc = kv__net_check_exposure("cluster.listen", cfg->cluster.listen,
+                                              cfg->cluster.token, cfg->cluster.insecure, err,
+                                              errlen)))
+        return rc;
+    rc = kv__transport_pick(cfg->cluster.protocol, &o, &c->ops);
     if (rc) {
         kv__errf(err, errlen, "cluster.protocol: rdma is not available here");
         return rc;
@@ -1152,10 +1163,12 @@ static void *rr_main(void *arg)
         if (c->rr_stop)
             break;
         struct view *from = c->rr_from, *to = c->rr_to;
-        uint64_t gen = c->rr_gen;
+        uint64_t gen = c->rr_gen, seq = c->rr_seq;
         c->rr_from = c->rr_to = NULL;
         pthread_mutex_unlock(&c->rrlock);
         int complete = rr_run(c, from, to, gen);
+        if (complete)
+            atomic_store(&c->rr_done, seq);
         pthread_mutex_lock(&c->rrlock);
         if (!complete && c->rr_from) {
             /* The next job starts from where this one did. */
@@ -1172,8 +1185,8 @@ static void *rr_main(void *arg)
     return NULL;
 }
 
-/* Takes over the references to from and to. */
-static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to)
+/* Takes over the references to from and to; seq numbers the change. */
+static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to, uint64_t seq)
 {
     pthread_mutex_lock(&c->rrlock);
     if (c->rr_stop) {
@@ -1189,6 +1202,7 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
         c->rr_from = from;
     }
     c->rr_to = to;
+    c->rr_seq = seq;
     c->rr_gen++;
     pthread_cond_signal(&c->rrcond);
     pthread_mutex_unlock(&c->rrlock);
@@ -1479,6 +1493,7 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->rereplicate_failed = atomic_load(&c->rr_failed);
     out->rereplicate_pending = atomic_load(&c->rr_pending);
     out->rereplicate_jobs = atomic_load(&c->rr_jobs);
+    out->rereplicate_behind = atomic_load(&c->rr_wanted) - atomic_load(&c->rr_done);
     struct view *v = view_get(c);
     out->view_version = v->version;
     out->members = v->nmembers;

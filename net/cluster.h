@@ -85,9 +85,10 @@ struct kv__cluster_counters {
     uint64_t members, owners;   /* in the view last seen */
     /* re-replication (cluster.c): shards copied to new owners after owner
      * changes, their bytes (times the owners each went to), shards whose
-     * copy failed, shards still to copy, jobs run to the end */
+     * copy failed, shards still to copy, jobs run to the end, and owner
+     * changes seen whose job has not run to the end (0: all copied) */
     uint64_t rereplicated_shards, rereplicated_bytes, rereplicate_failed;
-    uint64_t rereplicate_pending, rereplicate_jobs;
+    uint64_t rereplicate_pending, rereplicate_jobs, rereplicate_behind;
 };
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out);
 

@@ -37,6 +37,10 @@
 #define EP_MAX 16
 #define ANSWER_MAX (16u << 20)          /* a bigger answer is refused */
 #define WATCH_BACKOFF_MAX_MS 1000u
+/* etcd's writes (a lease grant, a put) are raft commits with a WAL fsync
+ * behind them; membership is not on the data path, so its calls are not
+ * held to the data path's short deadlines. */
+#define ETCD_TIMEOUT_MIN_MS 2000u
 
 struct etcd {
     struct kv__membership base;
@@ -724,7 +728,7 @@ static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*no
     snprintf(e->key_prefix, sizeof e->key_prefix, "%s/members/", pre);
     snprintf(e->user, sizeof e->user, "%s", cfg->cluster.etcd_user);
     snprintf(e->password, sizeof e->password, "%s", cfg->cluster.etcd_password);
-    e->timeout_ms = timeout_ms ? timeout_ms : 2000;
+    e->timeout_ms = timeout_ms > ETCD_TIMEOUT_MIN_MS ? timeout_ms : ETCD_TIMEOUT_MIN_MS;
     e->ttl_s = (int64_t)((cfg->cluster.node_ttl_ms + 999) / 1000);
     if (e->ttl_s < 1)
         e->ttl_s = 1;

@@ -611,16 +611,17 @@ static long long node_metric(int i, const char *name)
     return at ? atoll(at + strlen(key)) : -1;
 }
 
-/* Waits until node i has run more than jobs re-replication jobs to the end
- * and has nothing pending. */
-static void wait_rereplicated(int i, long long jobs)
+/* Waits until node i sees owners owners and has re-replicated for every
+ * owner change it saw. */
+static void wait_rereplicated(int i, int owners)
 {
     uint64_t t0 = tu_now_ms();
-    while (tu_now_ms() - t0 < 10000 && !(node_metric(i, "rereplicate_jobs_total") > jobs &&
-                                        node_metric(i, "rereplicate_pending") == 0))
+    int ok = 0;
+    while (tu_now_ms() - t0 < 10000 &&
+           !(ok = node_metric(i, "members{role=\"owner\"}") == owners &&
+                  node_metric(i, "rereplicate_behind") == 0))
         usleep(20000);
-    ck_assert_msg(node_metric(i, "rereplicate_jobs_total") > jobs,
-                  "node %d did not finish re-replicating", i);
+    ck_assert_msg(ok, "node %d did not finish re-replicating", i);
 }
 
 /* replica_num 2, three nodes and a client: a node SIGKILLed; once the two
@@ -638,14 +639,12 @@ START_TEST(rereplication_after_node_death)
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
     struct set s = make_set(120, 32 << 10, 15);   /* 60 blocks */
     ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
-    long long jobs1 = node_metric(n[1], "rereplicate_jobs_total"),
-              jobs2 = node_metric(n[2], "rereplicate_jobs_total");
-    ck_assert_int_ge(jobs1, 0);
-    ck_assert_int_ge(jobs2, 0);
+    wait_rereplicated(n[1], 3);   /* the joins' jobs (nothing to copy) */
+    wait_rereplicated(n[2], 3);
     kill_proc(n[0]);
     wait_owners(2);
-    wait_rereplicated(n[1], jobs1);
-    wait_rereplicated(n[2], jobs2);
+    wait_rereplicated(n[1], 2);
+    wait_rereplicated(n[2], 2);
     long long copied = node_metric(n[1], "rereplicated_shards_total") +
                        node_metric(n[2], "rereplicated_shards_total");
     /* the dead node owned about 2/3 of the blocks; each of those lost one
@@ -675,12 +674,12 @@ START_TEST(rereplication_on_join)
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
     struct set s = make_set(60, 16 << 10, 16);   /* 30 blocks */
     ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
-    long long ja = node_metric(a, "rereplicate_jobs_total"),
-              jb = node_metric(b, "rereplicate_jobs_total");
+    wait_rereplicated(a, 2);
+    wait_rereplicated(b, 2);
     int c = start_node("32MiB", 1);
     wait_owners(3);
-    wait_rereplicated(a, ja);
-    wait_rereplicated(b, jb);
+    wait_rereplicated(a, 3);
+    wait_rereplicated(b, 3);
     long long copied = node_metric(a, "rereplicated_shards_total") +
                        node_metric(b, "rereplicated_shards_total");
     ck_assert_msg(copied >= 4 && copied <= 50, "%lld shards copied to the newcomer", copied);
@@ -1055,16 +1054,16 @@ START_TEST(measure_rereplication)
     ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
     int fails = 0;
     double base = load_rate(client, &s, 3000, &fails, NULL);
-    long long j1 = node_metric(n[1], "rereplicate_jobs_total"),
-              j2 = node_metric(n[2], "rereplicate_jobs_total");
     kill_proc(n[0]);
     wait_engine_owners(client, 2);
     /* serving while the survivors copy: load until both are done */
     uint64_t t0 = tu_now_ms(), bytes = 0;
     int during_fails = 0;
     while (tu_now_ms() - t0 < 60000 &&
-           !(node_metric(n[1], "rereplicate_jobs_total") > j1 &&
-             node_metric(n[2], "rereplicate_jobs_total") > j2))
+           !(node_metric(n[1], "members{role=\"owner\"}") == 2 &&
+             node_metric(n[1], "rereplicate_behind") == 0 &&
+             node_metric(n[2], "members{role=\"owner\"}") == 2 &&
+             node_metric(n[2], "rereplicate_behind") == 0))
         load_rate(client, &s, 100, &during_fails, &bytes);
     uint64_t dt = tu_now_ms() - t0;
     double during = (double)bytes / (double)dt * 1000.0 / (1 << 30);
