@@ -186,6 +186,8 @@ static const struct key keys[] = {
     MS("cluster.node_ttl_ms", cluster.node_ttl_ms, "10000",
        "a node silent this long leaves the view (ms)"),
     STR("cluster.token", cluster.token, "", "shared secret members present; empty = none"),
+    BOOL("cluster.insecure", cluster.insecure, "false",
+         "allow serving beyond loopback (cluster.listen, cluster.master) with an empty token"),
     ENUM("cluster.metadata", cluster.metadata, metadatas, "kvmaster",
          "where membership lives: kvmaster (cluster.master) or etcd (cluster.etcd_endpoints)"),
     ADDRS("cluster.etcd_endpoints", cluster.etcd_endpoints, "127.0.0.1:2379",

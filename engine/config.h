@@ -68,6 +68,7 @@ struct kv_config {
         uint32_t replica_num;           /* >= 1 */
         uint64_t node_ttl_ms;
         char token[KV_CFG_STR];
+        bool insecure;                  /* serve beyond loopback without a token */
         int metadata;                   /* enum kv__metadata */
         char etcd_endpoints[KV_CFG_STR]; /* host:port[,host:port...] */
         char etcd_prefix[KV_CFG_STR];   /* "/..." without a trailing '/' */

@@ -178,9 +178,11 @@ KV_EXPORT void kv_config_free(kv_config *cfg);
  * kv_open: maps and faults in the DRAM segment, starts the workers, and opens
  *   the SSD tier if the pipeline has one. The config is copied: it may be
  *   freed right after. *out is the engine, or NULL on failure with KV_ENOMEM
- *   (the segment cannot be mapped), KV_ECONFIG (an inconsistent config), KV_EIO
- *   or KV_EBUSY (the SSD tier is held by another engine). The reason is also
- *   logged at error level.
+ *   (the segment cannot be mapped), KV_ECONFIG (an inconsistent config, or a
+ *   cluster member that would listen beyond 127.0.0.0/8 with an empty
+ *   `cluster.token` while `cluster.insecure` is false), KV_EIO or KV_EBUSY
+ *   (the SSD tier is held by another engine). The reason is also logged at
+ *   error level.
  * kv_close: finishes every in-flight task (their waits return their results),
  *   stops the workers, and frees everything. NULL is allowed. No call on the
  *   engine may start after kv_close has begun.
@@ -300,7 +302,9 @@ KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
  *   registered segments and must present `cluster.token` (a wrong or missing
  *   token is refused, KV_EPERM on their side); a member silent for
  *   `cluster.node_ttl_ms` leaves the view. The master is never on the data
- *   path. KV_ECONFIG for a bad address, KV_ENET when it cannot listen; when
+ *   path. KV_ECONFIG for a bad address, or for one beyond 127.0.0.0/8 with
+ *   an empty token unless `cluster.insecure` is true (then it is logged);
+ *   KV_ENET when it cannot listen; when
  *   err is non-NULL a NUL-terminated message of at most errlen bytes says
  *   why. cfg is only read, and must stay valid until the call returns.
  *

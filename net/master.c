@@ -354,6 +354,10 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
         kv__errf(err, errlen, "cluster.master: bad address '%s'", cfg->cluster.master);
         return KV_ECONFIG;
     }
+    int rc = kv__net_check_exposure("cluster.master", cfg->cluster.master, cfg->cluster.token,
+                                    cfg->cluster.insecure, err, errlen);
+    if (rc != KV_OK)
+        return rc;
     int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (lfd < 0)
         return kv__err_from_errno(errno);
