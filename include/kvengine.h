@@ -432,11 +432,14 @@ KV_EXPORT void kv_metrics_stop(kv_metrics_server *s);
  * Cluster view.
  *
  * kv_members: asks the kvmaster at cfg's `cluster.master` (presenting
- *   `cluster.token`) for its current view, without joining it. *members is
+ *   `cluster.token`), or with `cluster.metadata: etcd` the etcd at
+ *   `cluster.etcd_endpoints` (records under `cluster.etcd_prefix`, as
+ *   `cluster.etcd_user` when set), for its current view, without joining
+ *   it; the version is then etcd's revision of the last change. *members is
  *   a malloc'd array of *n entries (free() it; NULL when *n is 0), *version
  *   the view's version. owner is 1 for a member that stores blocks, 0 for a
  *   pure client; segments and segment_bytes describe the DRAM it registered.
- *   KV_ENET when the master does not answer (connection refused),
+ *   KV_ENET when the master (or every etcd endpoint) does not answer,
  *   KV_ETIMEDOUT when it does not answer within `io.timeout_ms` (2 s when
  *   0), KV_EPERM when it refuses the token, KV_EPROTO for a malformed answer.
  */
