@@ -41,6 +41,12 @@ typedef int (*kv__scan_cb)(void *arg, const kv_block_id *id, uint32_t index, uin
                            uint64_t used);
 int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg);
 
+/* Deletes a plain key's value (ns KV_NS_KEY, index 0) from the local tiers
+ * (engine/kv.c): KV_OK, KV_ENOTFOUND when absent, or the SSD tier's error
+ * when it holds the value and cannot delete it (the value then stays).
+ * Anything else is KV_EINVAL: blocks leave by eviction only. */
+int kv__local_remove(kv_engine *e, int ns, const kv_block_id *id, uint32_t index);
+
 /*
  * Zero-copy serving. kv__local_pin finds a DRAM-resident shard and pins its
  * block (eviction skips it, a replacing put defers the free) so the caller

@@ -9,13 +9,16 @@
  * value. Unlike a dump, a put replaces: the old entry is unlinked, and freed
  * at once or, while a reader has it pinned, by that reader's unpin.
  *
- * Plain keys are local to the node in cluster mode: they are not placed on
- * owners like blocks (a put is a replace, which placement's "first copy
- * wins" would break).
+ * In a cluster, plain keys are placed on owners like blocks (net/cluster.h
+ * says what a replace means across replicas): a put is a dump that
+ * replaces on every owner, a remove asks every owner, and this node's own
+ * share goes through kv__local_remove and the same serving policy as a
+ * peer's (net/serve.c).
  */
 #include <stdlib.h>
 #include <xxhash.h>
 
+#include "cluster.h"
 #include "ssd.h"
 #include "store.h"
 
@@ -79,90 +82,148 @@ static bool dram_unlink(kv_engine *e, const kv_block_id *id)
     return b != NULL;
 }
 
-KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen)
-{
-    int rc = check_key(e, key, klen);
-    if (rc != KV_OK)
-        return rc;
-    if ((!val && vlen > 0) || vlen > KV_VALUE_MAX - 1 - klen)
-        return KV_EINVAL;
-    uint8_t klen8 = (uint8_t)klen;
-    kv_iov iov[3] = { { &klen8, 1 }, { (void *)key, klen }, { (void *)val, vlen } };
-    uint64_t len = 1 + klen + vlen;
-    kv_block_id id = key_id(key, klen);
+/* ---- this node's tiers ---------------------------------------------------- */
 
+/* The stored form of a put: [klen][key][value] (see the top of this file). */
+struct rec {
+    uint8_t klen8;
+    kv_iov iov[3];
+    kv_block_id id;
+};
+
+static int make_rec(const void *key, size_t klen, const void *val, size_t vlen, struct rec *r)
+{
+    if (!key || klen == 0 || klen > KV_KEY_MAX || (!val && vlen > 0) ||
+        vlen > KV_VALUE_MAX - 1 - klen)
+        return KV_EINVAL;
+    r->klen8 = (uint8_t)klen;
+    r->iov[0] = (kv_iov){ &r->klen8, 1 };
+    r->iov[1] = (kv_iov){ (void *)key, klen };
+    r->iov[2] = (kv_iov){ (void *)val, vlen };
+    r->id = key_id(key, klen);
+    return KV_OK;
+}
+
+static int local_put(kv_engine *e, const struct rec *r)
+{
+    uint64_t len = kv__iov_len(r->iov, 3);
     void *p = NULL;
+    int rc;
     if (e->has_dram) {
         rc = kv__dram_alloc(e, len, &p);
         if (rc != KV_OK)
             return rc;
-        kv__iov_gather(p, iov, 3);
+        kv__iov_gather(p, r->iov, 3);
     }
     /* Replace: no older copy may survive in either tier. An SSD copy that
      * cannot be deleted (a full disk under RocksDB's WAL) fails the put: it
      * would come back after a restart, older than a value acknowledged. */
-    dram_unlink(e, &id);
-    if (e->ssd) {
-        rc = kv__ssd_remove(e->ssd, KV_NS_KEY, &id, 0);
-        if (rc != KV_OK && rc != KV_ENOTFOUND) {
-            if (p)
-                kv__dram_free(e, p, len);
-            return rc;
-        }
-        rc = KV_OK;
+    rc = kv__local_remove(e, KV_NS_KEY, &r->id, 0);
+    if (rc != KV_OK && rc != KV_ENOTFOUND) {
+        if (p)
+            kv__dram_free(e, p, len);
+        return rc;
     }
+    rc = KV_OK;
     if (p) {
-        rc = kv__dram_insert(e, KV_NS_KEY, &id, 0, p, (uint32_t)len);
+        rc = kv__dram_insert(e, KV_NS_KEY, &r->id, 0, p, (uint32_t)len);
         if (rc != KV_OK)
             return rc;
     }
     if (e->ssd && (!e->has_dram || e->cfg.ssd.write_through))
-        rc = kv__ssd_write(e->ssd, KV_NS_KEY, &id, 0, iov, 3);
+        rc = kv__ssd_write(e->ssd, KV_NS_KEY, &r->id, 0, r->iov, 3);
     return rc;
 }
 
-KV__EXPORT int kv_get(kv_engine *e, const void *key, size_t klen, void *buf, size_t cap,
-                      size_t *vlen)
+int kv__local_remove(kv_engine *e, int ns, const kv_block_id *id, uint32_t index)
 {
-    int rc = check_key(e, key, klen);
-    if (rc != KV_OK || !vlen || (!buf && cap > 0))
-        return rc != KV_OK ? rc : KV_EINVAL;
+    if (!e || !id || ns != KV_NS_KEY || index != 0)
+        return KV_EINVAL;
+    bool found = dram_unlink(e, id);
+    if (e->ssd) {
+        int rc = kv__ssd_remove(e->ssd, KV_NS_KEY, id, 0);
+        if (rc == KV_OK)
+            found = true;
+        else if (rc != KV_ENOTFOUND)
+            return rc;
+    }
+    return found ? KV_OK : KV_ENOTFOUND;
+}
+
+/* The stored record of id from the SSD tier, or from its owners in a
+ * cluster, in *out (malloc'd, *len bytes); KV_ENOTFOUND. */
+static int fetch_rec(kv_engine *e, const kv_block_id *id, uint8_t **out, uint64_t *len)
+{
+    *out = NULL;
+    for (int tries = 0; tries < 3; tries++) {
+        int rc = KV_OK;
+        if (e->cluster)
+            rc = kv__cluster_size(e->cluster, KV_NS_KEY, id, 0, len);
+        else if (!e->ssd || kv__ssd_size(e->ssd, KV_NS_KEY, id, 0, len) != KV_OK)
+            rc = KV_ENOTFOUND;
+        if (rc != KV_OK)
+            return rc;
+        uint8_t *tmp = malloc(*len ? *len : 1);
+        if (!tmp)
+            return KV_ENOMEM;
+        kv_iov iov = { tmp, *len };
+        if (e->cluster) {
+            kv_shard sh = { *id, 0, &iov, 1 };
+            int res;
+            rc = kv__cluster_load(e->cluster, KV_NS_KEY, &sh, 1, &res);
+            rc = rc != KV_OK ? rc : res;
+        } else {
+            rc = kv__ssd_read(e->ssd, KV_NS_KEY, id, 0, &iov, 1);
+        }
+        if (rc == KV_OK) {
+            *out = tmp;
+            return KV_OK;
+        }
+        free(tmp);
+        if (rc != KV_EINVAL)
+            return rc;
+        /* EINVAL: replaced by a value of another length since the size was
+         * read. Ask again. */
+    }
+    return KV_EBUSY;
+}
+
+/* kv_get after its checks. */
+static int get_one(kv_engine *e, const void *key, size_t klen, void *buf, size_t cap,
+                   size_t *vlen)
+{
     kv_block_id id = key_id(key, klen);
     const void *data;
     uint64_t len;
     kv__pin pin;
-    if (kv__local_pin(e, KV_NS_KEY, &id, 0, &data, &len, &pin) == KV_OK) {
+    int rc;
+    if (!e->cluster && kv__local_pin(e, KV_NS_KEY, &id, 0, &data, &len, &pin) == KV_OK) {
         rc = copy_value(data, len, key, klen, buf, cap, vlen);
         kv__local_unpin(e, &pin);
         atomic_fetch_add(rc == KV_OK ? &e->ct.hits_dram : &e->ct.misses, rc != KV_ENOBUFS);
         return rc;
     }
-    if (!e->ssd || kv__ssd_size(e->ssd, KV_NS_KEY, &id, 0, &len) != KV_OK) {
-        atomic_fetch_add(&e->ct.misses, 1);
-        return KV_ENOTFOUND;
-    }
-    uint8_t *tmp = malloc(len ? len : 1);
-    if (!tmp)
-        return KV_ENOMEM;
-    kv_iov iov = { tmp, len };
-    rc = kv__ssd_read(e->ssd, KV_NS_KEY, &id, 0, &iov, 1);
+    uint8_t *tmp;
+    rc = fetch_rec(e, &id, &tmp, &len);
     if (rc == KV_OK)
         rc = copy_value(tmp, len, key, klen, buf, cap, vlen);
     free(tmp);
-    if (rc != KV_ENOBUFS)
+    if (!e->cluster && rc != KV_ENOBUFS)
         atomic_fetch_add(rc == KV_OK ? &e->ct.hits_ssd : &e->ct.misses, 1);
     return rc;
 }
 
-KV__EXPORT int kv_exists(kv_engine *e, const void *key, size_t klen)
+static int exists_one(kv_engine *e, const void *key, size_t klen)
 {
-    int rc = check_key(e, key, klen);
-    if (rc != KV_OK)
-        return rc;
     kv_block_id id = key_id(key, klen);
     const void *data;
     uint64_t len;
     kv__pin pin;
+    if (e->cluster) {
+        uint8_t hit = 0;
+        int rc = kv__cluster_lookup(e->cluster, KV_NS_KEY, &id, 1, &hit);
+        return rc != KV_OK ? rc : hit;
+    }
     if (kv__local_pin(e, KV_NS_KEY, &id, 0, &data, &len, &pin) == KV_OK) {
         bool same = same_key(data, len, key, klen);
         kv__local_unpin(e, &pin);
@@ -171,16 +232,203 @@ KV__EXPORT int kv_exists(kv_engine *e, const void *key, size_t klen)
     return e->ssd && kv__ssd_contains(e->ssd, KV_NS_KEY, &id, 0);
 }
 
+/* ---- the public calls ------------------------------------------------------ */
+
+KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen)
+{
+    struct rec r;
+    int rc = e ? make_rec(key, klen, val, vlen, &r) : KV_EINVAL;
+    if (rc != KV_OK)
+        return rc;
+    if (!e->cluster)
+        return local_put(e, &r);
+    kv_shard sh = { r.id, 0, r.iov, 3 };
+    int res;
+    rc = kv__cluster_put(e->cluster, KV_NS_KEY, &sh, 1, &res);
+    return rc != KV_OK ? rc : res;
+}
+
+KV__EXPORT int kv_get(kv_engine *e, const void *key, size_t klen, void *buf, size_t cap,
+                      size_t *vlen)
+{
+    int rc = check_key(e, key, klen);
+    if (rc != KV_OK || !vlen || (!buf && cap > 0))
+        return rc != KV_OK ? rc : KV_EINVAL;
+    return get_one(e, key, klen, buf, cap, vlen);
+}
+
+KV__EXPORT int kv_exists(kv_engine *e, const void *key, size_t klen)
+{
+    int rc = check_key(e, key, klen);
+    return rc != KV_OK ? rc : exists_one(e, key, klen);
+}
+
 KV__EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen)
 {
     int rc = check_key(e, key, klen);
     if (rc != KV_OK)
         return rc;
     kv_block_id id = key_id(key, klen);
-    bool found = dram_unlink(e, &id);
-    if (e->ssd && kv__ssd_contains(e->ssd, KV_NS_KEY, &id, 0)) {
-        found = true;
-        rc = kv__ssd_remove(e->ssd, KV_NS_KEY, &id, 0);
+    if (!e->cluster)
+        return kv__local_remove(e, KV_NS_KEY, &id, 0);
+    int res;
+    rc = kv__cluster_remove(e->cluster, KV_NS_KEY, &id, 1, &res);
+    return rc != KV_OK ? rc : res;
+}
+
+/* ---- batches ----------------------------------------------------------------
+ * In a cluster, a batch is one round per owner (two for gets: sizes, then
+ * the values), never a round trip per key. On one node, the calls in turn.
+ */
+static int check_batch(kv_engine *e, const kv_pair *items, size_t n, int *results)
+{
+    return !e || (n && (!items || !results)) ? KV_EINVAL : KV_OK;
+}
+
+KV__EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *results)
+{
+    int rc = check_batch(e, items, n, results);
+    if (rc != KV_OK || n == 0)
+        return rc;
+    struct rec *r = malloc(n * sizeof *r);
+    kv_shard *sh = e->cluster ? malloc(n * sizeof *sh) : NULL;
+    int *res = e->cluster ? malloc(n * sizeof *res) : NULL;
+    size_t *at = e->cluster ? malloc(n * sizeof *at) : NULL;
+    if (!r || (e->cluster && (!sh || !res || !at))) {
+        rc = KV_ENOMEM;
+        goto out;
     }
-    return !found ? KV_ENOTFOUND : rc;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        results[i] = make_rec(items[i].key, items[i].klen, items[i].val, items[i].len, &r[i]);
+        if (results[i] != KV_OK)
+            continue;
+        if (!e->cluster) {
+            results[i] = local_put(e, &r[i]);
+            continue;
+        }
+        sh[m] = (kv_shard){ r[i].id, 0, r[i].iov, 3 };
+        at[m++] = i;
+    }
+    if (m && (rc = kv__cluster_put(e->cluster, KV_NS_KEY, sh, m, res)) == KV_OK)
+        for (size_t j = 0; j < m; j++)
+            results[at[j]] = res[j];
+out:
+    free(r);
+    free(sh);
+    free(res);
+    free(at);
+    return rc;
+}
+
+KV__EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results)
+{
+    int rc = check_batch(e, items, n, results);
+    if (rc != KV_OK || n == 0)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        results[i] = check_key(e, items[i].key, items[i].klen) != KV_OK ||
+                     (!items[i].val && items[i].len) ? KV_EINVAL : KV_OK;
+    if (!e->cluster) {
+        for (size_t i = 0; i < n; i++)
+            if (results[i] == KV_OK) {
+                size_t vl = 0;
+                results[i] = get_one(e, items[i].key, items[i].klen, items[i].val, items[i].len,
+                                     &vl);
+                if (results[i] == KV_OK || results[i] == KV_ENOBUFS)
+                    items[i].len = vl;
+            }
+        return KV_OK;
+    }
+    /* Sizes from every owner in one round, then the records in one load
+     * batch; a key replaced by another length in between is fetched alone. */
+    kv_block_id *ids = malloc(n * sizeof *ids);
+    uint64_t *lens = malloc(n * sizeof *lens);
+    int *res = malloc(n * sizeof *res);
+    kv_iov *iov = malloc(n * sizeof *iov);
+    kv_shard *sh = malloc(n * sizeof *sh);
+    size_t *at = malloc(n * sizeof *at);
+    uint8_t *space = NULL;
+    if (!ids || !lens || !res || !iov || !sh || !at) {
+        rc = KV_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        ids[i] = results[i] == KV_OK ? key_id(items[i].key, items[i].klen) : (kv_block_id){ { 0 } };
+    if ((rc = kv__cluster_sizes(e->cluster, KV_NS_KEY, ids, 0, n, lens, res)) != KV_OK)
+        goto out;
+    uint64_t total = 0;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] != KV_OK)
+            continue;
+        results[i] = res[i];
+        if (res[i] == KV_OK)
+            total += lens[i];
+    }
+    space = malloc(total ? total : 1);
+    if (!space) {
+        rc = KV_ENOMEM;
+        goto out;
+    }
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] != KV_OK)
+            continue;
+        iov[m] = (kv_iov){ space + off, lens[i] };
+        sh[m] = (kv_shard){ ids[i], 0, &iov[m], 1 };
+        at[m++] = i;
+        off += lens[i];
+    }
+    if (m && (rc = kv__cluster_load(e->cluster, KV_NS_KEY, sh, m, res)) != KV_OK)
+        goto out;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = at[j], vl = 0;
+        kv_pair *it = &items[i];
+        if (res[j] == KV_OK)
+            results[i] = copy_value(iov[j].base, iov[j].len, it->key, it->klen, it->val, it->len, &vl);
+        else if (res[j] == KV_EINVAL)
+            results[i] = get_one(e, it->key, it->klen, it->val, it->len, &vl);
+        else
+            results[i] = res[j];
+        if (results[i] == KV_OK || results[i] == KV_ENOBUFS)
+            it->len = vl;
+    }
+out:
+    free(ids);
+    free(lens);
+    free(res);
+    free(iov);
+    free(sh);
+    free(at);
+    free(space);
+    return rc;
+}
+
+KV__EXPORT int kv_exists_many(kv_engine *e, const kv_pair *items, size_t n, int *results)
+{
+    int rc = check_batch(e, items, n, results);
+    if (rc != KV_OK || n == 0)
+        return rc;
+    if (!e->cluster) {
+        for (size_t i = 0; i < n; i++) {
+            rc = check_key(e, items[i].key, items[i].klen);
+            results[i] = rc != KV_OK ? rc : exists_one(e, items[i].key, items[i].klen);
+        }
+        return KV_OK;
+    }
+    kv_block_id *ids = malloc(n * sizeof *ids);
+    uint8_t *hit = malloc(n);
+    rc = ids && hit ? KV_OK : KV_ENOMEM;
+    for (size_t i = 0; rc == KV_OK && i < n; i++) {
+        results[i] = check_key(e, items[i].key, items[i].klen);
+        ids[i] = results[i] == KV_OK ? key_id(items[i].key, items[i].klen) : (kv_block_id){ { 0 } };
+    }
+    if (rc == KV_OK && (rc = kv__cluster_lookup(e->cluster, KV_NS_KEY, ids, n, hit)) == KV_OK)
+        for (size_t i = 0; i < n; i++)
+            if (results[i] == KV_OK)
+                results[i] = hit[i];
+    free(ids);
+    free(hit);
+    return rc;
 }

@@ -255,6 +255,51 @@ KV_EXPORT int kv_exists(kv_engine *e, const void *key, size_t klen);   /* 1, 0, 
 KV_EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen);   /* KV_ENOTFOUND if absent */
 
 /*
+ * In a cluster (cluster.enabled), plain keys are cluster-wide: placed on
+ * owners like blocks (cluster.replica_num of them), from storage members
+ * and pure clients alike, and reads fail over between owners. What a
+ * replace means there:
+ * - a put replaces the value on every owner, each atomically (a reader
+ *   gets one whole value, never a mix), and returns KV_OK only when every
+ *   owner in the view stored it: a put from a pure client is never
+ *   acknowledged without being stored, and no owner keeps an older value
+ *   that a failover could serve. An owner that is down fails puts of its
+ *   keys (KV_ENET) until the view drops it (cluster.node_ttl_ms).
+ * - two puts of one key that race may leave its owners holding different
+ *   values (each whole) until the next put: replicas are not ordered
+ *   against each other (that takes a consensus round per put, which a cache
+ *   does not pay). Reads go to the first live owner, so every reader sees
+ *   the same value while that owner lives.
+ * - kv_get asks the owners for the size, then loads (two rounds); a value
+ *   replaced by one of another length in between is read again.
+ * - kv_remove asks every owner: KV_OK when one had it and all were asked,
+ *   KV_ENET when an owner could not be asked (it may still hold the value).
+ * - kv_exists is 1 when any owner has the key.
+ * A member that rejoins with an SSD tier may serve values replaced while it
+ * was away; start a returning member with its SSD tier cleared.
+ *
+ * BATCHES: kv_put_many / kv_get_many / kv_exists_many do n plain-key calls
+ *   at once; in a cluster one round per owner (kv_get_many: two), not a
+ *   round trip per key. results[i] gets each item's outcome, as the single
+ *   call would return it (kv_exists_many: 1, 0 or a negative KV_E*); the
+ *   return value is KV_OK when the batch ran, KV_EINVAL (items or results
+ *   NULL with n > 0), KV_ENOMEM, or a cluster error that failed them all.
+ *   kv_pair: key/klen as for kv_put; for a put, val/len is the value (only
+ *   read); for a get, val is the buffer and len its capacity on the way in,
+ *   and the value's length on the way out (when results[i] is KV_OK or
+ *   KV_ENOBUFS). Buffers are needed only during the call.
+ */
+typedef struct kv_pair {
+    const void *key;
+    size_t      klen;
+    void       *val;
+    size_t      len;
+} kv_pair;
+KV_EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *results);
+KV_EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results);
+KV_EXPORT int kv_exists_many(kv_engine *e, const kv_pair *items, size_t n, int *results);
+
+/*
  * ZERO-COPY
  *
  * kv_register_buffer: registers [addr, addr+len) of caller memory for RDMA so

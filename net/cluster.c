@@ -1210,64 +1210,189 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
 
 /* ---- the seam ----------------------------------------------------------- */
 
-int kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
-                     int *results)
+/*
+ * Items fanned out to every live owner of each id: one op per (id, owner)
+ * in ops, owner[] and item[] saying whose. What dump, put, remove and the
+ * batched sizes share; each then reads the owners' results its own way.
+ */
+struct fan {
+    struct view *v;
+    struct kv__op *ops;
+    size_t *owner, *item;
+    size_t k;
+    bool skipped_down;       /* an owner was left out as unreachable */
+};
+
+static int fan_init(struct kv__cluster *c, struct fan *f, size_t n)
+{
+    size_t cap = n * c->replicas;
+    memset(f, 0, sizeof *f);
+    f->ops = malloc((cap ? cap : 1) * sizeof *f->ops);
+    f->owner = malloc((cap ? cap : 1) * sizeof *f->owner);
+    f->item = malloc((cap ? cap : 1) * sizeof *f->item);
+    if (!f->ops || !f->owner || !f->item) {
+        free(f->ops);
+        free(f->owner);
+        free(f->item);
+        return KV_ENOMEM;
+    }
+    f->v = view_get(c);
+    return KV_OK;
+}
+
+static void fan_free(struct fan *f)
+{
+    free(f->ops);
+    free(f->owner);
+    free(f->item);
+    view_put(f->v);
+}
+
+/* Adds op (its id) once per live owner; returns how many owners it has. */
+static size_t fan_add(struct kv__cluster *c, struct fan *f, size_t i, const struct kv__op *op)
+{
+    size_t cand[KV_PLACE_MAX];
+    size_t m = candidates(f->v, &op->id, c->replicas, cand);
+    for (size_t j = 0; j < m; j++) {
+        if (peer_is_down(f->v->owners[cand[j]])) {
+            f->skipped_down = true;
+            continue;   /* unreachable just now: not attempted */
+        }
+        f->ops[f->k] = *op;
+        f->owner[f->k] = cand[j];
+        f->item[f->k++] = i;
+    }
+    return m;
+}
+
+/* dump (replace false) and put (true): every live owner is written. A dump
+ * succeeds when any owner stored it; a put only when every owner of the
+ * view replaced its value (an owner left with the old one would serve it
+ * again after a failover). */
+static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                        int *results, bool replace)
 {
     if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
-    struct view *v = view_get(c);
-    size_t cap = n * c->replicas, k = 0;
-    struct kv__op *ops = malloc((cap ? cap : 1) * sizeof *ops);
-    size_t *owner = malloc((cap ? cap : 1) * sizeof *owner);
-    size_t *shard = malloc((cap ? cap : 1) * sizeof *shard);
-    if (!ops || !owner || !shard) {
-        free(ops);
-        free(owner);
-        free(shard);
-        view_put(v);
+    struct fan f;
+    if (fan_init(c, &f, n) != KV_OK)
         return KV_ENOMEM;
-    }
-    for (size_t i = 0; i < n; i++) {
-        size_t cand[KV_PLACE_MAX];
-        size_t m = candidates(v, &shards[i].block, c->replicas, cand);
+    int *best = malloc((n ? n : 1) * sizeof *best);
+    int rc = best ? KV_OK : KV_ENOMEM;
+    for (size_t i = 0; rc == KV_OK && i < n; i++) {
+        struct kv__op op = { .kind = KV_OP_DUMP, .ns = (uint8_t)ns, .index = shards[i].index,
+                             .id = shards[i].block, .iov = shards[i].iov,
+                             .iovcnt = shards[i].iovcnt, .replace = replace };
+        size_t before = f.k, m = fan_add(c, &f, i, &op);
         results[i] = m ? KV_ENET : KV_ENOSPC;   /* no owner at all: no room */
-        for (size_t j = 0; j < m; j++) {
-            if (peer_is_down(v->owners[cand[j]]))
-                continue;   /* unreachable just now: not attempted */
-            ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = (uint8_t)ns,
-                                      .index = shards[i].index, .id = shards[i].block,
-                                      .iov = shards[i].iov, .iovcnt = shards[i].iovcnt };
-            owner[k] = cand[j];
-            shard[k] = i;
-            k++;
-        }
+        best[i] = replace && f.k - before < m ? KV_ENET : 1;   /* 1: nothing seen yet */
     }
-    int rc = run_grouped(c, v, ops, owner, k);
+    if (rc == KV_OK)
+        rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
     if (rc == KV_OK) {
-        /* Success when any owner stored it; else the most telling error. */
-        int *best = malloc((n ? n : 1) * sizeof *best);
-        if (!best) {
-            rc = KV_ENOMEM;
+        for (size_t j = 0; j < f.k; j++) {
+            size_t i = f.item[j];
+            int r = f.ops[j].result;
+            if (replace)   /* all must: the worst result stands */
+                best[i] = best[i] == 1 ? r : r == KV_OK ? best[i] : worse(best[i], r);
+            else if (r == KV_OK)
+                best[i] = KV_OK;
+            else if (best[i] != KV_OK)
+                best[i] = best[i] == 1 ? r : worse(best[i], r);
+        }
+        for (size_t i = 0; i < n; i++)
+            if (best[i] != 1)
+                results[i] = best[i];
+    }
+    free(best);
+    fan_free(&f);
+    return rc;
+}
+
+int kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                     int *results)
+{
+    return write_owners(c, ns, shards, n, results, false);
+}
+
+int kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                    int *results)
+{
+    return write_owners(c, ns, shards, n, results, true);
+}
+
+int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                       int *results)
+{
+    if (!c || (n && (!ids || !results)) || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    struct fan f;
+    if (fan_init(c, &f, n) != KV_OK)
+        return KV_ENOMEM;
+    bool *down = calloc(n ? n : 1, sizeof *down);
+    int rc = down ? KV_OK : KV_ENOMEM;
+    for (size_t i = 0; rc == KV_OK && i < n; i++) {
+        struct kv__op op = { .kind = KV_OP_REMOVE, .ns = (uint8_t)ns, .id = ids[i] };
+        size_t before = f.k, m = fan_add(c, &f, i, &op);
+        results[i] = KV_ENOTFOUND;
+        down[i] = f.k - before < m;
+    }
+    if (rc == KV_OK)
+        rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
+    if (rc == KV_OK) {
+        /* Removed where any owner had it; but an owner that could not be
+         * asked may still hold it, and that is an error, not a success. */
+        int *err = calloc(n ? n : 1, sizeof *err);
+        for (size_t j = 0; err && j < f.k; j++) {
+            int r = f.ops[j].result;
+            size_t i = f.item[j];
+            if (r == KV_OK)
+                results[i] = KV_OK;
+            else if (r != KV_ENOTFOUND)
+                err[i] = err[i] ? worse(err[i], r) : r;
+        }
+        for (size_t i = 0; err && i < n; i++)
+            if (err[i] || down[i])
+                results[i] = err[i] ? err[i] : KV_ENET;
+        rc = err ? KV_OK : KV_ENOMEM;
+        free(err);
+    }
+    free(down);
+    fan_free(&f);
+    return rc;
+}
+
+int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
+                      size_t n, uint64_t *lens, int *results)
+{
+    if (!c || (n && (!ids || !lens || !results)) || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    struct fan f;
+    if (fan_init(c, &f, n) != KV_OK)
+        return KV_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        struct kv__op op = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = ids[i] };
+        results[i] = fan_add(c, &f, i, &op) ? KV_ENET : KV_ENOTFOUND;
+        lens[i] = 0;
+    }
+    int rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
+    /* The first owner in HRW order that has it answers, as a load would
+     * read it; a miss on every owner it reached is a miss. */
+    for (size_t j = 0; rc == KV_OK && j < f.k; j++) {
+        size_t i = f.item[j];
+        int r = f.ops[j].result;
+        if (results[i] == KV_OK)
+            continue;
+        if (r == KV_OK) {
+            results[i] = KV_OK;
+            lens[i] = f.ops[j].len;
+        } else if (r == KV_ENOTFOUND || results[i] == KV_ENOTFOUND) {
+            results[i] = KV_ENOTFOUND;
         } else {
-            for (size_t i = 0; i < n; i++)
-                best[i] = 1;   /* "nothing seen yet" */
-            for (size_t j = 0; j < k; j++) {
-                size_t i = shard[j];
-                if (ops[j].result == KV_OK)
-                    best[i] = KV_OK;
-                else if (best[i] != KV_OK)
-                    best[i] = best[i] == 1 ? ops[j].result : worse(best[i], ops[j].result);
-            }
-            for (size_t i = 0; i < n; i++)
-                if (best[i] != 1)
-                    results[i] = best[i];
-            free(best);
+            results[i] = worse(results[i], r);
         }
     }
-    free(ops);
-    free(owner);
-    free(shard);
-    view_put(v);
+    fan_free(&f);
     return rc;
 }
 

@@ -67,6 +67,25 @@ int  kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, siz
 int  kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n, int *results);
 int  kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
 int  kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index, uint64_t *len);
+/*
+ * Plain keys across the cluster (engine/kv.c), placed like blocks.
+ * put: a dump that replaces: every owner drops its value and stores the new
+ *   one (atomically on each owner: a reader sees one whole value). A put
+ *   succeeds only when every owner of the view did so; an owner that is
+ *   down fails it until the view drops that owner (node_ttl_ms), because it
+ *   would serve the older value again after a failover. Two racing puts of
+ *   one key may leave its owners holding different (whole) values until the
+ *   next put; reads go to the first live owner in HRW order, so every
+ *   reader sees the same one while it lives.
+ * remove: KV_OK when an owner had it and every owner was asked; KV_ENOTFOUND
+ *   when none had it; an owner that could not be asked is an error (KV_ENET).
+ * sizes: index's stored length per id from the first owner that has it, in
+ *   one round to every owner; KV_ENOTFOUND per missing id.
+ */
+int  kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n, int *results);
+int  kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n, int *results);
+int  kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
+                       size_t n, uint64_t *lens, int *results);
 int  kv__cluster_register_buffer(struct kv__cluster *c, void *addr, size_t len);
 int  kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr);
 /* Adds the cluster's counters to out (fields the cluster does not know are

@@ -198,6 +198,22 @@ static int ms_scan(void *c, int ns, kv__scan_cb cb, void *arg)
     return KV_OK;
 }
 
+static int ms_remove(void *c, int ns, const kv_block_id *id, uint32_t index)
+{
+    struct memstore *m = c;
+    pthread_mutex_lock(&m->lock);
+    struct mval **pp = &m->b[bucket(ns, id, index)];
+    while (*pp && !((*pp)->ns == ns && (*pp)->index == index && memcmp(&(*pp)->id, id, sizeof *id) == 0))
+        pp = &(*pp)->next;
+    struct mval *v = *pp;
+    if (v) {
+        *pp = v->next;
+        put_ref(m, v);   /* a pinned value goes with its last unpin */
+    }
+    pthread_mutex_unlock(&m->lock);
+    return v ? KV_OK : KV_ENOTFOUND;
+}
+
 struct kv__backend *kv__memstore_new(uint64_t cap_bytes)
 {
     struct memstore *m = calloc(1, sizeof *m);
@@ -208,7 +224,7 @@ struct kv__backend *kv__memstore_new(uint64_t cap_bytes)
     m->be = (struct kv__backend){
         .ctx = m, .lookup = ms_lookup, .size = ms_size, .load = ms_load,
         .pin = ms_pin, .unpin = ms_unpin, .reserve = ms_reserve,
-        .commit = ms_commit, .abort = ms_abort, .scan = ms_scan,
+        .commit = ms_commit, .abort = ms_abort, .scan = ms_scan, .remove = ms_remove,
     };
     return &m->be;
 }

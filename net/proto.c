@@ -69,6 +69,7 @@ void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *
 {
     for (size_t i = 0; i < n; i++) {
         out[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
+                                        .flags = ops[i].replace ? KV_WIRE_REPLACE : 0,
                                         .index = ops[i].index, .id = ops[i].id };
         if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
             out[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
@@ -84,7 +85,7 @@ int kv__batch_encode(const struct kv__wire_req *it, size_t n, uint8_t *out, size
     for (size_t i = 0; i < n; i++, p += KV_PROTO_REQ_ITEM) {
         p[0] = it[i].kind;
         p[1] = it[i].ns;
-        kv__put16(p + 2, 0);
+        kv__put16(p + 2, it[i].flags);
         kv__put32(p + 4, it[i].index);
         memcpy(p + 8, it[i].id.bytes, KV_BLOCK_ID_LEN);
         kv__put64(p + 24, it[i].len);
@@ -99,7 +100,10 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
         return KV_EPROTO;
     const uint8_t *p = body + 4;
     for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
-        if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_DUMP || p[1] >= KV_NS_COUNT)
+        if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_REMOVE || p[1] >= KV_NS_COUNT)
+            return KV_EPROTO;
+        uint16_t fl = kv__get16(p + 2);
+        if ((fl & ~KV_WIRE_REPLACE) || (fl && p[0] != KV_OP_DUMP))
             return KV_EPROTO;
         if (p[0] == KV_OP_DUMP || p[0] == KV_OP_LOAD) {
             if (kv__get64(p + 24) > KV_VALUE_MAX)
@@ -110,6 +114,7 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
     for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
         out[i].kind = p[0];
         out[i].ns = p[1];
+        out[i].flags = kv__get16(p + 2);
         out[i].index = kv__get32(p + 4);
         memcpy(out[i].id.bytes, p + 8, KV_BLOCK_ID_LEN);
         out[i].len = kv__get64(p + 24);

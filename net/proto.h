@@ -88,8 +88,12 @@ void kv__hdr_encode(const struct kv__hdr *h, uint8_t *out);
 int  kv__hdr_decode(const uint8_t *in, uint64_t max_data, struct kv__hdr *h);
 
 /* A request item as on the wire, decoded. */
+/* Request item flags (the u16 after kind and ns). */
+#define KV_WIRE_REPLACE 1u      /* a dump that replaces (plain keys' put) */
+
 struct kv__wire_req {
     uint8_t kind, ns;
+    uint16_t flags;             /* KV_WIRE_*; only a dump carries one */
     uint32_t index;
     kv_block_id id;
     uint64_t len;

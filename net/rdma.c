@@ -496,6 +496,7 @@ static void prep_item(struct sconn *sc, const struct kv__wire_req *q, struct kv_
     switch (q->kind) {
     case KV_OP_LOOKUP:
     case KV_OP_SIZE:
+    case KV_OP_REMOVE:
         kv__serve_query(&r->serve, q, o);
         return;
     case KV_OP_LOAD: {
@@ -527,7 +528,8 @@ static void prep_item(struct sconn *sc, const struct kv__wire_req *q, struct kv_
     case KV_OP_DUMP: {
         if (!be->reserve || q->len == 0 || !r->nseg) {
             uint64_t len;
-            o->hit = be->size(be->ctx, q->ns, &q->id, q->index, &len) == KV_OK;
+            o->hit = !(q->flags & KV_WIRE_REPLACE) &&
+                     be->size(be->ctx, q->ns, &q->id, q->index, &len) == KV_OK;
             return;                     /* stored (hit), or fall back */
         }
         struct kv__serve_dump d;

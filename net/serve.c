@@ -61,13 +61,24 @@ static int present(struct kv__backend *be, int ns, const kv_block_id *id, uint32
     return be->size(be->ctx, ns, id, index, &have) == KV_OK;
 }
 
-/* ---- loads, lookups, sizes -------------------------------------------- */
+/* A plain key's value dropped, for a remove or a replacing dump. Blocks
+ * are not removed by peers: a block's shards leave together, by eviction. */
+static int remove_key(struct kv__backend *be, int ns, const kv_block_id *id, uint32_t index)
+{
+    if (ns != KV_NS_KEY || index != 0)
+        return KV_EINVAL;
+    return be->remove ? be->remove(be->ctx, ns, id, index) : KV_ENOTSUP;
+}
+
+/* ---- loads, lookups, sizes, removes ------------------------------------ */
 
 void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct kv__wire_resp *r)
 {
     struct kv__backend *be = s->be;
     if (q->kind == KV_OP_LOOKUP)
         r->status = be->lookup(be->ctx, q->ns, &q->id, 1, &r->hit);
+    else if (q->kind == KV_OP_REMOVE)
+        r->status = remove_key(be, q->ns, &q->id, q->index);
     else
         r->status = be->size(be->ctx, q->ns, &q->id, q->index, &r->len);
 }
@@ -158,7 +169,7 @@ int kv__serve_items(struct kv__serve *s, const struct kv__wire_req *req,
     for (size_t i = 0; i < n; i++) {
         const struct kv__wire_req *q = &req[i];
         struct kv__wire_resp *r = &resp[i];
-        if (q->kind == KV_OP_LOOKUP || q->kind == KV_OP_SIZE)
+        if (q->kind == KV_OP_LOOKUP || q->kind == KV_OP_SIZE || q->kind == KV_OP_REMOVE)
             kv__serve_query(s, q, r);
         if (q->kind != KV_OP_LOAD)
             continue;   /* dumps are served as their bytes arrive */
@@ -250,14 +261,24 @@ void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int
     struct kv__backend *be = s->be;
     memset(d, 0, sizeof *d);
     d->len = q->len;
-    /* A shard already stored is skipped (it counts as success): its bytes
-     * are drained rather than given room, which could evict other blocks
-     * for nothing. Commit still resolves races. */
-    if (present(be, q->ns, &q->id, q->index)) {
+    int rc = KV_OK;
+    if (q->flags & KV_WIRE_REPLACE) {
+        /* A put: the old value goes first. A racing put may still land
+         * between this and the commit; then one whole value wins. */
+        rc = remove_key(be, q->ns, &q->id, q->index);
+        if (rc != KV_OK && rc != KV_ENOTFOUND) {
+            d->how = KV__DUMP_DRAIN;
+            d->status = rc;
+            return;
+        }
+    } else if (present(be, q->ns, &q->id, q->index)) {
+        /* A shard already stored is skipped (it counts as success): its
+         * bytes are drained rather than given room, which could evict
+         * other blocks for nothing. Commit still resolves races. */
         d->how = KV__DUMP_SKIP;
         return;
     }
-    int rc = be->reserve ? be->reserve(be->ctx, q->len, &d->resv) : KV_ENOSPC;
+    rc = be->reserve ? be->reserve(be->ctx, q->len, &d->resv) : KV_ENOSPC;
     if (rc == KV_OK) {
         d->how = KV__DUMP_RESV;
         return;
@@ -324,8 +345,15 @@ void kv__serve_ops(struct kv__backend *be, struct kv__op *ops, size_t n)
         case KV_OP_LOAD:
             o->result = be->load(be->ctx, o->ns, &o->id, o->index, o->iov, o->iovcnt);
             break;
+        case KV_OP_REMOVE:
+            o->result = remove_key(be, o->ns, &o->id, o->index);
+            break;
         case KV_OP_DUMP: {
-            if (present(be, o->ns, &o->id, o->index)) {
+            if (o->replace) {
+                o->result = remove_key(be, o->ns, &o->id, o->index);
+                if (o->result != KV_OK && o->result != KV_ENOTFOUND)
+                    break;
+            } else if (present(be, o->ns, &o->id, o->index)) {
                 o->result = KV_OK;   /* already stored: skipped, a success */
                 break;
             }

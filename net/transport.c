@@ -95,6 +95,8 @@ static int e_commit(void *c, kv__resv *r, int ns, const kv_block_id *id, uint32_
 { return kv__local_commit(c, r, ns, id, x); }
 static void e_abort(void *c, kv__resv *r) { kv__local_abort(c, r); }
 static int e_scan(void *c, int ns, kv__scan_cb cb, void *arg) { return kv__local_scan(c, ns, cb, arg); }
+static int e_remove(void *c, int ns, const kv_block_id *id, uint32_t x)
+{ return kv__local_remove(c, ns, id, x); }
 
 void kv__backend_engine(kv_engine *e, struct kv__backend *out)
 {
@@ -110,6 +112,7 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->abort = e_abort;
     out->dump = e_dump;
     out->scan = e_scan;
+    out->remove = e_remove;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
 }
 

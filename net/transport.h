@@ -69,6 +69,10 @@ struct kv__backend {
     /* Visits the shards held in ns with their length and last use
      * (kv__local_scan's contract), for re-replication. NULL = none. */
     int  (*scan)(void *ctx, int ns, kv__scan_cb cb, void *arg);
+    /* Deletes a plain key's value (kv__local_remove): KV_ENOTFOUND when
+     * absent. NULL = KV_ENOTSUP. Blocks are never removed over the wire
+     * (their shards leave together, by eviction). */
+    int  (*remove)(void *ctx, int ns, const kv_block_id *id, uint32_t index);
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 
@@ -88,7 +92,9 @@ enum kv__op_kind {
     KV_OP_LOAD   = 3,   /* in: iov (destination; its total is the expected
                          * length: a stored length that differs is
                          * KV_EINVAL and the iov is untouched) */
-    KV_OP_DUMP   = 4,   /* in: iov (source) */
+    KV_OP_DUMP   = 4,   /* in: iov (source); with replace, any stored value
+                         * is dropped first (a plain key's put) */
+    KV_OP_REMOVE = 5,   /* plain keys only */
 };
 
 struct kv__op {
@@ -98,6 +104,7 @@ struct kv__op {
     kv_block_id id;
     const kv_iov *iov;          /* load / dump only; owned by the caller */
     uint32_t iovcnt;
+    uint8_t replace;            /* dump: replace, not skip, a stored value */
     /* results, written by batch() */
     int result;                 /* KV_OK or KV_E* for this item */
     uint8_t hit;                /* lookup */

@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -953,6 +954,32 @@ START_TEST(net_layer_without_engine)
     bad.iovcnt = 1;
     ck_assert_int_eq(kv__cluster_load(c, KV_NS_BLOCK, &bad, 1, res), KV_OK);
     ck_assert_int_eq(res[0], KV_EINVAL);
+    /* blocks are never removed by a peer: refused, and still there */
+    ck_assert_int_eq(kv__cluster_remove(c, KV_NS_BLOCK, ids, 1, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_EINVAL);
+    ck_assert_int_eq(kv__cluster_lookup(c, KV_NS_BLOCK, ids, 1, hit), KV_OK);
+    ck_assert_int_eq(hit[0], 1);
+    /* plain keys: a put replaces on both owners, sizes in one round, remove */
+    kv_shard kp[2] = { s.dump[0], s.dump[2] };
+    kp[0].block = kp[1].block = tu_id(77, 6);
+    kp[0].index = kp[1].index = 0;
+    kp[1].iov = &small;
+    kp[1].iovcnt = 1;
+    ck_assert_int_eq(kv__cluster_put(c, KV_NS_KEY, &kp[0], 1, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_OK);
+    ck_assert_int_eq(kv__cluster_put(c, KV_NS_KEY, &kp[1], 1, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_OK);
+    uint64_t lens[2];
+    kv_block_id kid[2] = { tu_id(77, 6), tu_id(78, 6) };
+    ck_assert_int_eq(kv__cluster_sizes(c, KV_NS_KEY, kid, 0, 2, lens, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_OK);
+    ck_assert_uint_eq(lens[0], 10);   /* replaced, not skipped as present */
+    ck_assert_int_eq(res[1], KV_ENOTFOUND);
+    ck_assert_int_eq(kv__cluster_remove(c, KV_NS_KEY, kid, 2, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_OK);
+    ck_assert_int_eq(res[1], KV_ENOTFOUND);
+    ck_assert_int_eq(kv__cluster_lookup(c, KV_NS_KEY, kid, 1, hit), KV_OK);
+    ck_assert_int_eq(hit[0], 0);
     struct kv__cluster_counters k;
     kv__cluster_counters(c, &k);
     ck_assert_uint_eq(k.owners, 2);
@@ -1080,6 +1107,185 @@ START_TEST(measure_rereplication)
 }
 END_TEST
 
+/* ---- plain keys across the cluster ---------------------------------------- */
+
+static void fill_val(char *v, size_t len, char c) { memset(v, c, len); }
+
+/* One whole value of one byte c, of the length that byte stands for. */
+static int whole(const char *v, size_t len)
+{
+    if (len == 0)
+        return 0;
+    for (size_t i = 1; i < len; i++)
+        if (v[i] != v[0])
+            return 0;
+    return (v[0] == 'A' && len == 5000) || (v[0] == 'B' && len == 7000) ||
+           (v[0] == 'C' && len == 300);
+}
+
+/* Keys put from a pure client are found from a storage member and back;
+ * a replace is seen everywhere; remove, exists, the batch calls, and reads
+ * failing over when an owner dies. */
+START_TEST(plain_keys_cluster_wide)
+{
+    for (int i = 0; i < 3; i++)
+        start_node("32MiB", 2);
+    wait_owners(3);
+    kv_engine *member, *client;
+    ck_assert_int_eq(open_engine("16MiB", 2, TOKEN, &member), KV_OK);
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    wait_owners(4);
+    enum { N = 64 };
+    char key[32], val[8000], out[8000];
+    size_t vl;
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "obj-%d", i);
+        fill_val(val, 5000, 'A');
+        ck_assert_int_eq(kv_put(i % 2 ? client : member, key, strlen(key), val, 5000), KV_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "obj-%d", i);
+        kv_engine *e = i % 2 ? member : client;
+        ck_assert_int_eq(kv_exists(e, key, strlen(key)), 1);
+        vl = 0;
+        ck_assert_int_eq(kv_get(e, key, strlen(key), out, sizeof out, &vl), KV_OK);
+        ck_assert(vl == 5000 && whole(out, vl));
+    }
+    /* replaced with a longer value: both see it */
+    fill_val(val, 7000, 'B');
+    ck_assert_int_eq(kv_put(client, "obj-3", 5, val, 7000), KV_OK);
+    ck_assert_int_eq(kv_get(member, "obj-3", 5, out, 100, &vl), KV_ENOBUFS);
+    ck_assert_uint_eq(vl, 7000);
+    ck_assert_int_eq(kv_get(member, "obj-3", 5, out, sizeof out, &vl), KV_OK);
+    ck_assert(vl == 7000 && out[0] == 'B' && whole(out, vl));
+    /* removed from one, gone for the other */
+    ck_assert_int_eq(kv_remove(member, "obj-4", 5), KV_OK);
+    ck_assert_int_eq(kv_exists(client, "obj-4", 5), 0);
+    ck_assert_int_eq(kv_get(client, "obj-4", 5, out, sizeof out, &vl), KV_ENOTFOUND);
+    ck_assert_int_eq(kv_remove(client, "obj-4", 5), KV_ENOTFOUND);
+
+    /* batches: 100 keys each way, one with a short buffer, one missing */
+    enum { B = 100 };
+    kv_pair items[B];
+    int res[B];
+    static char bufs[B][400];
+    char keys[B][32];
+    for (int i = 0; i < B; i++) {
+        snprintf(keys[i], sizeof keys[i], "batch-%d", i);
+        items[i] = (kv_pair){ keys[i], strlen(keys[i]), bufs[i], 300 };
+        fill_val(bufs[i], 300, 'C');
+    }
+    ck_assert_int_eq(kv_put_many(client, items, B, res), KV_OK);
+    for (int i = 0; i < B; i++)
+        ck_assert_int_eq(res[i], KV_OK);
+    ck_assert_int_eq(kv_remove(client, keys[7], strlen(keys[7])), KV_OK);
+    memset(bufs, 0, sizeof bufs);
+    for (int i = 0; i < B; i++)
+        items[i].len = i == 9 ? 10 : sizeof bufs[i];
+    ck_assert_int_eq(kv_get_many(member, items, B, res), KV_OK);
+    for (int i = 0; i < B; i++) {
+        if (i == 7) {
+            ck_assert_int_eq(res[i], KV_ENOTFOUND);
+        } else if (i == 9) {
+            ck_assert_int_eq(res[i], KV_ENOBUFS);
+            ck_assert_uint_eq(items[i].len, 300);
+        } else {
+            ck_assert_msg(res[i] == KV_OK && items[i].len == 300 && whole(bufs[i], 300),
+                          "batch key %d: %s", i, kv_strerror(res[i]));
+        }
+    }
+    ck_assert_int_eq(kv_exists_many(client, items, B, res), KV_OK);
+    for (int i = 0; i < B; i++)
+        ck_assert_int_eq(res[i], i == 7 ? 0 : 1);
+
+    /* an owner dies (proc 0 is the master): every key still reads */
+    kill_proc(1);
+    for (int i = 0; i < N; i++) {
+        if (i == 3 || i == 4)
+            continue;
+        snprintf(key, sizeof key, "obj-%d", i);
+        ck_assert_msg(kv_get(client, key, strlen(key), out, sizeof out, &vl) == KV_OK &&
+                      vl == 5000 && whole(out, vl), "obj-%d lost with one owner", i);
+    }
+    /* once the view has dropped it (the engines see a new view within a
+     * heartbeat of the master's), puts succeed again on the two left */
+    wait_owners(3);
+    fill_val(val, 300, 'C');
+    int prc = KV_ENET;
+    for (uint64_t t0 = tu_now_ms(); prc != KV_OK && tu_now_ms() - t0 < 5000; usleep(50000))
+        prc = kv_put(client, "after", 5, val, 300);
+    ck_assert_msg(prc == KV_OK, "put after the view changed: %s", kv_strerror(prc));
+    ck_assert_int_eq(kv_get(member, "after", 5, out, sizeof out, &vl), KV_OK);
+    ck_assert(vl == 300 && whole(out, vl));
+}
+END_TEST
+
+struct racer {
+    kv_engine *e;
+    char c;
+    size_t len;
+    int fails;
+};
+
+static void *race_puts(void *arg)
+{
+    struct racer *r = arg;
+    char *v = malloc(r->len);
+    fill_val(v, r->len, r->c);
+    for (int i = 0; i < 150; i++)
+        r->fails += kv_put(r->e, "contended", 9, v, r->len) != KV_OK;
+    free(v);
+    return NULL;
+}
+
+/* Two engines put one key at once, 150 times each: every read during and
+ * after is one whole value, and both engines read the same one after. */
+START_TEST(racing_puts_one_whole_value)
+{
+    for (int i = 0; i < 2; i++)
+        start_node("32MiB", 2);
+    wait_owners(2);
+    kv_engine *a, *b;
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &a), KV_OK);
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &b), KV_OK);
+    struct racer ra = { a, 'A', 5000, 0 }, rb = { b, 'B', 7000, 0 };
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, race_puts, &ra);
+    pthread_create(&tb, NULL, race_puts, &rb);
+    char out[8000];
+    size_t vl;
+    int reads = 0;
+    for (int i = 0; i < 200; i++) {
+        int rc = kv_get(i % 2 ? a : b, "contended", 9, out, sizeof out, &vl);
+        if (rc == KV_OK) {
+            ck_assert_msg(whole(out, vl), "a mix of two puts read (%zu bytes)", vl);
+            reads++;
+        }
+    }
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    ck_assert_int_eq(ra.fails + rb.fails, 0);
+    char out2[8000];
+    size_t vl2;
+    ck_assert_int_eq(kv_get(a, "contended", 9, out, sizeof out, &vl), KV_OK);
+    ck_assert_int_eq(kv_get(b, "contended", 9, out2, sizeof out2, &vl2), KV_OK);
+    ck_assert(whole(out, vl) && vl == vl2 && memcmp(out, out2, vl) == 0);
+    ck_assert_int_gt(reads, 0);
+}
+END_TEST
+
+/* A pure client with no owner in the view stores nowhere: never KV_OK. */
+START_TEST(pure_client_put_without_owners)
+{
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    ck_assert_int_ne(kv_put(client, "k", 1, "v", 1), KV_OK);
+    size_t vl;
+    char out[4];
+    ck_assert_int_ne(kv_get(client, "k", 1, out, sizeof out, &vl), KV_OK);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -1100,6 +1306,9 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, master_restart);
     tcase_add_test(tc, rereplication_after_node_death);
     tcase_add_test(tc, rereplication_on_join);
+    tcase_add_test(tc, plain_keys_cluster_wide);
+    tcase_add_test(tc, racing_puts_one_whole_value);
+    tcase_add_test(tc, pure_client_put_without_owners);
     suite_add_tcase(s, tc);
     if (getenv("KV_TEST_MEASURE")) {
         TCase *m = tcase_create("measure");

@@ -71,9 +71,10 @@ END_TEST
 static void some_reqs(struct kv__wire_req *q, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        q[i] = (struct kv__wire_req){ .kind = (uint8_t)(KV_OP_LOOKUP + i % 4),
+        q[i] = (struct kv__wire_req){ .kind = (uint8_t)(KV_OP_LOOKUP + i % 5),
                                       .ns = (uint8_t)(i % 2), .index = (uint32_t)i * 3,
-                                      .id = tu_id(i, 1), .len = i * 1000 };
+                                      .id = tu_id(i, 1), .len = i * 1000,
+                                      .flags = i % 5 == KV_OP_DUMP - 1 && i % 2 ? KV_WIRE_REPLACE : 0 };
 }
 
 START_TEST(batch_round_trip)
@@ -91,6 +92,7 @@ START_TEST(batch_round_trip)
     for (size_t i = 0; i < N; i++) {
         ck_assert_int_eq(q2[i].kind, q[i].kind);
         ck_assert_int_eq(q2[i].ns, q[i].ns);
+        ck_assert_int_eq(q2[i].flags, q[i].flags);
         ck_assert_uint_eq(q2[i].index, q[i].index);
         ck_assert_uint_eq(q2[i].len, q[i].len);
         ck_assert(memcmp(&q2[i].id, &q[i].id, sizeof q[i].id) == 0);
@@ -117,6 +119,14 @@ START_TEST(batch_round_trip)
     item[1] = KV_NS_COUNT;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
     item[1] = 0;
+    /* flags: unknown bits, and replace on anything but a dump */
+    item[0] = KV_OP_DUMP;
+    kv__put16(item + 2, 2);
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    item[0] = KV_OP_REMOVE;
+    kv__put16(item + 2, KV_WIRE_REPLACE);
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    kv__put16(item + 2, 0);
     item[0] = KV_OP_DUMP;
     kv__put64(item + 24, (uint64_t)KV_VALUE_MAX + 1);
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
