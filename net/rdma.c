@@ -34,9 +34,11 @@
  * is a connection error (the caller closes the conn); the server releases
  * every pin and reservation a connection held when it goes.
  *
- * Deadlines: a batch has io.timeout_ms plus its bytes at a 10 MiB/s floor;
- * the server gives each frame the same to arrive and be answered, and drops
- * a connection that sits on pins or reservations for twice the timeout.
+ * Deadlines: a batch has io.timeout_ms plus its bytes at the floor rate of
+ * serve.h; the server gives each frame the same to arrive and be answered,
+ * and drops a connection that sits on pins or reservations for twice the
+ * timeout, or holds any one of them past its lifetime (twice the timeout
+ * plus its bytes at the floor), whatever other frames it sends meanwhile.
  *
  * Integrity: a value is READ only while the server holds it pinned (from
  * PREP to RELEASE), and values are never rewritten in place, so a READ

@@ -28,6 +28,12 @@
  *     transfer, on top of the transport's timeout (both transports and the
  *     client's deadline use this one constant).
  *   - tokens are compared in constant time (kv__token_eq).
+ *   - connections (in the transports and kvmaster, with their own caps):
+ *     one that has not authenticated is closed after the timeout, and the
+ *     oldest such makes room past a cap; a listener out of descriptors
+ *     refuses the waiting peer through a spare one (kv__net_refuse_one).
+ *   - exposure: a member that listens beyond loopback needs a token or
+ *     cluster.insecure (kv__net_check_exposure).
  *
  * Threading: a struct kv__serve is shared by every server thread of one
  * transport; its budget is an atomic. Everything else here works on the

@@ -17,8 +17,12 @@
  * HDR) owned by one loop thread. One request is in flight per connection
  * (the client waits for each response), so a connection never reads while
  * it writes. Anything wrong with a frame — bad magic/version/type, a body
- * or data length off, a first frame that is not HELLO, a wrong token —
- * closes that connection only.
+ * or data length off, a first frame that is not HELLO or a HELLO longer
+ * than a valid one, a wrong token — closes that connection only. So does
+ * a peer that does not authenticate within the timeout, or moves a frame
+ * slower than serve.h's floor rate; unauthenticated connections are capped
+ * (the oldest make room), all connections too, and at EMFILE a spare
+ * descriptor takes the waiting peer off the listening socket.
  *
  * Client: a kv__conn is one socket used by one thread at a time; every
  * wait is a poll() bounded by the call's deadline (struct dl: no progress
