@@ -97,6 +97,8 @@ struct kvctl_backend_info {
     uint64_t dram_used;     /* bytes of its DRAM tier in use */
     uint64_t hits_dram, hits_ssd;   /* shard reads served by each local tier,
                                        since open */
+    uint64_t spill_drops;   /* evicted blocks the SSD tier's full spill
+                               queue dropped, since open */
 };
 
 /*
@@ -212,13 +214,17 @@ struct kvctl_trace_stats {
     uint64_t verify_failures;   /* shards loaded with the wrong bytes */
     uint64_t dumps_refused;     /* shards a dump could not store for lack of
                                    room (KV_ENOSPC): not cached, no error */
+    uint64_t spill_drops;       /* evicted blocks dropped, not spilled (the
+                                   spill queue was full) */
     double prefix_hit_ratio;    /* hits / block_refs */
     double hit_ratio_dram, hit_ratio_ssd;   /* loads served by each tier /
                                                block_refs (NAN: not known) */
     double ideal_hit_ratio;     /* an infinite cache */
-    double lru_hit_ratio;       /* exact LRU of lru_blocks blocks (NAN: no
-                                   DRAM tier to size it by) */
-    uint64_t lru_blocks;
+    double lru_hit_ratio;       /* exact LRU of lru_blocks blocks that, like
+                                   the tier, frees down to lru_low_blocks
+                                   when full (NAN: no DRAM tier) */
+    uint64_t lru_blocks, lru_low_blocks;
+    double lru_plain_hit_ratio; /* the same LRU dropping one block at a time */
     double seconds;             /* the whole replay */
     double cpu_s;               /* CPU time of this process in the replay */
     double p50_us, p99_us;      /* lookup + load, per request */
@@ -354,10 +360,12 @@ int  kvctl_trace_load(const char *path, uint64_t limit, struct kvctl_trace **out
 void kvctl_trace_free(struct kvctl_trace *t);
 /* Block hits of an infinite cache and of an exact LRU cache of `capacity`
  * blocks over the trace, replayed as a connector does (lookup_prefix, load
- * the run, dump the rest); per request into req_hits when not NULL.
- * UINT64_MAX when out of memory. */
+ * the run, dump the rest); per request into req_hits when not NULL. When
+ * the LRU is full it drops its least recently used blocks down to `low`
+ * (capacity - 1: one at a time). UINT64_MAX when out of memory. */
 uint64_t kvctl_trace_ideal(const struct kvctl_trace *t, uint32_t *req_hits);
-uint64_t kvctl_trace_lru(const struct kvctl_trace *t, uint64_t capacity, uint32_t *req_hits);
+uint64_t kvctl_trace_lru(const struct kvctl_trace *t, uint64_t capacity, uint64_t low,
+                         uint32_t *req_hits);
 
 /* Where a backend's hits come from, for hit_ratio_dram/ssd. */
 enum kvctl_tiers {

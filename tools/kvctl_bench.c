@@ -505,35 +505,48 @@ static bool cluster_enabled(const kv_config *cfg)
 }
 
 /* The models' side of a trace run: the infinite cache's ratio, and an exact
- * LRU holding as many blocks as this run's DRAM tier did: capacity x high
- * watermark (what it holds before eviction starts), over the bytes a block
- * took there (measured at the end of the run: the allocator's rounding
- * included). Runs without a local DRAM tier (ssd, posix, a cluster client)
- * get none. */
+ * LRU of this run's DRAM tier. The tier holds at most capacity x high
+ * watermark bytes and, when full, frees eviction.ratio x capacity at once,
+ * least recently used first (approximately: it samples); the model holds
+ * as many blocks and frees as many, in exact LRU order, so that the two
+ * differ only in how well the tier's order approximates LRU. A block's
+ * bytes are measured at the end of the run (the allocator's rounding
+ * included), at most a value rounded up to pages. The plain LRU (one block at a time, at the high watermark)
+ * is reported beside it. Runs without a local DRAM tier (ssd, posix, a
+ * cluster client) get no model. */
 static void trace_models(const struct trace_ctx *tc, const struct kvctl_open_args *args,
                          struct kvctl_run *run)
 {
     struct kvctl_trace_stats *ts = &run->trace;
     double refs = (double)tc->t->nrefs;
     ts->ideal_hit_ratio = refs > 0 ? (double)tc->ideal_hits / refs : NAN;
-    ts->lru_hit_ratio = NAN;
+    ts->lru_hit_ratio = ts->lru_plain_hit_ratio = NAN;
     char cap_s[64];
     uint64_t cap = 0;
     if (!args->cfg || !strstr(run->pipeline, "dram") || cluster_enabled(args->cfg) ||
         kv_config_get(args->cfg, "dram.capacity", cap_s, sizeof cap_s) != KV_OK ||
         kvctl_parse_size(cap_s, &cap) != KV_OK)
         return;
-    double per_shard = ts->dram_shards ? (double)ts->dram_used / (double)ts->dram_shards
-                                       : (double)tc->opts.value_size;
+    /* Memory still being written back at the end counts as used but holds
+     * no stored shard: never more than a value rounded to pages. */
+    double paged = (double)((tc->opts.value_size + 4095) & ~4095ull);
+    double per_shard = ts->dram_shards ? (double)ts->dram_used / (double)ts->dram_shards : paged;
+    double per_block = (per_shard < paged ? per_shard : paged) * tc->opts.shards;
     double hwm = config_double(args->cfg, "eviction.high_watermark_ratio");
-    if (!(hwm > 0) || !(per_shard > 0))
+    double ratio = config_double(args->cfg, "eviction.ratio");
+    if (!(hwm > 0) || !(ratio > 0) || !(per_block > 0) || refs == 0)
         return;
-    ts->lru_blocks = (uint64_t)((double)cap * hwm / (per_shard * tc->opts.shards));
+    ts->lru_blocks = (uint64_t)((double)cap * hwm / per_block);
+    double low = (double)cap * (hwm - ratio) / per_block;
+    ts->lru_low_blocks = low > 0 ? (uint64_t)low : 0;
     free(ts->lru_req_hits);
     ts->lru_req_hits = calloc(tc->t->nreq, sizeof *ts->lru_req_hits);
-    uint64_t h = kvctl_trace_lru(tc->t, ts->lru_blocks, ts->lru_req_hits);
-    if (h != UINT64_MAX && refs > 0)
+    uint64_t h = kvctl_trace_lru(tc->t, ts->lru_blocks, ts->lru_low_blocks, ts->lru_req_hits);
+    if (h != UINT64_MAX)
         ts->lru_hit_ratio = (double)h / refs;
+    h = kvctl_trace_lru(tc->t, ts->lru_blocks, ts->lru_blocks ? ts->lru_blocks - 1 : 0, NULL);
+    if (h != UINT64_MAX)
+        ts->lru_plain_hit_ratio = (double)h / refs;
 }
 
 static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,

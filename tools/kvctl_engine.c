@@ -92,6 +92,7 @@ static void engine_info(void *st, struct kvctl_backend_info *out)
     out->dram_used = s.dram_used;
     out->hits_dram = s.hits_dram;
     out->hits_ssd = s.hits_ssd;
+    out->spill_drops = s.spill_drops;
 }
 
 const struct kvctl_backend kvctl_backend_kvengine = {

@@ -109,10 +109,13 @@ static void print_trace(FILE *f, const struct kvctl_trace_stats *t)
             fmt_ratio(t->hit_ratio_dram, b, sizeof b), fmt_ratio(t->hit_ratio_ssd, c, sizeof c),
             fmt_ratio(t->ideal_hit_ratio, d, sizeof d), fmt_ratio(t->lru_hit_ratio, e, sizeof e));
     if (isfinite(t->lru_hit_ratio))
-        fprintf(f, " (%" PRIu64 " blocks)", t->lru_blocks);
+        fprintf(f, " (%" PRIu64 " blocks, freeing down to %" PRIu64 "; one at a time: %s)",
+                t->lru_blocks, t->lru_low_blocks, fmt_ratio(t->lru_plain_hit_ratio, e, sizeof e));
     fprintf(f, "\n       broken promises %" PRIu64 ", verify failures %" PRIu64
-               ", dumps refused %" PRIu64 "; lookup+load per request p50 %.1f us, p99 %.1f us\n",
-            t->broken_promises, t->verify_failures, t->dumps_refused, t->p50_us, t->p99_us);
+               ", dumps refused %" PRIu64 ", spill drops %" PRIu64
+               "; lookup+load per request p50 %.1f us, p99 %.1f us\n",
+            t->broken_promises, t->verify_failures, t->dumps_refused, t->spill_drops, t->p50_us,
+            t->p99_us);
     fprintf(f, "       prefill skipped for %" PRIu64 " of %" PRIu64 " prompt tokens (%.1f%%)\n",
             t->tokens_skipped, t->prompt_tokens,
             t->prompt_tokens ? 100.0 * (double)t->tokens_skipped / (double)t->prompt_tokens : 0);
@@ -218,8 +221,13 @@ static void print_side_by_side(FILE *f, const struct kvctl_report *r)
              * what a backend costs the process that uses it. */
             double per = p->lookup ? (p->ops ? p->cpu_s / ((double)p->ops / 1e6) : 0)
                                    : (p->bytes ? p->cpu_s / ((double)p->bytes / (MIB * 1024)) : 0);
-            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s %7.2f s/%s\n", k ? "" : p->name,
-                    run->backend, rate, p->p50_us, p->p99_us, tcp, per, p->lookup ? "M" : "G");
+            /* A trace replay's phases interleave: only the whole replay has
+             * a CPU time (in its trace figures). */
+            char cpu[32] = "-";
+            if (!run->trace.on)
+                snprintf(cpu, sizeof cpu, "%7.2f s/%s", per, p->lookup ? "M" : "G");
+            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s %12s\n", k ? "" : p->name,
+                    run->backend, rate, p->p50_us, p->p99_us, tcp, cpu);
         }
     }
 }
@@ -404,9 +412,13 @@ static void json_trace(FILE *f, const struct kvctl_run *run)
     jnum(f, t->lru_hit_ratio);
     fputs(",\"lru_blocks\":", f);
     jcount(f, t->lru_blocks, isfinite(t->lru_hit_ratio));
+    fputs(",\"lru_low_blocks\":", f);
+    jcount(f, t->lru_low_blocks, isfinite(t->lru_hit_ratio));
+    fputs(",\"lru_plain_hit_ratio\":", f);
+    jnum(f, t->lru_plain_hit_ratio);
     fprintf(f, ",\"broken_promises\":%" PRIu64 ",\"verify_failures\":%" PRIu64
-               ",\"dumps_refused\":%" PRIu64 ",\"load_mib_s\":",
-            t->broken_promises, t->verify_failures, t->dumps_refused);
+               ",\"dumps_refused\":%" PRIu64 ",\"spill_drops\":%" PRIu64 ",\"load_mib_s\":",
+            t->broken_promises, t->verify_failures, t->dumps_refused, t->spill_drops);
     jnum(f, ld ? kvctl_phase_mib_s(ld) : NAN);
     fputs(",\"dump_mib_s\":", f);
     jnum(f, dp ? kvctl_phase_mib_s(dp) : NAN);

@@ -742,7 +742,8 @@ static void lru_front(struct lru *c, uint32_t x)
         c->tail = x;
 }
 
-uint64_t kvctl_trace_lru(const struct kvctl_trace *t, uint64_t capacity, uint32_t *req_hits)
+uint64_t kvctl_trace_lru(const struct kvctl_trace *t, uint64_t capacity, uint64_t low,
+                         uint32_t *req_hits)
 {
     size_t nd = t->ndistinct ? t->ndistinct : 1;
     struct lru c = { .prev = malloc(nd * sizeof *c.prev), .next = malloc(nd * sizeof *c.next),
@@ -763,11 +764,16 @@ uint64_t kvctl_trace_lru(const struct kvctl_trace *t, uint64_t capacity, uint32_
         for (uint32_t k = h; k < n && c.cap > 0; k++) {
             if (c.in[d[k]])
                 continue;                           /* a dump of a present block */
-            if (c.n == c.cap) {
-                uint32_t v = c.tail;
-                lru_unlink(&c, v);
-                c.in[v] = 0;
-                c.n--;
+            /* Full: the least recently used go, down to `low` (the DRAM
+             * tier frees eviction.ratio of its capacity at once). */
+            if (c.n >= c.cap) {
+                uint64_t keep = low < c.cap ? low : c.cap - 1;
+                while (c.n > keep) {
+                    uint32_t v = c.tail;
+                    lru_unlink(&c, v);
+                    c.in[v] = 0;
+                    c.n--;
+                }
             }
             lru_front(&c, d[k]);
             c.in[d[k]] = 1;
@@ -1235,6 +1241,7 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
         ts->prompt_tokens += in;
         ts->tokens_skipped += sk < in ? sk : in;
     }
+    ts->spill_drops = after.spill_drops - before.spill_drops;
     ts->dram_used = after.dram_used;
     ts->dram_shards = after.shards;
     replay_free(&rp);
