@@ -1126,7 +1126,8 @@ static int rr_run(struct kv__cluster *c, struct view *from, struct view *to, uin
         KV_WARN("cluster: re-replication: out of memory listing blocks; copying %zu", s.n);
     uint64_t bytes = 0;
     size_t blocks = 0;
-    qsort(s.v, s.n, sizeof *s.v, rr_newest_first);
+    if (s.n)   /* (qsort's array must not be NULL, even for none) */
+        qsort(s.v, s.n, sizeof *s.v, rr_newest_first);
     for (size_t i = 0; i < s.n; i++) {
         bytes += s.v[i].len * s.v[i].ntargets;
         blocks += i == 0 || memcmp(&s.v[i].id, &s.v[i - 1].id, sizeof s.v[i].id) != 0 ||
