@@ -285,6 +285,20 @@ static void write_seeds(const char *dir)
     sb_batch(&b, read, 1, 2);
     sb_seed(dir, "wrong-token", &b);
 
+    /* Plain keys as a cluster puts them: a replacing dump, a load, a
+     * remove, a load that now misses. */
+    struct kv__wire_req keys[4] = {
+        { .kind = KV_OP_DUMP, .ns = KV_NS_KEY, .flags = KV_WIRE_REPLACE, .id.bytes = { 3 },
+          .len = 11 },
+        { .kind = KV_OP_LOAD, .ns = KV_NS_KEY, .id.bytes = { 3 }, .len = 11 },
+        { .kind = KV_OP_REMOVE, .ns = KV_NS_KEY, .id.bytes = { 3 } },
+        { .kind = KV_OP_LOAD, .ns = KV_NS_KEY, .id.bytes = { 3 }, .len = 11 },
+    };
+    sb_put(&b, &flag, 1);
+    sb_batch(&b, keys, 1, 2);
+    sb_batch(&b, keys + 1, 3, 3);
+    sb_seed(dir, "keys-replace-remove", &b);
+
     /* A dump whose data stops short (the peer leaves mid-frame). */
     sb_put(&b, &flag, 1);
     sb_batch(&b, dump, 2, 2);
