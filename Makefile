@@ -132,7 +132,9 @@ PYTEST_RUN := $(PY_SAN_ENV) PYTHONDONTWRITEBYTECODE=1 KV_BUILD=$(abspath $(BUILD
     $(PYTHON) -m pytest -q -p no:cacheprovider tests/python
 
 # The test runner finds the tools and the stand-in through KV_BUILD.
+# scripts/layers.sh: net/ and persist/ never call up into engine/ (nm).
 test check: all $(BUILD)/tests/check_kvengine $(SV_LIB) $(EXAMPLES)
+	sh scripts/layers.sh $(BUILD)
 	$(TSAN_ENV) KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine
 	$(BUILD)/examples/quickstart | grep -q 'hit=1 load=success same=1'
 	$(if $(findstring thread,$(SANITIZE)),@echo "pytest: skipped under ThreadSanitizer",$(PYTEST_RUN))

@@ -19,6 +19,7 @@
 #include "metrics.h"
 #include "ssd.h"
 #include "store.h"
+#include "transport.h"
 
 enum { TASK_DUMP = 1, TASK_LOAD, TASK_PREFETCH };
 
@@ -721,7 +722,9 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         goto fail;
     }
     if (cfg->cluster.enabled) {
-        rc = kv__cluster_start(e, cfg, &e->cluster, err, sizeof err);
+        struct kv__backend be;
+        kv__backend_engine(e, &be);
+        rc = kv__cluster_start(&be, cfg, &e->cluster, err, sizeof err);
         if (rc != KV_OK)
             goto fail;
     }
@@ -758,23 +761,3 @@ KV__EXPORT void kv_close(kv_engine *e)
 }
 
 /* ---- iovec helpers ---------------------------------------------------- */
-
-void kv__iov_gather(void *dst, const kv_iov *iov, uint32_t cnt)
-{
-    uint8_t *p = dst;
-    for (uint32_t i = 0; i < cnt; i++) {
-        if (iov[i].len)
-            memcpy(p, iov[i].base, iov[i].len);
-        p += iov[i].len;
-    }
-}
-
-void kv__iov_scatter(const kv_iov *iov, uint32_t cnt, const void *src)
-{
-    const uint8_t *p = src;
-    for (uint32_t i = 0; i < cnt; i++) {
-        if (iov[i].len)
-            memcpy(iov[i].base, p, iov[i].len);
-        p += iov[i].len;
-    }
-}

@@ -18,6 +18,11 @@ void kv__engine_segment(kv_engine *e, void **base, size_t *len);
 /* The engine's effective config (read-only, lives as long as the engine). */
 const struct kv_config *kv__engine_config(kv_engine *e);
 
+/* The engine's local store as a network backend (engine/backend.c): the
+ * kv__local_* calls below behind net/transport.h's ops table. */
+struct kv__backend;
+void kv__backend_engine(kv_engine *e, struct kv__backend *out);
+
 /* Presence of shard 0 of each block in the local tiers; grants leases. */
 int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
 

@@ -97,9 +97,25 @@ static inline uint64_t kv__iov_len(const kv_iov *iov, uint32_t cnt)
     return n;
 }
 /* Copies an iovec list into one flat buffer. */
-void kv__iov_gather(void *dst, const kv_iov *iov, uint32_t cnt);
+static inline void kv__iov_gather(void *dst, const kv_iov *iov, uint32_t cnt)
+{
+    uint8_t *p = dst;
+    for (uint32_t i = 0; i < cnt; i++) {
+        if (iov[i].len)
+            memcpy(p, iov[i].base, iov[i].len);
+        p += iov[i].len;
+    }
+}
 /* Copies one flat buffer out into an iovec list of the same total length. */
-void kv__iov_scatter(const kv_iov *iov, uint32_t cnt, const void *src);
+static inline void kv__iov_scatter(const kv_iov *iov, uint32_t cnt, const void *src)
+{
+    const uint8_t *p = src;
+    for (uint32_t i = 0; i < cnt; i++) {
+        if (iov[i].len)
+            memcpy(iov[i].base, p, iov[i].len);
+        p += iov[i].len;
+    }
+}
 
 /* Namespaces: block shards and plain keys never meet. */
 enum kv__ns { KV_NS_BLOCK = 0, KV_NS_KEY = 1, KV_NS_COUNT = 2 };

@@ -474,11 +474,9 @@ int kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cf
     return KV_OK;
 }
 
-int kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__cluster **out,
-                      char *err, size_t errlen)
+int kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg,
+                      struct kv__cluster **out, char *err, size_t errlen)
 {
-    struct kv__backend be;
-    kv__backend_engine(e, &be);
     /* A store of its own (DRAM, or SSD only) makes an owner; dram.capacity
      * 0 with a DRAM pipeline is a pure client. */
     int owner = cfg->dram.capacity > 0 || cfg->pipeline == KV_PIPE_SSD;
@@ -488,7 +486,7 @@ int kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__clus
     if (!c)
         return KV_ENOMEM;
     c->cfg = *cfg;
-    c->engine_be = be;
+    c->engine_be = *be;
     c->be = owner ? &c->engine_be : NULL;
     pthread_mutex_init(&c->vlock, NULL);
     int rc = start(c, err, errlen);

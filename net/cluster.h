@@ -49,12 +49,14 @@ struct kv__cluster;
 struct kv__backend;
 
 /* Joins the view via kvmaster (cluster.master) or etcd
- * (cluster.etcd_endpoints) and starts serving cluster.listen (unless
- * dram.capacity is 0). KV_ENET when the store cannot be reached, KV_EPERM
- * when it refuses the token (or etcd user), KV_ENOTSUP when protocol rdma
- * is asked for and not available. *out NULL on failure. */
-int  kv__cluster_start(kv_engine *e, const struct kv_config *cfg, struct kv__cluster **out,
-                       char *err, size_t errlen);
+ * (cluster.etcd_endpoints) and starts serving be, the engine's local store
+ * (engine/backend.c; copied), on cluster.listen (unless dram.capacity is 0
+ * without an SSD-only pipeline: a pure client serves nothing). KV_ENET when
+ * the store cannot be reached, KV_EPERM when it refuses the token (or etcd
+ * user), KV_ENOTSUP when protocol rdma is asked for and not available.
+ * *out NULL on failure. */
+int  kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg,
+                       struct kv__cluster **out, char *err, size_t errlen);
 /* The same over any backend (be NULL = pure client); what tests use. */
 int  kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cfg,
                                struct kv__cluster **out, char *err, size_t errlen);

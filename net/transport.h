@@ -76,8 +76,6 @@ struct kv__backend {
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 
-/* A backend over an engine's local store (kv__local_*). */
-void kv__backend_engine(kv_engine *e, struct kv__backend *out);
 
 /* A heap-backed backend (a hash table of malloc'd values, with a byte
  * capacity): the store of the transport and cluster tests, and a reference
