@@ -31,6 +31,9 @@
 # shipped binaries exercise together.
 set -u
 
+# All of it in one function: bash reads a script as it runs, so an edit to
+# this file during a 10-minute soak would otherwise break the run.
+main() {
 secs=${1:-600}
 build=${KV_BUILD:-build}
 case $secs in ''|*[!0-9]*) echo "soak: SECONDS must be a whole number, got '$secs'" >&2; exit 2;; esac
@@ -129,13 +132,14 @@ start local "$build/kvctl" "${common[@]}" --set pipeline='dram|ssd' --set dram.c
     bench --scenario mixed_rw --value-size 16KiB --nr-objects 2000 --numjobs 2 --runtime "$secs"
 start client "$build/kvctl" "${common[@]}" --set cluster.enabled=true --set cluster.master="$master" \
     --set cluster.protocol=tcp --set dram.capacity=0 --set pipeline=dram \
-    bench --scenario mixed_rw --value-size 64KiB --nr-objects 500 --numjobs 2 --runtime "$secs"
+    bench --scenario mixed_rw --value-size 8KiB --nr-objects 4000 --numjobs 2 --runtime "$secs"
 
 echo "soak: ${secs}s of mixed_rw (local dram|ssd engine, and a client of 2 kvnodes via kvmaster" \
      "$master); warm-up ${warm}s; work dir $work"
 samples=$work/samples.tsv
 : >"$samples"
 start_s=$SECONDS
+said=0
 limit=$(( secs + 180 ))     # the prepare phases and the benches' own teardown
 while alive local || alive client; do
     now=$(( SECONDS - start_s ))
@@ -143,14 +147,20 @@ while alive local || alive client; do
         fail "the benches were still running ${limit}s after the start"
         break
     fi
-    for name in kvmaster kvnode1 kvnode2 local client; do
-        pid=$(pid_of "$name")
-        rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+    # Builtins only: a sample must not cost a fork per process.
+    for i in "${!names[@]}"; do
+        name=${names[$i]}
+        pid=${pids[$i]}
+        rss=""
+        while read -r key val _; do
+            [ "$key" = "VmRSS:" ] && { rss=$val; break; }
+        done 2>/dev/null <"/proc/$pid/status"
         [ -n "$rss" ] || continue
-        fds=$(ls "/proc/$pid/fd" 2>/dev/null | wc -l)
-        printf '%s\t%s\t%s\t%s\n' "$now" "$name" "$rss" "$fds" >>"$samples"
+        fdl=("/proc/$pid/fd/"*)
+        printf '%s\t%s\t%s\t%s\n' "$now" "$name" "$rss" "${#fdl[@]}" >>"$samples"
     done
-    if [ $(( now % 60 )) -eq 0 ] && [ "$now" -gt 0 ]; then
+    if [ $(( now / 60 )) -gt "$said" ]; then
+        said=$(( now / 60 ))
         echo "soak: ${now}s"
     fi
     sleep 1
@@ -234,3 +244,6 @@ if [ -n "$failed" ]; then
     exit 1
 fi
 echo "soak: ok"
+}
+
+main "$@"
