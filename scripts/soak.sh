@@ -21,8 +21,10 @@
 # — or when it ends holding more than 16 descriptors over its warm-up
 # maximum. Peaks, not single samples, because RocksDB's memtables fill and
 # are flushed in cycles (16 MiB each): a leak raises every peak, a memtable
-# only moves within them. It also fails when a bench fails or a daemon
-# dies. It prints each process's RSS curve (tenths of the run).
+# only moves within them (the client writes 8 KiB values so that the
+# nodes' memtables cycle every half minute or so, several times even in
+# CI's 3-minute run). It also fails when a bench fails or a daemon dies. It
+# prints each process's RSS curve (tenths of the run).
 # Every process it starts is stopped at the end, on failure too.
 #
 # The key design choice is to measure the real programs, not an in-process
