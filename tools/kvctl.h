@@ -230,7 +230,9 @@ struct kvctl_trace_stats {
     double p50_us, p99_us;      /* lookup + load, per request */
     uint64_t tokens_skipped;    /* min(hits x 512, input_length), summed */
     uint64_t prompt_tokens;     /* input_length, summed */
-    uint64_t dram_used, dram_shards;        /* at the end (sizes the LRU) */
+    double shard_bytes;         /* DRAM a stored shard took (0: none stored),
+                                   the least seen in the run: write-back in
+                                   flight counts as used but holds no shard */
     uint32_t *req_hits;         /* per request: blocks loaded (malloc'd) */
     uint32_t *lru_req_hits;     /* per request: the LRU model's hits */
 };

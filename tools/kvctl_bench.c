@@ -510,8 +510,7 @@ static bool cluster_enabled(const kv_config *cfg)
  * least recently used first (approximately: it samples); the model holds
  * as many blocks and frees as many, in exact LRU order, so that the two
  * differ only in how well the tier's order approximates LRU. A block's
- * bytes are measured at the end of the run (the allocator's rounding
- * included), at most a value rounded up to pages. The plain LRU (one block at a time, at the high watermark)
+ * bytes are measured during the run (the allocator's rounding included). The plain LRU (one block at a time, at the high watermark)
  * is reported beside it. Runs without a local DRAM tier (ssd, posix, a
  * cluster client) get no model. */
 static void trace_models(const struct trace_ctx *tc, const struct kvctl_open_args *args,
@@ -527,11 +526,8 @@ static void trace_models(const struct trace_ctx *tc, const struct kvctl_open_arg
         kv_config_get(args->cfg, "dram.capacity", cap_s, sizeof cap_s) != KV_OK ||
         kvctl_parse_size(cap_s, &cap) != KV_OK)
         return;
-    /* Memory still being written back at the end counts as used but holds
-     * no stored shard: never more than a value rounded to pages. */
-    double paged = (double)((tc->opts.value_size + 4095) & ~4095ull);
-    double per_shard = ts->dram_shards ? (double)ts->dram_used / (double)ts->dram_shards : paged;
-    double per_block = (per_shard < paged ? per_shard : paged) * tc->opts.shards;
+    double per_block = (ts->shard_bytes > 0 ? ts->shard_bytes : (double)tc->opts.value_size)
+                     * tc->opts.shards;
     double hwm = config_double(args->cfg, "eviction.high_watermark_ratio");
     double ratio = config_double(args->cfg, "eviction.ratio");
     if (!(hwm > 0) || !(ratio > 0) || !(per_block > 0) || refs == 0)

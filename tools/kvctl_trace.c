@@ -1123,6 +1123,16 @@ static void latency(struct kvctl_phase *p, const uint64_t *v, size_t n)
     free(s);
 }
 
+/* Keeps the least DRAM per stored shard seen (what sizes the LRU model). */
+static void note_shard_bytes(struct kvctl_trace_stats *ts, const struct kvctl_backend_info *in)
+{
+    if (!in->shards)
+        return;
+    double b = (double)in->dram_used / (double)in->shards;
+    if (ts->shard_bytes == 0 || b < ts->shard_bytes)
+        ts->shard_bytes = b;
+}
+
 static double cpu_now(void)
 {
     struct timespec ts;
@@ -1158,9 +1168,15 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
     double cpu0 = cpu_now();
     rp.t0 = kvctl_now_ns();
     pthread_barrier_wait(&rp.go);
-    while (atomic_load(&rp.finished) < o->numjobs) {
+    ts->shard_bytes = 0;
+    for (unsigned n = 1; atomic_load(&rp.finished) < o->numjobs; n++) {
         usleep(10000);
         kvctl_progress_tick(&prog, atomic_load_explicit(&rp.done, memory_order_relaxed));
+        if (n % 20 == 0 && o->tiers == KVCTL_TIERS_ENGINE) {
+            struct kvctl_backend_info now;
+            be->info(st, &now);
+            note_shard_bytes(ts, &now);
+        }
     }
     for (unsigned i = 0; i < o->numjobs; i++)
         pthread_join(rp.job[i].th, NULL);
@@ -1242,8 +1258,7 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
         ts->tokens_skipped += sk < in ? sk : in;
     }
     ts->spill_drops = after.spill_drops - before.spill_drops;
-    ts->dram_used = after.dram_used;
-    ts->dram_shards = after.shards;
+    note_shard_bytes(ts, &after);
     replay_free(&rp);
     return KV_OK;
 }
