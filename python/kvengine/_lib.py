@@ -65,6 +65,11 @@ class kv_stats(ctypes.Structure):
                [("reserved", ctypes.c_uint64 * 16)]
 
 
+class kv_pair(ctypes.Structure):
+    _fields_ = [("key", ctypes.c_void_p), ("klen", ctypes.c_size_t),
+                ("val", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
 class kv_member_info(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char * 129), ("addr", ctypes.c_char * 129),
                 ("owner", ctypes.c_int), ("segments", ctypes.c_uint32),
@@ -147,6 +152,15 @@ kv_shard_size = _proto("kv_shard_size", _i, _p, _p, ctypes.c_uint32,
                        ctypes.POINTER(ctypes.c_uint64))
 kv_members = _proto("kv_members", _i, _p, ctypes.POINTER(ctypes.c_uint64),
                     ctypes.POINTER(ctypes.POINTER(kv_member_info)), ctypes.POINTER(_sz))
+
+# The batched plain-key calls (kv_put_many ...) came with cluster-wide plain
+# keys; an older library lacks them and the Mooncake store then loops.
+if hasattr(lib, "kv_put_many"):
+    kv_put_many = _proto("kv_put_many", _i, _p, _p, _sz, _p)
+    kv_get_many = _proto("kv_get_many", _i, _p, _p, _sz, _p)
+    kv_exists_many = _proto("kv_exists_many", _i, _p, _p, _sz, _p)
+else:   # pragma: no cover - depends on the library loaded
+    kv_put_many = kv_get_many = kv_exists_many = None
 
 _libc = ctypes.CDLL(None)
 free = _libc.free

@@ -25,8 +25,12 @@ Mapping (what Mooncake's arguments mean here):
   keyword-only kvengine_config / kvengine_settings (also keys of the dict),
   which win over the environment.
 - Objects are kvengine's plain keys (kv_put / kv_get / kv_exists /
-  kv_remove), so they follow plain keys' placement: node-local until
-  cluster-wide plain keys land in the C library, then on the key's owners.
+  kv_remove): in a cluster they live on the key's owners (placed like
+  blocks, cluster.replica_num of them), from members and pure clients
+  alike. The batch calls (put_batch, get_batch, batch_put_from,
+  batch_get_into, batch_is_exist) are one kv_put_many / kv_get_many /
+  kv_exists_many each: one round per owner, not one per key (a library
+  without those calls gets a loop).
 - A put replaces an existing object (Mooncake's put of an existing key
   succeeds too). ReplicateConfig is accepted and checked, but replication
   is the engine's cluster.replica_num, and there is no per-object pinning:
@@ -54,6 +58,7 @@ import os
 import re
 import shlex
 import socket
+import struct
 import threading
 
 from . import _buffers
@@ -205,6 +210,7 @@ def _pick_port(host):
 
 
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
+_PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
 
@@ -398,14 +404,45 @@ class MooncakeDistributedStore:
             eng._leave()
 
     def put_batch(self, keys, values, config=None):
-        """0 when every put succeeded, else the first failure's code."""
+        """0 when every put succeeded, else the first failure's code. One
+        kv_put_many: in a cluster one round per owner, not per key."""
         if len(keys) != len(values):
             return _BAD
-        for k, v in zip(keys, values):
-            rc = self.put(k, v, config)
-            if rc:
-                return rc
-        return 0
+        if self._eng is None:
+            return _NOT_SET_UP
+        if _lib.kv_put_many is None:
+            for k, v in zip(keys, values):
+                rc = self.put(k, v, config)
+                if rc:
+                    return rc
+            return 0
+        items = []
+        pins = []
+        for key, v in zip(keys, values):
+            k = self._key(key)
+            if k is None:
+                return _BAD
+            try:
+                addr, n, pin = _buffers.span(v, False)
+            except (TypeError, ValueError, BufferError):
+                return _BAD
+            if n > self._local_buffer:
+                return int(ErrorCode.BUFFER_OVERFLOW)
+            pins.append(pin)
+            items.append((k, addr, n))
+        if not items:
+            return 0
+        got = self._many(_lib.kv_put_many, items)
+        if got is None:
+            return _NOT_SET_UP
+        res, _ = got
+        first = 0
+        for (k, _, _), rc in zip(items, res):
+            if rc == 0:
+                self._keys.add(k)
+            elif not first:
+                first = to_mooncake(rc)
+        return first
 
     def get(self, key):
         """The object's bytes; b"" when it is missing (or anything failed)."""
@@ -423,7 +460,36 @@ class MooncakeDistributedStore:
         return v
 
     def get_batch(self, keys):
-        return [self.get(k) for k in keys]
+        """[bytes] per key (b"" when missing): the sizes in one kv_get_many,
+        then the values in a second."""
+        if self._eng is None or _lib.kv_get_many is None:
+            return [self.get(k) for k in keys]
+        out = [b""] * len(keys)
+        ks = [(i, self._key(key)) for i, key in enumerate(keys)]
+        ks = [(i, k) for i, k in ks if k is not None]
+        if not ks:
+            return out
+        got = self._many(_lib.kv_get_many, [(k, 0, 0) for _, k in ks])
+        if got is None:
+            return out
+        res, lens = got
+        want = []
+        for (i, k), rc, n in zip(ks, res, lens):
+            if rc == _engine.ENOBUFS and n <= self._local_buffer:
+                obj, addr = _engine._new_bytes(n)
+                want.append((i, k, obj, addr, n))
+        if not want:
+            return out
+        got = self._many(_lib.kv_get_many, [(k, addr, n) for _, k, _, addr, n in want])
+        if got is None:
+            return out
+        res, lens = got
+        for (i, k, obj, _, n), rc, ln in zip(want, res, lens):
+            if rc == 0:
+                out[i] = obj if ln == n else obj[:ln]
+            elif rc == _engine.ENOBUFS:     # it grew in between: read it alone
+                out[i] = self.get(keys[i])
+        return out
 
     def get_buffer(self, key):
         """A BufferHandle with the object's bytes, or None when missing."""
@@ -481,20 +547,90 @@ class MooncakeDistributedStore:
             eng._leave()
         return vlen.value if rc == 0 else to_mooncake(rc)
 
+    @staticmethod
+    def _ptr_ok(ptr, size):
+        return isinstance(ptr, int) and isinstance(size, int) and size >= 0 and \
+            (size == 0 or ptr > 0)
+
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
         """A code per key; every entry INVALID_PARAMS when the lists differ
-        in length. Loops kv_put: the C library has no batched plain-key call."""
+        in length. One kv_put_many (one round per owner in a cluster)."""
         n = len(keys)
         if len(buffer_ptrs) != n or len(sizes) != n:
             return [_BAD] * n
-        return [self.put_from(keys[i], buffer_ptrs[i], sizes[i], config) for i in range(n)]
+        if self._eng is None:
+            return [_NOT_SET_UP] * n
+        if _lib.kv_put_many is None:
+            return [self.put_from(keys[i], buffer_ptrs[i], sizes[i], config) for i in range(n)]
+        out = [_BAD] * n
+        idx = []
+        items = []
+        for i in range(n):
+            k = self._key(keys[i])
+            if k is not None and self._ptr_ok(buffer_ptrs[i], sizes[i]):
+                idx.append(i)
+                items.append((k, buffer_ptrs[i], sizes[i]))
+        if items:
+            got = self._many(_lib.kv_put_many, items)
+            if got is None:
+                return [_NOT_SET_UP] * n
+            for i, item, rc in zip(idx, items, got[0]):
+                out[i] = to_mooncake(rc)
+                if rc == 0:
+                    self._keys.add(item[0])
+        return out
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
-        """Bytes read per key, or a negative code per key."""
+        """Bytes read per key, or a negative code per key. One kv_get_many."""
         n = len(keys)
         if len(buffer_ptrs) != n or len(sizes) != n:
             return [_BAD] * n
-        return [self.get_into(keys[i], buffer_ptrs[i], sizes[i]) for i in range(n)]
+        if self._eng is None:
+            return [_NOT_SET_UP] * n
+        if _lib.kv_get_many is None:
+            return [self.get_into(keys[i], buffer_ptrs[i], sizes[i]) for i in range(n)]
+        out = [_BAD] * n
+        idx = []
+        items = []
+        for i in range(n):
+            k = self._key(keys[i])
+            if k is not None and self._ptr_ok(buffer_ptrs[i], sizes[i]):
+                idx.append(i)
+                items.append((k, buffer_ptrs[i], sizes[i]))
+        if items:
+            got = self._many(_lib.kv_get_many, items)
+            if got is None:
+                return [_NOT_SET_UP] * n
+            for i, rc, ln in zip(idx, got[0], got[1]):
+                out[i] = ln if rc == 0 else to_mooncake(rc)
+        return out
+
+    def _many(self, fn, items):
+        """Runs kv_put_many / kv_get_many / kv_exists_many over items, a list
+        of (key bytes, value address, length). (results, lengths after the
+        call), or None when the store is not set up. The keys are bytes the
+        caller holds, so their addresses stay valid through the call."""
+        n = len(items)
+        flat = []
+        for k, addr, ln in items:
+            ka = _buffers.span(k, False)[0]
+            flat += (ka, len(k), addr or 0, ln)
+        mem = bytearray(_PAIR * n)
+        struct.pack_into("=%dQ" % (4 * n), mem, 0, *flat)
+        arr = ctypes.c_char.from_buffer(mem)
+        res = (ctypes.c_int * n)()
+        eng, h = self._enter()
+        if h is None:
+            return None
+        try:
+            rc = fn(h, ctypes.addressof(arr), n, res)
+        finally:
+            eng._leave()
+        if rc:
+            return [rc] * n, [0] * n
+        lens = struct.unpack_from("=%dQ" % (4 * n), mem)[3::4]
+        del arr
+        return list(res), list(lens)
 
     def register_buffer(self, buffer_ptr, size):
         if not isinstance(buffer_ptr, int) or not isinstance(size, int) \
@@ -534,7 +670,18 @@ class MooncakeDistributedStore:
         return rc if rc in (0, 1) else -1
 
     def batch_is_exist(self, keys):
-        return [self.is_exist(k) for k in keys]
+        """1/0/-1 per key, from one kv_exists_many."""
+        if self._eng is None or _lib.kv_exists_many is None:
+            return [self.is_exist(k) for k in keys]
+        out = [-1] * len(keys)
+        ks = [(i, self._key(key)) for i, key in enumerate(keys)]
+        ks = [(i, k) for i, k in ks if k is not None]
+        if ks:
+            got = self._many(_lib.kv_exists_many, [(k, 0, 0) for _, k in ks])
+            if got is not None:
+                for (i, _), rc in zip(ks, got[0]):
+                    out[i] = rc if rc in (0, 1) else -1
+        return out
 
     def get_size(self, key):
         """The object's size in bytes, or a negative code."""

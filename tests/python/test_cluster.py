@@ -113,17 +113,44 @@ def test_mooncake_setup_fails_without_master(tmp_path):
         assert rc < 0 and s.last_error
 
 
-@pytest.mark.xfail(reason="plain keys are node-local until cluster-wide plain keys "
-                          "(issue 11 part 1) land in the C library", strict=False)
 def test_plain_keys_are_cluster_wide(cluster):
+    """Objects put by one pure client are read by another: plain keys live
+    on the key's owners (issue 11 part 1), and the batch calls reach them in
+    one kv_*_many each."""
     cluster.start_node()
-    cluster.wait_owners(1)
-    a = _mstore(cluster, seg="0")          # a pure client
+    cluster.start_node()
+    cluster.wait_owners(2)
+    a = _mstore(cluster, seg="0")          # pure clients: no DRAM of their own
     b = _mstore(cluster, seg="0")
     try:
         assert a.put("shared", b"seen from everywhere") == 0
         assert b.get("shared") == b"seen from everywhere"
-        assert b.is_exist("shared") == 1
+        assert b.is_exist("shared") == 1 and b.get_size("shared") == 20
+        keys = ["k%d" % i for i in range(16)]
+        vals = [os.urandom(1000 + 997 * i) for i in range(16)]
+        assert a.put_batch(keys, vals) == 0
+        assert b.get_batch(keys + ["absent"]) == vals + [b""]
+        assert b.batch_is_exist(keys[:3] + ["absent", ""]) == [1, 1, 1, 0, -1]
+        n, size = 8, 1 << 20
+        src = (ctypes.c_ubyte * (n * size))()
+        ctypes.memmove(src, os.urandom(n * size), n * size)
+        base = ctypes.addressof(src)
+        big = ["big%d" % i for i in range(n)]
+        assert a.batch_put_from(big, [base + i * size for i in range(n)], [size] * n) == [0] * n
+        dst = (ctypes.c_ubyte * (n * size))()
+        dbase = ctypes.addressof(dst)
+        got = b.batch_get_into(big + ["absent"], [dbase + i * size for i in range(n)] + [dbase],
+                               [size] * (n + 1))
+        assert got == [size] * n + [-704]
+        assert bytes(dst) == bytes(src)
+        # A destination too small for its object fails that key only.
+        assert b.batch_get_into(["big0", "k0"], [dbase, dbase + size], [size - 1, size]) == \
+            [-600, 1000]
+        # A replace is seen by the other client; a remove too.
+        assert b.put("shared", b"replaced") == 0
+        assert a.get("shared") == b"replaced"
+        assert a.remove("shared") == 0
+        assert b.is_exist("shared") == 0 and b.get("shared") == b""
     finally:
         a.close()
         b.close()

@@ -31,7 +31,7 @@ def test_dump_lookup_load_roundtrip(engine):
     bid = ids(6)
     parts = [[os.urandom(1000), os.urandom(3096)] for _ in range(6)]
     t = engine.dump([(bid[i], i % 2, parts[i]) for i in range(6)])
-    assert isinstance(t, kvengine.Task)
+    assert isinstance(t, kvengine.Task) and t.id > 0
     t.wait()
     assert t.check() is True and t.result == 0
     # Shard 0 decides a lookup hit: blocks dumped with shard 1 only miss.

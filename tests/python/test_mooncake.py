@@ -322,3 +322,29 @@ def test_environment_settings(monkeypatch, tmp_path):
     cfg.write_text("pipeline: bogus\n")
     assert s.setup("localhost", "", "8MB", "8MB", "tcp", "", "") == BAD
     assert "kv.yaml:1" in s.last_error
+
+
+def test_batches_without_the_batched_c_calls(store, monkeypatch):
+    """A library without kv_put_many & co: the batch calls loop, same answers."""
+    import kvengine._lib as lib
+    for name in ("kv_put_many", "kv_get_many", "kv_exists_many"):
+        monkeypatch.setattr(lib, name, None)
+    keys = ["f%d" % i for i in range(4)]
+    vals = [os.urandom(50 + i) for i in range(4)]
+    assert store.put_batch(keys, vals) == 0
+    assert store.get_batch(keys + ["nope"]) == vals + [b""]
+    assert store.batch_is_exist(keys[:2] + ["nope"]) == [1, 1, 0]
+    buf, ptr = _cbuf(64, b"z" * 64)
+    assert store.batch_put_from(["g0", "g1"], [ptr, ptr], [64, 32]) == [0, 0]
+    assert store.batch_get_into(["g0", "g1", "nope"], [ptr, ptr, ptr], [64, 64, 64]) == \
+        [64, 32, NOT_FOUND]
+
+
+def test_batch_bad_items(store):
+    buf, ptr = _cbuf(16, b"q" * 16)
+    # One bad key or pointer fails that item only.
+    assert store.batch_put_from(["ok", "", "ok2"], [ptr, ptr, 0], [16, 16, 16]) == [0, BAD, BAD]
+    assert store.batch_get_into(["ok", 5, "ok"], [ptr, ptr, ptr], [16, 16, 8]) == [16, BAD, BAD]
+    assert store.put_batch(["a", ""], [b"x", b"y"]) == BAD
+    assert store.put_batch(["a", "b"], [b"x", 7]) == BAD
+    assert store.get_batch(["ok", None]) == [b"q" * 16, b""]
