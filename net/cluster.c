@@ -448,9 +448,13 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
         c->rr_started = 1;
         pthread_mutex_unlock(&c->vlock);
     }
+    /* The heartbeat thread (woken by etcd's watch) may install a newer
+     * view by now: read it with a reference. */
+    struct view *v = view_get(c);
     KV_INFO("cluster: %s %s over %s, view %llu (%zu owners), replica_num %u",
             c->be ? "serving" : "joined as a pure client", c->be ? c->self.addr : c->self.id,
-            c->ops->name, (unsigned long long)version, c->view->n, c->replicas);
+            c->ops->name, (unsigned long long)v->version, v->n, c->replicas);
+    view_put(v);
     return KV_OK;
 }
 

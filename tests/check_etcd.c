@@ -311,15 +311,17 @@ START_TEST(leader_killed_during_loads)
     ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
     int leader = etcd_leader();
     ck_assert_int_ge(leader, 0);
-    int loads = 0, failed = 0, dumps = 0, dfailed = 0;
+    int loads = 0, failed = 0, dumps = 0, dfailed = 0, why = KV_OK;
     uint64_t killed_at = 0;
     for (int round = 0; round < 1000; round++) {
         for (size_t b = 0; b < s.n; b += 8) {
             memset(s.dst + b * s.len, 0, 8 * s.len);
             int rc = run_task(client, 0, s.load + b, 8);
             loads++;
-            if (rc != KV_OK || memcmp(s.src + b * s.len, s.dst + b * s.len, 8 * s.len) != 0)
+            if (rc != KV_OK || memcmp(s.src + b * s.len, s.dst + b * s.len, 8 * s.len) != 0) {
                 failed++;
+                why = rc ? rc : KV_ECORRUPT;
+            }
         }
         /* a dump of blocks already there (skipped by the owners) and of
          * fresh ones, to keep writes going through the kill */
@@ -335,7 +337,7 @@ START_TEST(leader_killed_during_loads)
         }
     }
     ck_assert_int_gt(loads, 12);
-    ck_assert_msg(failed == 0, "%d of %d loads failed", failed, loads);
+    ck_assert_msg(failed == 0, "%d of %d loads failed (%s)", failed, loads, kv_strerror(why));
     ck_assert_msg(dfailed == 0, "%d of %d dumps failed", dfailed, dumps);
     /* a new leader among the two left, and every member still in the view
      * (their leases survived the election) */
@@ -384,6 +386,7 @@ START_TEST(etcd_down_for_a_while)
     ck_assert_int_eq(open_engine("0", 1, &client), KV_OK);
     struct set s = make_set(32, 16 << 10, 2);
     ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    wait_engine_owners(client, 2, 3000);
     tu_etcd_kill(&etcd, 0);
     uint64_t t0 = tu_now_ms();
     int rounds = 0;
