@@ -62,9 +62,10 @@
  * rather than let the process run out of descriptors for its own files. */
 #define KV__TCP_CONNS_MAX 8192
 /* Connections that have not said HELLO yet. A real one authenticates in a
- * round trip, so 64 only fill up under a flood; then the oldest is closed
- * to let the newest in, and idle ones cannot lock real clients out. */
-#define KV__TCP_UNAUTH_MAX 64
+ * round trip, so 256 (a few hundred clients starting at once) fill up only
+ * under a flood; then the oldest is closed to let the newest in, and idle
+ * ones cannot lock real clients out. */
+#define KV__TCP_UNAUTH_MAX 256
 
 struct tcp;
 
