@@ -338,13 +338,21 @@ static void reopen_same(const char *ssd, struct listed *l1)
 
 static char *work;      /* one scratch directory per process */
 
+static void remove_work(void)
+{
+    fz_rmtree(work);
+    free(work);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static struct expect x;
     static struct listed l1;
     char ssd[4096], vdir[4200], file[4300];
-    if (!work)
+    if (!work) {
         work = fz_tmpdir("vlog");
+        atexit(remove_work);
+    }
     snprintf(ssd, sizeof ssd, "%s/ssd", work);
     snprintf(vdir, sizeof vdir, "%s/vlog", ssd);
     snprintf(file, sizeof file, "%s/00000001.vlog", vdir);
