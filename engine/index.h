@@ -2,9 +2,10 @@
  * index.h — the DRAM tier's hash table, split into locked shards.
  *
  * A table maps a block id to a block entry (struct kv__blk) holding the
- * block's stored shards. Each table shard has its own lock, bucket array and
- * LRU list; a block id hashes to one table shard, so all shards of a block
- * live together and can be evicted together. The engine keeps two tables:
+ * block's stored shards. Each table shard has its own lock and bucket
+ * array; recency is a stamp per block, not a list (see struct kv__blk). A
+ * block id hashes to one table shard, so all shards of a block live
+ * together and can be evicted together. The engine keeps two tables:
  * block shards and plain keys (namespaces never meet).
  *
  * Every function here expects the caller to hold the table shard's lock

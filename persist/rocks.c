@@ -16,9 +16,10 @@
  * one file per block, create + write + rename, 3,186-3,418 blocks/s;
  * appending the same blocks to one file, 18,894-19,106 blocks/s. Per-value
  * files' metadata is the cost, not the copy; a log has none of it. The
- * index stays what it was (rebuilt at open from a scan of the pointers, so
- * it never reads a value); the pointer's WAL record is ~70 bytes instead
- * of the value, which makes the WAL cheap enough to keep on in every mode.
+ * index stays what it was (rebuilt at open from a scan of the pointers,
+ * reading only the stretches of the log no pointer covers: see
+ * reconcile()); the pointer's WAL record is ~70 bytes instead of the value,
+ * which makes the WAL cheap enough to keep on in every mode.
  *
  * DURABILITY, by ssd.sync (acknowledged = kv__ssd_write returned KV_OK, or
  * a spilled victim was released after its batch landed). In every mode a
@@ -38,57 +39,17 @@
  *   Survives process crash and power loss.
  * After a power loss a pointer may outlive its bytes (WAL written back
  * before the log); the read's checks catch it. Records a crash left without
- * a pointer are punched out when the store opens (kv__vlog_settle).
+ * a pointer are re-indexed when the store opens (the log is the source of
+ * truth: see reconcile() and vlog.c).
  *
  * A full disk: the precheck in kv__ssd_make_room refuses a write (KV_ENOSPC)
  * before the log or RocksDB hits ENOSPC; a value log write that does hit
  * it fails that write only. If RocksDB itself hits it, it stops taking
  * writes and the tier reopens it once space is back (recover()).
  *
- * MEASURED (2 shared cores, virtio disk ~1.2 GB/s by dd oflag=direct, 24 GiB
- * RAM; kvctl --set pipeline=ssd [--set ssd.sync=M] bench --scenario
- * write_perf|read_perf --value-size S --nr-objects N --compare posix
- * --drop-caches; ratio = kvengine / UCM's file layout, same blocks, same
- * run; three interleaved runs each, 2026-11-29; all figures in README):
- *
- *   write 10,000 x 256 KiB, sync none   2.40x 1.76x 2.01x (earlier: 4.36x
- *                                       5.65x 3.67x; the file layout ran at
- *                                       540-940 MiB/s then, 1.3-1.7 GiB/s now)
- *   write  2,500 x 1 MiB,   sync none   6.80x 6.47x 8.06x (earlier 1.98-7.78x)
- *   write 256 KiB, sync wal / fsync     1.6-4.5x / 0.49-1.45x
- *   cold read 256 KiB / 1 MiB           1.29-1.60x / 1.28-2.29x
- *   lookup, cold cache                  228-621x (index only)
- *   bytes written per byte stored       1.02 (files 1.00)
- *
- * Before this design (integrated BlobDB, best tuning: 4 x 32 MiB memtables,
- * 2 flushes, bytes_per_sync 1 MiB, blob CRC skipped on reads), the same
- * commands gave writes 0.44-0.88x with the WAL and 0.47-1.76x without it
- * (which then lost the memtable on a crash), cold reads 1.22-1.57x.
- * Profile then: software CRC32c was 38% of read CPU and ~70% of the WAL
- * writer; writers stalled behind flushes. Three things found since, by
- * profile (perf record -g over write_perf 1 MiB):
- * - one log file written by 4 io threads spent 20% of all CPU in
- *   rwsem_spin_on_owner: ext4 takes the inode lock for every buffered
- *   write. Four stripes (vlog.c) fixed it: 1 MiB writes 0.41 s/GiB CPU.
- * - cold reads of records from big shared files were 0.99-1.35x: the
- *   threads shared one readahead state and confused it. POSIX_FADV_RANDOM
- *   on the log files: 1.40-1.64x.
- * - what is left is the copy into the page cache (copy_folio_from_iter,
- *   42%) and page zeroing for new files: the same work the file layout does.
- *
- * TUNING. Throughput no longer depends on RocksDB's knobs: bench_ssd rocks
- * (one writer, 10,000 x 256 KiB, cache dropped, blocks/s, two runs each)
- * gave value log files of 32/128/512 MiB 11270 11184 / 11738 11430 /
- * 11525 11588; memtables of 4/16/64 MiB 11474 9866 / 11243 10746 / 11512
- * 11540; spill batches of 1/4/16 MiB 11507 11759 / 11355 11595 / 10911
- * 11856 -- all one figure within the noise. So the choices follow other
- * costs: log files of 128 MiB (a file is unlinked when its last record
- * dies: a finer grain than 512 MiB, fewer files than 32); memtables 3 x 16
- * MiB (~400,000 pointers each, little memory); WAL always on (a pointer is
- * ~70 bytes of WAL); SSTs uncompressed; spill batches up to 4 MiB (one
- * sync per batch with ssd.sync: fsync). Records of 32 KiB or more are
- * 4 KiB-aligned so a punched hole gives all their space back (1.6% of disk
- * at 256 KiB).
+ * The measurements behind these choices (against UCM's file layout, the
+ * BlobDB design this replaced, the profiles and the tuning sweep) are in
+ * doc/ssd-tier.md.
  */
 #include <dirent.h>
 #include <errno.h>

@@ -19,10 +19,13 @@
 struct kv__ssd;
 
 /* Opens (creating if needed) the store at cfg->ssd.path and rebuilds the
- * in-memory key index from a keys-only scan. KV_EBUSY when another engine
- * (in this or another process) holds the path; KV_EIO with a message naming
- * the cause for a path that cannot be created or a corrupt store. *out is
- * NULL on failure. */
+ * in-memory key index from a scan of the pointers, re-indexing what the
+ * value log holds beyond them; RocksDB files that are missing or cannot be
+ * opened are set aside and the index rebuilt from the log (rocks.c,
+ * open_db). KV_EBUSY when another engine (in this or another process)
+ * holds the path; KV_ENOSPC on a full file system; KV_EIO with a message
+ * naming the cause for a path that cannot be created. *out is NULL on
+ * failure. */
 int kv__ssd_open(const struct kv_config *cfg, struct kv__ssd **out, char *err, size_t errlen);
 
 /* Flushes the spill queue (every accepted victim is written or dropped, and
@@ -72,7 +75,7 @@ void kv__ssd_stats(struct kv__ssd *s, kv_stats *out);
 
 /* ---- added for tests, benchmarks and tools (not needed by the engine) ----- */
 
-/* The knobs chosen by measurement (see the comment at the top of rocks.c).
+/* The knobs chosen by measurement (see doc/ssd-tier.md).
  * kv__ssd_open uses kv__ssd_tuning_defaults; benchmarks vary them. */
 struct kv__ssd_tuning {
     uint64_t vlog_file_size;    /* value log files are rotated at this size */

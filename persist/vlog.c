@@ -9,7 +9,7 @@
  * what beats both UCM's file per block (a create, a rename and a directory
  * entry per block) and RocksDB's BlobDB (the value copied into the batch,
  * the WAL, the memtable and the blob file, CRC'd in software at each step);
- * the measurements are at the top of rocks.c.
+ * the measurements are in doc/ssd-tier.md.
  *
  * A record is a 48-byte header then the stored bytes (u32/u64 little-endian):
  *   0 magic "KVV2"   4 value length   8 stored length   12 flags (u8, bit 0:
