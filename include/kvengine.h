@@ -150,9 +150,10 @@ KV_EXPORT const char *kv_version(void);
  *   valid YAML, names an unknown key, gives a value of the wrong type or out
  *   of range. When err is non-NULL, a NUL-terminated message of at most
  *   errlen bytes names the file (or "<string>"), the line and the key, e.g.
- *   "cfg.yaml:3: eviction.ratio: must be in (0,1), got 1.5". On error the
- *   config may hold values set before the bad key; keys after it are not
- *   applied. KV_EIO when the file cannot be read (the message names it).
+ *   "cfg.yaml:3: eviction.ratio: must be in (0,1), got 1.5". A document is
+ *   applied whole or not at all: on any error the config is left exactly as
+ *   it was. KV_EIO when the file cannot be read (the message names it),
+ *   KV_ENOMEM.
  * kv_config_set: one key in the YAML's dotted form ("eviction.ratio") and its
  *   value as text ("0.2", "512MiB", "250ms", "true"); KV_ECONFIG for an
  *   unknown key or bad value, KV_EINVAL for NULL arguments.
@@ -173,6 +174,15 @@ KV_EXPORT int  kv_config_dump(const kv_config *cfg, char *buf, size_t cap);
 KV_EXPORT void kv_config_free(kv_config *cfg);
 
 /*
+ * kv_parse_size: a size as the config writes it ("4096", "512MiB", "1.5 GiB",
+ *   "16MB"; units B, KiB/KB/K, MiB/MB/M, GiB/GB/G, TiB/TB/T in any case, all
+ *   powers of 1024), for tools and bindings that take sizes too. KV_OK with
+ *   *bytes set; KV_EINVAL for anything else (negative, hexadecimal, a
+ *   fraction of a byte, past 2^64 - 1, NULL).
+ */
+KV_EXPORT int kv_parse_size(const char *text, uint64_t *bytes);
+
+/*
  * ENGINE
  *
  * kv_open: maps and faults in the DRAM segment, starts the workers, and opens
@@ -180,9 +190,13 @@ KV_EXPORT void kv_config_free(kv_config *cfg);
  *   freed right after. *out is the engine, or NULL on failure with KV_ENOMEM
  *   (the segment cannot be mapped), KV_ECONFIG (an inconsistent config, or a
  *   cluster member that would listen beyond 127.0.0.0/8 with an empty
- *   `cluster.token` while `cluster.insecure` is false), KV_EIO or KV_EBUSY
- *   (the SSD tier is held by another engine). The reason is also logged at
- *   error level.
+ *   `cluster.token` while `cluster.insecure` is false), KV_EIO (ssd.path
+ *   cannot be created or read), KV_EBUSY (the SSD tier is held by another
+ *   engine), KV_ENOSPC (ssd.path's file system is full), KV_ENET (the
+ *   membership store cannot be reached, or cluster.listen cannot be bound),
+ *   KV_EPERM (the membership store refuses cluster.token or the etcd user),
+ *   KV_ENOTSUP (`cluster.protocol: rdma` without an RDMA device). The reason
+ *   is also logged at error level.
  * kv_close: finishes every in-flight task (their waits return their results),
  *   stops the workers, and frees everything. NULL is allowed. No call on the
  *   engine may start after kv_close has begun.
@@ -194,7 +208,9 @@ KV_EXPORT void kv_close(kv_engine *e);                           /* finishes in-
  * BLOCK STORE (UCM v1 semantics)
  *
  * kv_lookup: hit[i] = 1 when block ids[i] has its shard 0 in any tier, else
- *   0. Never does I/O and never blocks on a task. A hit grants the block a
+ *   0. Never reads a value and never blocks on a task: on one node it is
+ *   answered from memory; in a cluster it asks each block's owners, one
+ *   batch per owner (bounded by the cluster's timeout). A hit grants the block a
  *   lease of `eviction.lease_ttl_ms` so that a load that follows is not
  *   undercut by eviction. n may be 0. KV_EINVAL for NULL ids or hit with n > 0.
  * kv_lookup_prefix: the index of the last hit in the leading run of hits, -1
@@ -318,6 +334,12 @@ KV_EXPORT int kv_unregister_buffer(kv_engine *e, void *addr);
  * A consistent-enough snapshot (each field is read atomically; fields are not
  * read under one lock). Counters count since kv_open.
  */
+/* Units: *_capacity and *_used are bytes; *_blocks count blocks (shard 0
+ * present); hits_*, misses count shards looked for by loads and gets;
+ * evictions count blocks dropped or spilled from DRAM; spills and
+ * spill_drops count evicted blocks written to / dropped before the SSD
+ * tier; checksum_failures count values that failed a check and were
+ * deleted; tasks_inflight is a gauge of tasks not yet consumed by a wait. */
 typedef struct kv_stats {
     uint64_t dram_capacity, dram_used, dram_blocks;
     uint64_t ssd_capacity, ssd_used, ssd_blocks;
@@ -331,7 +353,7 @@ typedef struct kv_stats {
     uint64_t keys;               /* plain keys stored */
     uint64_t dumps_ok, dumps_failed, loads_ok, loads_failed;
     uint64_t enospc;             /* shards refused for lack of room */
-    uint64_t open_ns;            /* time kv_open took */
+    uint64_t open_ns;            /* time kv_open took, nanoseconds */
     uint64_t reserved[16];
 } kv_stats;
 KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
