@@ -334,6 +334,11 @@ int kv__parse_size(const char *s, uint64_t *out)
     return parse_scaled(s, size_units, "not a whole number of bytes", out) ? KV_ECONFIG : KV_OK;
 }
 
+KV__EXPORT int kv_parse_size(const char *text, uint64_t *bytes)
+{
+    return kv__parse_size(text, bytes) == KV_OK ? KV_OK : KV_EINVAL;
+}
+
 int kv__parse_duration_ms(const char *s, uint64_t *out)
 {
     if (!s || !out)

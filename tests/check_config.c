@@ -858,6 +858,31 @@ START_TEST(null_arguments)
 }
 END_TEST
 
+/* kv_parse_size: the config's syntax, and nothing else (kvctl used to
+ * take "0x10" through strtod). */
+START_TEST(parse_size_public)
+{
+    static const struct { const char *in; uint64_t want; } ok[] = {
+        { "4096", 4096 }, { "512MiB", 512ull << 20 }, { "1.5 GiB", 3ull << 29 },
+        { "16MB", 16ull << 20 }, { "2k", 2048 }, { "1t", 1ull << 40 }, { " 7 ", 7 },
+    };
+    static const char *bad[] = { "0x10", "-1", "1.5B", "abc", "", "12 parsecs",
+                                 "20000000TiB", "1e3", "0.1KiB" };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        uint64_t v = 0;
+        ck_assert_msg(kv_parse_size(ok[i].in, &v) == KV_OK && v == ok[i].want, "'%s' -> %llu",
+                      ok[i].in, (unsigned long long)v);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        uint64_t v = 99;
+        ck_assert_msg(kv_parse_size(bad[i], &v) == KV_EINVAL, "'%s' accepted", bad[i]);
+    }
+    uint64_t v;
+    ck_assert_int_eq(kv_parse_size(NULL, &v), KV_EINVAL);
+    ck_assert_int_eq(kv_parse_size("1", NULL), KV_EINVAL);
+}
+END_TEST
+
 Suite *config_suite(void)
 {
     Suite *s = suite_create("config");
@@ -890,6 +915,7 @@ Suite *config_suite(void)
     tcase_add_test(tc, dump_round_trip);
     tcase_add_test(tc, validate_cross_field);
     tcase_add_test(tc, null_arguments);
+    tcase_add_test(tc, parse_size_public);
     suite_add_tcase(s, tc);
     return s;
 }

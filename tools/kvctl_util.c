@@ -211,36 +211,10 @@ uint64_t kvctl_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The config's own size syntax (one parser for the whole tree). */
 int kvctl_parse_size(const char *s, uint64_t *out)
 {
-    char *end = NULL;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        return KV_EINVAL;
-    double v = strtod(s, &end);
-    if (errno || end == s || v < 0)
-        return KV_EINVAL;
-    while (*end == ' ')
-        end++;
-    uint64_t mul = 1;
-    switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    case 't': case 'T': mul = 1ull << 40; end++; break;
-    default: break;
-    }
-    if (mul > 1 && (*end == 'i' || *end == 'I'))
-        end++;
-    if (*end == 'b' || *end == 'B')
-        end++;
-    if (*end != '\0')
-        return KV_EINVAL;
-    double bytes = v * (double)mul;
-    if (bytes > 9.0e18 || bytes != (double)(uint64_t)bytes)
-        return KV_EINVAL;
-    *out = (uint64_t)bytes;
-    return KV_OK;
+    return kv_parse_size(s, out);
 }
 
 int kvctl_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
@@ -249,7 +223,7 @@ int kvctl_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
     errno = 0;
     if (!s || !*s || *s == '-')
         return KV_EINVAL;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);   /* "010" is ten, not octal eight */
     if (errno || *end != '\0' || v < lo || v > hi)
         return KV_EINVAL;
     *out = v;
