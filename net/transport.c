@@ -1,9 +1,11 @@
 /*
- * transport.c — choosing a transport, addresses, and the engine backend.
+ * transport.c — choosing a transport from the table of those built in,
+ * addresses, and sockets with deadlines.
  *
- * protocol: auto asks rdma's probe (a device present, per ibv_get_device_list
- * in net/rdma.c) and falls back to tcp; the choice is logged once per
- * process so that a cluster that silently runs on tcp is visible.
+ * protocol: auto takes the first registered transport whose probe finds it
+ * can run (rdma: a device present, per ibv_get_device_list in net/rdma.c;
+ * tcp always); the choice is logged once per process so that a cluster
+ * that silently runs on tcp is visible.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,32 +21,53 @@
 
 #include "transport.h"
 
+/*
+ * The transports built in, by name, in the order protocol: auto prefers them
+ * (Redis' connection types, connTypeRegister): a new transport is a file in
+ * net/ and a line here (plus its name in engine/config.c's protocols).
+ * rdma is weak (a build without net/rdma.c falls back); tcp is always there.
+ */
+static const struct kv__transport_ops *const transports[] = {
+    &kv__rdma_transport,   /* weak: NULL when net/rdma.c is not linked */
+    &kv__tcp_transport,
+};
+
+static int usable(const struct kv__transport_ops *t, const struct kv__net_opts *o)
+{
+    return t && (!t->probe || t->probe(o) > 0);
+}
+
 int kv__transport_pick(int protocol, const struct kv__net_opts *o,
                        const struct kv__transport_ops **out)
 {
     static _Atomic int said;
-    const struct kv__transport_ops *rdma = &kv__rdma_transport ? &kv__rdma_transport : NULL;
-    int rdma_ok = rdma && (!rdma->probe || rdma->probe(o) > 0);
+    static const char *const names[] = { [KV_PROTO_TCP] = "tcp", [KV_PROTO_RDMA] = "rdma" };
     *out = NULL;
-    switch (protocol) {
-    case KV_PROTO_TCP:
-        *out = &kv__tcp_transport;
-        return KV_OK;
-    case KV_PROTO_RDMA:
-        if (!rdma_ok) {
-            KV_ERROR("cluster.protocol rdma: %s", rdma ? "no RDMA device found"
-                                                       : "not built with RDMA");
-            return KV_ENOTSUP;
+    if (protocol != KV_PROTO_AUTO) {
+        const struct kv__transport_ops *t;
+        const char *want = protocol > 0 && (size_t)protocol < KV__ARRAY_LEN(names) ? names[protocol] : "";
+        bool built = false;
+        for (size_t i = 0; i < KV__ARRAY_LEN(transports); i++) {
+            if (!(t = transports[i]) || strcmp(t->name, want) != 0)
+                continue;
+            built = true;
+            if (usable(t, o)) {
+                *out = t;
+                return KV_OK;
+            }
         }
-        *out = rdma;
-        return KV_OK;
-    default:
-        *out = rdma_ok ? rdma : &kv__tcp_transport;
-        if (!atomic_exchange(&said, 1))
-            KV_INFO("cluster.protocol auto: using %s%s", (*out)->name,
-                    rdma_ok ? "" : rdma ? " (no RDMA device found)" : " (built without rdma)");
-        return KV_OK;
+        KV_ERROR("cluster.protocol %s: %s", want, built ? "no device found" : "not built in");
+        return KV_ENOTSUP;
     }
+    for (size_t i = 0; i < KV__ARRAY_LEN(transports) && !*out; i++)
+        if (usable(transports[i], o))
+            *out = transports[i];
+    if (!*out)
+        return KV_ENOTSUP;
+    if (!atomic_exchange(&said, 1))
+        KV_INFO("cluster.protocol auto: using %s%s", (*out)->name,
+                *out == &kv__tcp_transport ? " (no RDMA device found, or built without rdma)" : "");
+    return KV_OK;
 }
 
 int kv__net_parse_addr(const char *addr, struct sockaddr_in *out)
