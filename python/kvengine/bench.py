@@ -2,6 +2,7 @@
 
     PYTHONPATH=python python3 -m kvengine.bench                       # 1 MiB x 512, batch 8
     PYTHONPATH=python python3 -m kvengine.bench --value-size 4KiB --nr-objects 20000
+    PYTHONPATH=python python3 -m kvengine.bench --cluster   # Mooncake batches, 2 kvnodes
 
 Each round runs `kvctl bench --scenario read_perf` (a subprocess) and then
 the same workload through kvengine.Engine in this process, with the same
@@ -22,9 +23,12 @@ for byte after each phase instead.
 """
 
 import argparse
+import ctypes
 import json
 import mmap
 import os
+import signal
+import socket
 import statistics
 import struct
 import subprocess
@@ -117,6 +121,124 @@ def run_python(settings, a):
     return {"write_s": write_s, "read_s": read_s, "write_cpu": write_cpu, "read_cpu": read_cpu}
 
 
+def run_mooncake(cluster, a, rnd):
+    """batch_put_from / batch_get_into of the same objects through the
+    Mooncake store, a pure client of the cluster kvctl's client talks to."""
+    from .mooncake import MooncakeDistributedStore
+    vs, n, bs = a.value_size, a.nr_objects, a.batch_size
+    st = MooncakeDistributedStore()
+    rc = st.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.master,
+                  kvengine_settings=cluster.client_settings())
+    if rc:
+        raise SystemExit("mooncake store setup failed (%d): %s" % (rc, st.last_error))
+    src = mmap.mmap(-1, vs * bs)
+    src.write(os.urandom(vs * bs))
+    dst = mmap.mmap(-1, vs * bs)
+    dst.write(bytes(vs * bs))
+    sbase = ctypes.addressof(ctypes.c_char.from_buffer(src))
+    dbase = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+    st.register_buffer(sbase, vs * bs)
+    st.register_buffer(dbase, vs * bs)
+    keys = ["bench-%d-%d-%d" % (os.getpid(), rnd, k) for k in range(n)]
+    sptr = [sbase + j * vs for j in range(bs)]
+    dptr = [dbase + j * vs for j in range(bs)]
+    sizes = [vs] * bs
+    try:
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        for i in range(0, n, bs):
+            m = min(bs, n - i)
+            res = st.batch_put_from(keys[i:i + m], sptr[:m], sizes[:m])
+            if any(res):
+                raise SystemExit("batch_put_from failed: %s" % res)
+        write_s = time.perf_counter() - t0
+        write_cpu = time.process_time() - c0
+        c0 = time.process_time()
+        t0 = time.perf_counter()
+        for i in range(0, n, bs):
+            m = min(bs, n - i)
+            res = st.batch_get_into(keys[i:i + m], dptr[:m], sizes[:m])
+            if res != sizes[:m]:
+                raise SystemExit("batch_get_into failed: %s" % res)
+        read_s = time.perf_counter() - t0
+        read_cpu = time.process_time() - c0
+        if bytes(dst[:vs * m]) != bytes(src[:vs * m]):
+            raise SystemExit("the last batch read back wrong")
+        st.batch_remove(keys)
+    finally:
+        st.close()
+        src.close()
+        dst.close()
+    return {"write_s": write_s, "read_s": read_s, "write_cpu": write_cpu, "read_cpu": read_cpu}
+
+
+class _Cluster:
+    """kvmaster and two kvnodes on loopback (kernel-chosen ports), killed at
+    exit; they die with this process too (PR_SET_PDEATHSIG)."""
+
+    TOKEN = "kvengine-bench"
+
+    def __init__(self, build, node_cap):
+        self.procs = []
+        self.master = "127.0.0.1:%d" % _free_port()
+        common = ["--set", "cluster.token=" + self.TOKEN, "--set", "log.level=warn"]
+        self._spawn([os.path.join(build, "kvmaster"), "--set", "cluster.master=" + self.master]
+                    + common)
+        for _ in range(2):
+            self._spawn([os.path.join(build, "kvnode"), "--set", "cluster.enabled=true",
+                         "--set", "cluster.master=" + self.master,
+                         "--set", "cluster.listen=127.0.0.1:%d" % _free_port(),
+                         "--set", "cluster.protocol=tcp", "--set", "pipeline=dram",
+                         "--set", "dram.capacity=%s" % node_cap,
+                         # Short leases: kvctl's lookups lease every block of
+                         # its round, and an older round must be evictable
+                         # before the current round's objects are.
+                         "--set", "eviction.lease_ttl_ms=1000"] + common)
+        from .engine import members, KvError
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 20:
+            try:
+                if sum(m["owner"] for m in members(settings=self.client_settings())[1]) == 2:
+                    return
+            except KvError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise SystemExit("the cluster did not come up")
+
+    def client_settings(self):
+        return {"cluster.enabled": "true", "cluster.master": self.master,
+                "cluster.token": self.TOKEN, "cluster.protocol": "tcp",
+                "cluster.listen": "127.0.0.1:0", "dram.capacity": "0", "pipeline": "dram",
+                "log.level": "warn"}
+
+    def _spawn(self, argv):
+        libc = ctypes.CDLL(None)
+
+        def child():
+            os.setsid()
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+
+        self.procs.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           preexec_fn=child))
+
+    def stop(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        self.procs = []
+
+
+def _free_port():
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
 def pack_only(a):
     """CPU seconds per shard the binding spends building a dump's shard array."""
     vs, n, bs = a.value_size, min(a.nr_objects, 20000), a.batch_size
@@ -143,21 +265,36 @@ def main(argv=None):
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="engine setting for both sides; repeatable")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--cluster", action="store_true",
+                    help="start kvmaster + two kvnodes on loopback and compare kvctl bench as "
+                    "a pure client with the Mooncake store's batch_put_from / batch_get_into "
+                    "as one (default objects: 256)")
     a = ap.parse_args(argv)
     if a.nr_objects is None:
-        a.nr_objects = max(1, (512 << 20) // a.value_size)
+        a.nr_objects = max(1, ((256 if a.cluster else 512) << 20) // a.value_size)
     data = a.value_size * a.nr_objects
-    settings = {"pipeline": "dram", "dram.capacity": str(max(256 << 20, int(data * 1.3))),
-                "log.level": "warn"}
+    kvctl = kvctl_path(a.kvctl)
+    cluster = None
+    if a.cluster:
+        # The pool (two nodes) holds a round of both sides with room to
+        # spare; older rounds are evicted.
+        cluster = _Cluster(os.path.dirname(kvctl), str(max(512 << 20, int(data * 1.5))))
+        settings = cluster.client_settings()
+    else:
+        settings = {"pipeline": "dram", "dram.capacity": str(max(256 << 20, int(data * 1.3))),
+                    "log.level": "warn"}
     for kv in a.set:
         k, _, v = kv.partition("=")
         settings[k] = v
-    kvctl = kvctl_path(a.kvctl)
     rows = []
-    for r in range(a.rounds):
-        c = run_kvctl(kvctl, settings, a)
-        p = run_python(settings, a)
-        rows.append((c, p))
+    try:
+        for r in range(a.rounds):
+            c = run_kvctl(kvctl, settings, a)
+            p = run_mooncake(cluster, a, r) if cluster else run_python(settings, a)
+            rows.append((c, p))
+    finally:
+        if cluster:
+            cluster.stop()
     mib = data / (1 << 20)
     out = {"value_size": a.value_size, "nr_objects": a.nr_objects, "batch_size": a.batch_size,
            "settings": settings, "rounds": [], "pack_us_per_shard": pack_only(a) * 1e6}
@@ -187,8 +324,9 @@ def main(argv=None):
         json.dump(out, sys.stdout, indent=1)
         print()
         return 0
-    print("kvengine.bench: %d x %d B, batch %d, %d rounds, settings %s"
-          % (a.nr_objects, a.value_size, a.batch_size, a.rounds,
+    print("kvengine.bench%s: %d x %d B, batch %d, %d rounds, settings %s"
+          % (" --cluster (python = Mooncake store batch_put_from/batch_get_into)"
+             if a.cluster else "", a.nr_objects, a.value_size, a.batch_size, a.rounds,
              " ".join("%s=%s" % kv for kv in settings.items())))
     print("round  write MiB/s kvctl / python (ratio)   read MiB/s kvctl / python (ratio)"
           "   us/shard write kvctl/python   read kvctl/python")
