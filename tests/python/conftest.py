@@ -58,7 +58,8 @@ def engine():
     e.close()
 
 
-def ids(n, tag=b""):
+def ids(n):
+    """n random 16-byte block ids."""
     return [os.urandom(16) for _ in range(n)]
 
 

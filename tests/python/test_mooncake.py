@@ -9,7 +9,7 @@ import threading
 import pytest
 
 import kvengine.mooncake as mc
-from conftest import SMALL
+
 
 NOT_FOUND = -704
 BAD = -600
