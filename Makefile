@@ -53,7 +53,7 @@ LIB_SRC   := $(sort $(wildcard engine/*.c persist/*.c net/*.c))
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 TOOLS     := kvctl kvmaster kvnode
 TOOL_BINS := $(foreach t,$(TOOLS),$(if $(wildcard tools/$(t)*.c),$(BUILD)/$(t)))
-TEST_SRC  := $(sort $(wildcard tests/check_*.c tests/testutil.c))
+TEST_SRC  := $(sort $(wildcard tests/check_*.c tests/testutil*.c))
 TEST_OBJ  := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 SV_SRC    := $(sort $(wildcard tests/softverbs/*.c))
 SV_LIB    := $(if $(SV_SRC),$(BUILD)/softverbs/libibverbs.so.1)

@@ -17,8 +17,9 @@
  * Both speak the frames of proto.h for their RPCs.
  *
  * The server side never calls the engine directly: it serves a
- * struct kv__backend (cluster.c wires one to kv__local_*, tests use
- * kv__memstore), which is what lets transports be tested without an engine.
+ * struct kv__backend (the engine's is engine/backend.c; the tests serve a
+ * heap store, tests/testutil_memstore.c), which is what lets transports be
+ * tested without an engine.
  *
  * Threading: a transport object is shared by all threads. A kv__conn is used
  * by one thread at a time (cluster.c keeps a pool per peer); batch() is
@@ -76,12 +77,6 @@ struct kv__backend {
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 
-
-/* A heap-backed backend (a hash table of malloc'd values, with a byte
- * capacity): the store of the transport and cluster tests, and a reference
- * for the backend contract. cap_bytes 0 = unbounded. */
-struct kv__backend *kv__memstore_new(uint64_t cap_bytes);
-void kv__memstore_free(struct kv__backend *b);
 
 /* ---- one item of a batch ------------------------------------------------ */
 enum kv__op_kind {

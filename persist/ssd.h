@@ -111,12 +111,6 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
  * does; for the tests. */
 int  kv__ssd_gc_now(struct kv__ssd *s);
 
-/* Tests only: stores data as (ns, id, index) with a correct header and
- * checksum, then flips byte 'flip' of the stored copy, as a silent disk
- * error would. */
-int  kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,
-                           const void *data, uint32_t len, uint32_t flip);
-
 /* ---- admin (persist/admin.c): what kvctl ssd ls | scrub | compact run ----
  * Same contracts as kv_ssd_scan / kv_ssd_scrub / kv_ssd_compact in
  * kvengine.h, on the tier itself. */

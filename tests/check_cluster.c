@@ -28,6 +28,7 @@
 #include "membership.h"
 #include "proto.h"
 #include "testutil.h"
+#include "testutil_int.h"
 #include "transport.h"
 
 #define TOKEN "ctok"

@@ -21,6 +21,7 @@
 
 #include "ssd_int.h"
 #include "testutil.h"
+#include "testutil_int.h"
 
 static kv_config *cfg_for(const char *dir)
 {

@@ -31,6 +31,7 @@
 #include <netinet/in.h>
 
 #include "testutil.h"
+#include "testutil_int.h"
 #include "transport.h"
 #include "proto.h"
 

@@ -22,6 +22,7 @@
 #include "proto.h"
 #include "serve.h"
 #include "testutil.h"
+#include "testutil_int.h"
 #include "transport.h"
 
 static struct kv__backend *be;

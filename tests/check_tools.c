@@ -35,6 +35,7 @@
 
 #include "ssd.h"
 #include "testutil.h"
+#include "testutil_int.h"
 
 /* ---- running kvctl ------------------------------------------------------- */
 

@@ -1,6 +1,7 @@
 /*
- * memstore.c — a heap-backed kv__backend: a chained hash table of malloc'd
- * values under one mutex, with a byte capacity.
+ * testutil_memstore.c — a heap-backed kv__backend: a chained hash table of
+ * malloc'd values under one mutex, with a byte capacity. Built into the test
+ * runner only, never into the library.
  *
  * It is the store the transport and cluster tests serve (so the network
  * layer can be tested without the engine) and a reference for the backend
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testutil_int.h"
 #include "transport.h"
 
 struct mval {
