@@ -643,6 +643,8 @@ START_TEST(rereplication_after_node_death)
     ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
     wait_rereplicated(n[1], 3);   /* the joins' jobs (nothing to copy) */
     wait_rereplicated(n[2], 3);
+    long long before = node_metric(n[1], "rereplicated_shards_total") +
+                       node_metric(n[2], "rereplicated_shards_total");
     kill_proc(n[0]);
     wait_owners(2);
     wait_rereplicated(n[1], 2);
@@ -650,8 +652,11 @@ START_TEST(rereplication_after_node_death)
     long long copied = node_metric(n[1], "rereplicated_shards_total") +
                        node_metric(n[2], "rereplicated_shards_total");
     /* the dead node owned about 2/3 of the blocks; each of those lost one
-     * copy, and the survivor holding the other sent it on */
-    ck_assert_msg(copied >= 20 && copied <= 120, "%lld shards re-replicated", copied);
+     * copy, and the survivor holding the other sent it on (more when a
+     * loaded machine makes a live node miss its TTL and rejoin: then its
+     * share is sent back to it, up to every shard once more) */
+    copied -= before;
+    ck_assert_msg(copied >= 20 && copied <= 240, "%lld shards re-replicated", copied);
     ck_assert_int_eq(node_metric(n[1], "rereplicate_failed_total") +
                      node_metric(n[2], "rereplicate_failed_total"), 0);
     kill_proc(n[1]);
