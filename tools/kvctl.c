@@ -18,6 +18,57 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int cmd_config(struct kvctl_common *c, int argc, char **argv);
+static int cmd_version(struct kvctl_common *c, int argc, char **argv);
+static int cmd_help(struct kvctl_common *c, int argc, char **argv);
+
+/*
+ * The commands: name, what the usage says of it (its lines, aligned), and
+ * its handler, which parses its own options (every one takes --help). A
+ * command is one line here; main() only looks names up.
+ */
+static const struct command {
+    const char *name;
+    const char *usage;
+    int (*run)(struct kvctl_common *c, int argc, char **argv);
+} commands[] = {
+    { "config",
+      "  config check FILE   validate a YAML config (opens nothing) and print\n"
+      "                      the effective config it gives, as YAML\n"
+      "  config show         print the effective config (defaults, then --config,\n"
+      "                      then --set)\n", cmd_config },
+    { "stats",
+      "  stats               figures of a store (offline) or of a running node\n"
+      "                      (--node HOST:PORT, its /metrics)\n", kvctl_stats_main },
+    { "members",
+      "  members             the cluster view kept by kvmaster\n", kvctl_members_main },
+    { "lookup",
+      "  lookup ID|KEY...    whether block ids (hex) or plain keys are stored\n", kvctl_lookup_main },
+    { "put",
+      "  put ID|KEY [FILE]   store a file (or stdin) under a key or block id\n", kvctl_put_main },
+    { "get",
+      "  get ID|KEY          print a value (or -o FILE)\n", kvctl_get_main },
+    { "rm",
+      "  rm ID|KEY...        remove plain keys, or blocks from the SSD tier\n", kvctl_rm_main },
+    { "ssd",
+      "  ssd ls|scrub|compact|recover\n"
+      "                      list, verify, compact or rebuild the SSD tier\n", kvctl_ssd_main },
+    { "bench",
+      "  bench               run the embedded benchmark (kvctl bench --help)\n", kvctl_bench_main },
+    { "version",
+      "  version             print the library version\n", cmd_version },
+    { "help",
+      "  help [COMMAND]      show this help, or a command's\n", cmd_help },
+};
+
+static const struct command *find_command(const char *name)
+{
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(commands[i].name, name) == 0)
+            return &commands[i];
+    return NULL;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -25,22 +76,10 @@ static void usage(FILE *f)
             "\n"
             "The admin tool and benchmark of kvengine (libkvengine %s).\n"
             "\n"
-            "Commands:\n"
-            "  config check FILE   validate a YAML config (opens nothing) and print\n"
-            "                      the effective config it gives, as YAML\n"
-            "  config show         print the effective config (defaults, then --config,\n"
-            "                      then --set)\n"
-            "  stats               figures of a store (offline) or of a running node\n"
-            "                      (--node HOST:PORT, its /metrics)\n"
-            "  members             the cluster view kept by kvmaster\n"
-            "  lookup ID|KEY...    whether block ids (hex) or plain keys are stored\n"
-            "  put ID|KEY [FILE]   store a file (or stdin) under a key or block id\n"
-            "  get ID|KEY          print a value (or -o FILE)\n"
-            "  rm ID|KEY...        remove plain keys, or blocks from the SSD tier\n"
-            "  ssd ls|scrub|compact  list, verify or compact the SSD tier\n"
-            "  bench               run the embedded benchmark (kvctl bench --help)\n"
-            "  version             print the library version\n"
-            "  help [COMMAND]      show this help, or a command's\n"
+            "Commands:\n", kv_version());
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fputs(commands[i].usage, f);
+    fprintf(f,
             "\n"
             "Every command takes --help. Commands that open a store open the one the\n"
             "config describes, offline (see kvctl stats --help).\n"
@@ -48,7 +87,7 @@ static void usage(FILE *f)
             "Options (also accepted after the command):\n"
             "%s  -V, --version          print the library version\n"
             "\n%s",
-            kv_version(), kvctl_common_help, kvctl_exit_help);
+            kvctl_common_help, kvctl_exit_help);
 }
 
 static void config_usage(FILE *f)
@@ -147,6 +186,33 @@ static int cmd_config(struct kvctl_common *c, int argc, char **argv)
     return rc;
 }
 
+static int cmd_version(struct kvctl_common *c, int argc, char **argv)
+{
+    printf("kvctl (libkvengine %s)\n", kv_version());
+    return KVCTL_EXIT_OK;
+}
+
+/* help COMMAND is COMMAND --help. */
+static int cmd_help(struct kvctl_common *c, int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stdout);
+        return KVCTL_EXIT_OK;
+    }
+    const struct command *cmd = find_command(argv[1]);
+    if (!cmd || cmd->run == cmd_help || cmd->run == cmd_version) {
+        if (cmd) {
+            usage(stdout);
+            return KVCTL_EXIT_OK;
+        }
+        fprintf(stderr, "kvctl: no command '%s'\n\n", argv[1]);
+        usage(stderr);
+        return KVCTL_EXIT_USAGE;
+    }
+    char *hargv[] = { argv[1], "--help", NULL };
+    return cmd->run(c, 2, hargv);
+}
+
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -181,48 +247,11 @@ int main(int argc, char **argv)
         usage(stderr);
         goto out;
     }
-    char **cargv = argv + optind;
-    int cargc = argc - optind;
-    const char *cmd = cargv[0];
-    if (strcmp(cmd, "config") == 0) {
-        rc = cmd_config(&common, cargc, cargv);
-    } else if (strcmp(cmd, "bench") == 0) {
-        rc = kvctl_bench_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "stats") == 0) {
-        rc = kvctl_stats_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "members") == 0) {
-        rc = kvctl_members_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "lookup") == 0) {
-        rc = kvctl_lookup_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "put") == 0) {
-        rc = kvctl_put_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "get") == 0) {
-        rc = kvctl_get_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "rm") == 0) {
-        rc = kvctl_rm_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "ssd") == 0) {
-        rc = kvctl_ssd_main(&common, cargc, cargv);
-    } else if (strcmp(cmd, "version") == 0) {
-        printf("kvctl (libkvengine %s)\n", kv_version());
-        rc = KVCTL_EXIT_OK;
-    } else if (strcmp(cmd, "help") == 0) {
-        if (cargc > 1 && strcmp(cargv[1], "config") == 0) {
-            config_usage(stdout);
-            rc = KVCTL_EXIT_OK;
-        } else if (cargc > 1 && strcmp(cargv[1], "bench") == 0) {
-            char *hargv[] = { "bench", "--help", NULL };
-            rc = kvctl_bench_main(&common, 2, hargv);
-        } else if (cargc > 1 && kvctl_admin_usage(cargv[1], stdout)) {
-            rc = KVCTL_EXIT_OK;
-        } else if (cargc > 1) {
-            fprintf(stderr, "kvctl: no command '%s'\n\n", cargv[1]);
-            usage(stderr);
-        } else {
-            usage(stdout);
-            rc = KVCTL_EXIT_OK;
-        }
+    const struct command *cmd = find_command(argv[optind]);
+    if (cmd) {
+        rc = cmd->run(&common, argc - optind, argv + optind);
     } else {
-        fprintf(stderr, "kvctl: unknown command '%s'\n\n", cmd);
+        fprintf(stderr, "kvctl: unknown command '%s'\n\n", argv[optind]);
         usage(stderr);
     }
 out:
