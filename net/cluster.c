@@ -1503,59 +1503,44 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
 {
     if (!c || (n && (!ids || !hit)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
-    struct view *v = view_get(c), *pv = prev_get(c);
-    size_t cap = n * c->replicas, k = 0;
-    struct kv__op *ops = malloc((cap ? cap : 1) * sizeof *ops);
-    size_t *owner = malloc((cap ? cap : 1) * sizeof *owner);
-    size_t *shard = malloc((cap ? cap : 1) * sizeof *shard);
-    int rc = KV_ENOMEM;
-    if (ops && owner && shard) {
-        for (size_t i = 0; i < n; i++) {
-            size_t cand[KV_PLACE_MAX];
-            size_t m = candidates(v, &ids[i], c->replicas, cand);
-            hit[i] = 0;
-            for (size_t j = 0; j < m; j++) {
-                if (peer_is_down(v->owners[cand[j]]))
-                    continue;
-                ops[k] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
-                owner[k] = cand[j];
-                shard[k] = i;
-                k++;
-            }
-        }
-        rc = run_grouped(c, v, ops, owner, k);
-        for (size_t j = 0; rc == KV_OK && j < k; j++)
-            if (ops[j].result == KV_OK && ops[j].hit)
-                hit[shard[j]] = 1;
-        /* During a move window, misses ask their previous owners too. */
-        k = 0;
-        for (size_t i = 0; pv && rc == KV_OK && i < n; i++) {
-            if (hit[i])
+    struct fan f;
+    if (fan_init(c, &f, n) != KV_OK)
+        return KV_ENOMEM;
+    struct view *pv = prev_get(c);
+    for (size_t i = 0; i < n; i++) {
+        struct kv__op op = { .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
+        fan_add(c, &f, i, &op);
+        hit[i] = 0;
+    }
+    int rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
+    for (size_t j = 0; rc == KV_OK && j < f.k; j++)
+        if (f.ops[j].result == KV_OK && f.ops[j].hit)
+            hit[f.item[j]] = 1;
+    /* During a move window, misses ask their previous owners too. */
+    size_t cap = n * c->replicas;
+    f.k = 0;
+    for (size_t i = 0; pv && rc == KV_OK && i < n; i++) {
+        if (hit[i])
+            continue;
+        size_t cur[KV_PLACE_MAX], extra[KV_PLACE_MAX];
+        size_t m = candidates(f.v, &ids[i], c->replicas, cur);
+        size_t e = prev_candidates(f.v, pv, &ids[i], c->replicas, cur, m, extra);
+        for (size_t j = 0; j < e && f.k < cap; j++) {
+            if (peer_is_down(f.v->owners[extra[j]]))
                 continue;
-            size_t cur[KV_PLACE_MAX], extra[KV_PLACE_MAX];
-            size_t m = candidates(v, &ids[i], c->replicas, cur);
-            size_t e = prev_candidates(v, pv, &ids[i], c->replicas, cur, m, extra);
-            for (size_t j = 0; j < e && k < cap; j++) {
-                if (peer_is_down(v->owners[extra[j]]))
-                    continue;
-                ops[k] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
-                owner[k] = extra[j];
-                shard[k] = i;
-                k++;
-            }
-        }
-        if (k && rc == KV_OK) {
-            rc = run_grouped(c, v, ops, owner, k);
-            for (size_t j = 0; rc == KV_OK && j < k; j++)
-                if (ops[j].result == KV_OK && ops[j].hit)
-                    hit[shard[j]] = 1;
+            f.ops[f.k] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
+            f.owner[f.k] = extra[j];
+            f.item[f.k++] = i;
         }
     }
-    free(ops);
-    free(owner);
-    free(shard);
+    if (f.k && rc == KV_OK) {
+        rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
+        for (size_t j = 0; rc == KV_OK && j < f.k; j++)
+            if (f.ops[j].result == KV_OK && f.ops[j].hit)
+                hit[f.item[j]] = 1;
+    }
     view_put(pv);
-    view_put(v);
+    fan_free(&f);
     return rc;
 }
 
