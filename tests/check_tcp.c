@@ -663,7 +663,7 @@ END_TEST
 static int emfile_child(int wfd, int rfd)
 {
     /* Nothing but stdio and the pipes open, then room for the listener,
-     * its loop and about 16 connections. */
+     * its loop and about 40 connections. */
     int fds[256], nfds = 0;
     DIR *d = opendir("/proc/self/fd");
     for (struct dirent *de; d && (de = readdir(d)) && nfds < 256;) {
@@ -675,7 +675,7 @@ static int emfile_child(int wfd, int rfd)
         closedir(d);
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
-    struct rlimit rl = { 24, 24 };
+    struct rlimit rl = { 48, 48 };   /* some to spare for sanitizer runtimes */
     if (setrlimit(RLIMIT_NOFILE, &rl))
         return 30;
     struct kv__backend *b = kv__memstore_new(1u << 20);
@@ -719,6 +719,10 @@ static uint64_t cpu_ticks(pid_t pid)
  * connections. */
 START_TEST(emfile_no_spin)
 {
+    /* The fixture's server goes first: a child forked from a process with
+     * threads may not start its own under TSan. */
+    T->destroy(srv);
+    srv = NULL;
     int up[2], down[2];
     ck_assert_int_eq(pipe(up), 0);
     ck_assert_int_eq(pipe(down), 0);
@@ -736,7 +740,7 @@ START_TEST(emfile_no_spin)
     ssize_t got = read(up[0], bound, sizeof bound);
     close(up[0]);
     int ok = got == (ssize_t)sizeof bound && bound[0];
-    enum { N = 60 };
+    enum { N = 90 };
     int fd[N], nfd = 0;
     uint64_t spent = 0;
     int served = 0;
@@ -768,7 +772,7 @@ START_TEST(emfile_no_spin)
     }
     ck_assert_msg(ok, "the child server did not start");
     long hz = sysconf(_SC_CLK_TCK);
-    ck_assert_msg(spent * 100 < (uint64_t)hz * 30, "the server burnt %llu of %ld ticks in 1 s "
+    ck_assert_msg(spent * 100 < (uint64_t)hz * 10, "the server burnt %llu of %ld ticks in 1 s "
                   "out of descriptors", (unsigned long long)spent, hz);
     ck_assert_msg(served, "a real client was not served while descriptors ran out");
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
