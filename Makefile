@@ -244,7 +244,9 @@ $(FUZZ_LIB): $(LIB_SRC:%.c=$(FUZZ_BUILD)/obj/%.o)
 	@rm -f $@
 	ar rcs $@ $^
 
-# ASan replaces the allocator, so jemalloc stays out.
+# ASan replaces the allocator, so jemalloc stays out. The harness objects
+# are kept (make would delete them as intermediates and rebuild each time).
+.PRECIOUS: $(FUZZ_BUILD)/obj/tests/fuzz/%.o
 $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_BUILD)/obj/tests/fuzz/fuzzutil.o $(FUZZ_LIB)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $^ $(filter-out -ljemalloc,$(LDLIBS))
 

@@ -152,11 +152,14 @@ static int secret_eq(const uint8_t *a, const uint8_t *b)
     return d == 0;
 }
 
-static int refuse(struct master *ms, struct mconn *c, const char *what, const char *id)
+/* Answers status (KV_EPERM: refused; KV_EBUSY: the record is a live
+ * member's, try again once it is quiet) and drops the connection. */
+static int refuse(struct master *ms, struct mconn *c, int status, const char *what,
+                  const char *id)
 {
     KV_WARN("kvmaster: refused %s for '%s': %s", c->h.type == KV_MSG_LEAVE ? "a LEAVE" : "a JOIN",
             id, what);
-    send_frame(c->fd, KV_MSG_VIEW, KV_EPERM, c->h.req_id, NULL, 0,
+    send_frame(c->fd, KV_MSG_VIEW, status, c->h.req_id, NULL, 0,
                kv__now_ms() + MASTER_SEND_MS);
     return 1;
 }
@@ -185,7 +188,7 @@ static int master_serve(struct master *ms, struct mconn *c)
         return 1;
     }
     if (!kv__token_eq(token, ms->cfg->cluster.token))
-        return refuse(ms, c, "wrong cluster token", m.id);
+        return refuse(ms, c, KV_EPERM, "wrong cluster token", m.id);
     if (!c->authed) {
         c->authed = 1;
         ms->nunauth--;
@@ -201,7 +204,7 @@ static int master_serve(struct master *ms, struct mconn *c)
      * view that way without joining. Keep it so. */
     if (c->h.type == KV_MSG_LEAVE) {
         if (e && !owner)
-            return refuse(ms, c, "not the member's own (no or wrong secret)", m.id);
+            return refuse(ms, c, KV_EPERM, "not the member's own (no or wrong secret)", m.id);
         if (e) {
             ms->mem[at] = ms->mem[--ms->n];
             ms->version++;
@@ -210,7 +213,8 @@ static int master_serve(struct master *ms, struct mconn *c)
         }
     } else if (e && !owner && !stale) {
         if (!same_record(&e->m, &m))
-            return refuse(ms, c, "the record belongs to the member that created it", m.id);
+            return refuse(ms, c, KV_EBUSY, "the record is a live member's, changed only by it",
+                          m.id);
         /* answered, not refreshed: the record still ages as its owner's */
     } else if (e && owner) {
         if (!same_record(&e->m, &m)) {
@@ -550,7 +554,7 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
         goto fail;
     }
     if (h.status) {
-        rc = h.status == KV_EPERM ? KV_EPERM : KV_EPROTO;
+        rc = h.status == KV_EPERM || h.status == KV_EBUSY ? h.status : KV_EPROTO;
         goto fail;
     }
     body = malloc(h.body_len ? h.body_len : 1);
@@ -590,11 +594,21 @@ fail:
     return rc;
 }
 
+/* How long a JOIN keeps asking while the master says the record is a live
+ * member's (KV_EBUSY): past two heartbeats (at most 1 s each) of silence
+ * the id may be claimed afresh, so a node restarted on its old address
+ * gets it back within this; a second live node using the id does not. */
+#define MC_BUSY_RETRY_MS 2500
+
 int kv__mclient_join(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,
                      struct kv__member **members, size_t *n)
 {
+    uint64_t t0 = kv__now_ms();
     pthread_mutex_lock(&m->lock);
-    int rc = mc_call(m, KV_MSG_JOIN, self, version, members, n);
+    int rc;
+    while ((rc = mc_call(m, KV_MSG_JOIN, self, version, members, n)) == KV_EBUSY &&
+           kv__now_ms() - t0 < MC_BUSY_RETRY_MS)
+        usleep(50000);
     pthread_mutex_unlock(&m->lock);
     return rc;
 }

@@ -24,8 +24,11 @@ int  kv__mclient_open(const char *addr, const char *token, unsigned timeout_ms,
                       struct kv__mclient **out);
 void kv__mclient_close(struct kv__mclient *m);
 /* JOINs with self's record and returns the view (*members: free()).
- * KV_EPERM when the token is refused; KV_ENET / KV_ETIMEDOUT when the
- * master is unreachable (the next call reconnects). */
+ * KV_EPERM when the token is refused; KV_EBUSY when the id is a live
+ * member's that this client did not create (asked again for up to 2.5 s
+ * first: a node restarted on its address waits out its old record);
+ * KV_ENET / KV_ETIMEDOUT when the master is unreachable (the next call
+ * reconnects). A LEAVE of another client's record is KV_EPERM. */
 int  kv__mclient_join(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,
                       struct kv__member **members, size_t *n);
 int  kv__mclient_leave(struct kv__mclient *m, const struct kv__member *self);

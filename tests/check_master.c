@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -324,6 +325,24 @@ START_TEST(idle_flood_does_not_lock_out)
 }
 END_TEST
 
+/* Heartbeats of one member every 50 ms until stop. */
+struct beat {
+    struct kv__mclient *mc;
+    const struct kv__member *m;
+    _Atomic int stop;
+    int failed;
+};
+
+static void *beat_main(void *arg)
+{
+    struct beat *b = arg;
+    while (!atomic_load(&b->stop)) {
+        b->failed += join(b->mc, b->m, NULL, NULL) != 1;
+        usleep(50000);
+    }
+    return NULL;
+}
+
 /* A member's record is changed only by whoever created it: another token
  * holder cannot rewrite its address or make it leave, until the owner has
  * gone quiet (a restarted node then takes its id back) (issue 10, item 10). */
@@ -335,8 +354,17 @@ START_TEST(record_owned_by_its_joiner)
     struct kv__member ma = who("node-x", KV_MEMBER_OWNER), forged = ma;
     snprintf(forged.addr, sizeof forged.addr, "10.6.6.6:9");
     ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
-    /* the forger is refused and the view keeps the real address */
+    /* the forger is refused while the owner heartbeats (the forger's
+     * client asks again for 2.5 s) and the view keeps the real address */
+    struct beat hb = { .mc = a, .m = &ma };
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, beat_main, &hb), 0);
+    uint64_t t0 = tu_now_ms();
     int forge = join(b, &forged, NULL, NULL);
+    uint64_t waited = tu_now_ms() - t0;
+    atomic_store(&hb.stop, 1);
+    pthread_join(th, NULL);
+    ck_assert_msg(hb.failed == 0, "the owner's heartbeat failed");
     ck_assert_int_eq(kv__mclient_leave(b, &ma), KV_EPERM);
     uint64_t v;
     struct kv__member *list = NULL;
@@ -345,7 +373,9 @@ START_TEST(record_owned_by_its_joiner)
     ck_assert_uint_eq(n, 1);
     ck_assert_str_eq(list[0].addr, "127.0.0.1:1");
     free(list);
-    ck_assert_msg(forge == KV_EPERM, "a forged JOIN was answered %d", forge);
+    ck_assert_msg(forge == KV_EBUSY, "a forged JOIN was answered %d", forge);
+    ck_assert_msg(waited >= 2000 && waited < 4000, "the forger gave up after %llu ms",
+                  (unsigned long long)waited);
     /* the owner still changes its own record */
     snprintf(ma.addr, sizeof ma.addr, "127.0.0.1:2");
     ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
