@@ -273,12 +273,14 @@ static void write_seeds(const char *dir)
     sb_batch(&b, read, 5, 2);
     sb_seed(dir, "load", &b);
 
-    /* Blocks large enough to push the 8 MiB DRAM tier into eviction and
-     * spill, then loads of the first ones (served from SSD by then). */
+    /* Larger blocks, and loads of them: the 8 MiB DRAM tier fills over the
+     * inputs (the engine lives as long as the process), then evicts and
+     * spills, and loads of spilled blocks take the SSD path. Kept small: the
+     * largest seed sets libFuzzer's input size limit. */
     struct kv__wire_req big[4];
     for (int i = 0; i < 4; i++)
         big[i] = (struct kv__wire_req){ .kind = KV_OP_DUMP, .ns = KV_NS_BLOCK,
-                                        .id.bytes = { 9, (uint8_t)i }, .len = 48 << 10 };
+                                        .id.bytes = { 9, (uint8_t)i }, .len = 12 << 10 };
     sb_put(&b, &flag, 1);
     sb_batch(&b, big, 4, 2);
     for (int i = 0; i < 4; i++)
