@@ -2,7 +2,8 @@
  * check_etcd.c — the "etcd" suite: cluster membership kept in etcd
  * (net/etcd.c) when etcd itself fails. A three-member etcd whose leader is
  * SIGKILLed while a client loads and dumps; etcd down altogether for longer
- * than the TTL; etcd with authentication on; and the config keys.
+ * than the TTL; a member cut off past its TTL; etcd with authentication
+ * on; and the config keys.
  *
  * The plain cluster tests run over etcd too (make etcdtest:
  * KV_TEST_METADATA=etcd CK_RUN_SUITE=cluster). Every etcd member and kvnode
@@ -425,6 +426,29 @@ START_TEST(etcd_down_for_a_while)
 }
 END_TEST
 
+/* A member cut off from etcd for longer than its TTL (SIGSTOP: its lease
+ * expires and etcd deletes its record, so it leaves every view) registers
+ * again on a new lease at its first heartbeat after, and serves. */
+START_TEST(member_lease_lost_rejoins)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    int n = start_node(1, NULL);
+    wait_owners(1, NULL);
+    ck_assert_int_eq(kill(nodes[n], SIGSTOP), 0);
+    wait_owners(0, NULL);
+    ck_assert_int_eq(kill(nodes[n], SIGCONT), 0);
+    wait_owners(1, NULL);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, &client), KV_OK);
+    ck_assert_int_eq(engine_owners(client), 1);
+    struct set s = make_set(8, 4096, 4);
+    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    free_set(&s);
+}
+END_TEST
+
 /* etcd with authentication on: members with cluster.etcd_user /
  * etcd_password join; without them, or with a wrong password, kv_open is
  * refused (KV_EPERM) and says so. */
@@ -544,6 +568,7 @@ Suite *etcd_suite(void)
     tcase_add_test(tc, etcd_down_for_a_while);
     tcase_add_test(tc, leader_killed_during_loads);
     tcase_add_test(tc, etcd_with_auth);
+    tcase_add_test(tc, member_lease_lost_rejoins);
     suite_add_tcase(s, tc);
     return s;
 }
