@@ -75,7 +75,7 @@ struct reader {
     struct kvctl_trace *t;
     struct idmap map;
     uint32_t *last_req;                 /* per dense id: last request + 1 */
-    size_t refs_cap, req_cap, last_cap;
+    size_t refs_cap, dense_cap, req_cap, last_cap;
 };
 
 static void fail_at(struct lp *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -432,8 +432,7 @@ static bool add_id(struct reader *rd, struct lp *l, uint64_t id, size_t req)
     uint64_t *h = grow(t->hash, &rd->refs_cap, t->nrefs + 1, sizeof *h);
     if (h)
         t->hash = h;
-    size_t dcap = rd->refs_cap;
-    uint32_t *d = h ? realloc(t->dense, dcap * sizeof *d) : NULL;
+    uint32_t *d = h ? grow(t->dense, &rd->dense_cap, t->nrefs + 1, sizeof *d) : NULL;
     if (!h || !d) {
         fail_at(l, "out of memory");
         return false;
@@ -581,6 +580,12 @@ static bool parse_line(struct reader *rd, struct lp *l, size_t req)
 static int read_line(FILE *f, char **buf, size_t *cap, size_t *len)
 {
     *len = 0;
+    if (!*buf) {                        /* even an empty line has a buffer */
+        *buf = malloc(4096);
+        if (!*buf)
+            return -1;
+        *cap = 4096;
+    }
     int c;
     while ((c = getc_unlocked(f)) != EOF && c != '\n') {
         if (*len + 1 >= *cap) {
