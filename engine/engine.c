@@ -21,7 +21,7 @@
 #include "store.h"
 #include "transport.h"
 
-enum { TASK_DUMP = 1, TASK_LOAD, TASK_PREFETCH };
+enum { TASK_DUMP = 1, TASK_LOAD, TASK_PREFETCH, TASK_PUT };
 
 /* How long an allocation may wait for write-back to release memory. */
 #define WRITEBACK_WAIT_NS (10ull * 1000000000u)
@@ -399,11 +399,13 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
         int results[64];
         for (size_t i = begin; i < end; i += KV__ARRAY_LEN(results)) {
             size_t n = end - i < KV__ARRAY_LEN(results) ? end - i : KV__ARRAY_LEN(results);
-            int rc = t->kind == TASK_DUMP
-                         ? kv__cluster_dump(e->cluster, t->ns, &t->shards[i], n, results)
-                         : kv__cluster_load(e->cluster, t->ns, &t->shards[i], n, results);
+            int rc = t->kind == TASK_DUMP  ? kv__cluster_dump(e->cluster, t->ns, &t->shards[i], n, results)
+                     : t->kind == TASK_PUT ? kv__cluster_put(e->cluster, t->ns, &t->shards[i], n, results)
+                                           : kv__cluster_load(e->cluster, t->ns, &t->shards[i], n, results);
             for (size_t k = 0; k < n; k++) {
                 int r = rc != KV_OK ? rc : results[k];
+                if (t->results)
+                    t->results[i + k] = r;
                 if (r == KV_ENOTFOUND)
                     atomic_fetch_add(&t->misses, 1);
                 if (r != KV_OK)
@@ -440,6 +442,8 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
 static void finish_task(void *ctx, struct kv__task *t)
 {
     kv_engine *e = ctx;
+    if (t->results)
+        return;   /* a batch of plain keys (kv__run_items), not a task of the caller's */
     int rc = atomic_load(&t->result);
     double wait_ms = (double)(t->start_ns > t->submit_ns ? t->start_ns - t->submit_ns : 0) / 1e6;
     double cost_ms = (double)(t->done_ns - t->submit_ns) / 1e6;
@@ -476,6 +480,32 @@ static int check_shards(const kv_shard *shards, size_t n)
             return KV_EINVAL;
     }
     return KV_OK;
+}
+
+/*
+ * Runs a batch of plain-key shards across the cluster on the task pool (so
+ * that its owners are driven by several workers and the caller, as a dump
+ * is), and waits; results[i] gets each item's outcome. For kv_put_many and
+ * kv_get_many. Items a timeout kept from running say KV_ETIMEDOUT.
+ */
+int kv__run_items(kv_engine *e, bool put, const kv_shard *shards, size_t n, int *results)
+{
+    if (!e->cluster)
+        return KV_EINVAL;
+    if (atomic_load(&e->closing))
+        return KV_ECLOSED;
+    struct kv__task *t;
+    int rc = kv__task_new(&t, put ? TASK_PUT : TASK_LOAD, KV_NS_KEY, shards, NULL, n);
+    if (rc != KV_OK)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        results[i] = KV_ETIMEDOUT;
+    t->results = results;
+    kv_task h;
+    if ((rc = kv__pool_submit(e->pool, t, &h)) != KV_OK)
+        return rc;
+    rc = kv__pool_wait(e->pool, h, 0);
+    return rc == KV_ECLOSED ? rc : KV_OK;
 }
 
 static int submit(kv_engine *e, int kind, const kv_shard *shards, size_t n, kv_task *task)

@@ -310,7 +310,7 @@ KV__EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *re
         sh[m] = (kv_shard){ r[i].id, 0, r[i].iov, 3 };
         at[m++] = i;
     }
-    if (m && (rc = kv__cluster_put(e->cluster, KV_NS_KEY, sh, m, res)) == KV_OK)
+    if (m && (rc = kv__run_items(e, true, sh, m, res)) == KV_OK)
         for (size_t j = 0; j < m; j++)
             results[at[j]] = res[j];
 out:
@@ -341,15 +341,17 @@ KV__EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results)
         return KV_OK;
     }
     /* Sizes from every owner in one round, then the records in one load
-     * batch; a key replaced by another length in between is fetched alone. */
+     * batch, each straight into the caller's buffer behind a scratch copy
+     * of its [klen][key] prefix (checked after); a key replaced by another
+     * length in between is fetched alone. */
     kv_block_id *ids = malloc(n * sizeof *ids);
     uint64_t *lens = malloc(n * sizeof *lens);
     int *res = malloc(n * sizeof *res);
-    kv_iov *iov = malloc(n * sizeof *iov);
+    kv_iov *iov = malloc(2 * n * sizeof *iov);
     kv_shard *sh = malloc(n * sizeof *sh);
     size_t *at = malloc(n * sizeof *at);
-    uint8_t *space = NULL;
-    if (!ids || !lens || !res || !iov || !sh || !at) {
+    uint8_t (*head)[1 + KV_KEY_MAX] = malloc(n * sizeof *head);
+    if (!ids || !lens || !res || !iov || !sh || !at || !head) {
         rc = KV_ENOMEM;
         goto out;
     }
@@ -357,40 +359,43 @@ KV__EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results)
         ids[i] = results[i] == KV_OK ? key_id(items[i].key, items[i].klen) : (kv_block_id){ { 0 } };
     if ((rc = kv__cluster_sizes(e->cluster, KV_NS_KEY, ids, 0, n, lens, res)) != KV_OK)
         goto out;
-    uint64_t total = 0;
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
+        kv_pair *it = &items[i];
         if (results[i] != KV_OK)
             continue;
         results[i] = res[i];
-        if (res[i] == KV_OK)
-            total += lens[i];
-    }
-    space = malloc(total ? total : 1);
-    if (!space) {
-        rc = KV_ENOMEM;
-        goto out;
-    }
-    uint64_t off = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (results[i] != KV_OK)
+        if (res[i] != KV_OK)
             continue;
-        iov[m] = (kv_iov){ space + off, lens[i] };
-        sh[m] = (kv_shard){ ids[i], 0, &iov[m], 1 };
+        if (lens[i] < 1 + it->klen) {
+            results[i] = KV_ENOTFOUND;   /* not a plain key's record: a collision */
+            continue;
+        }
+        uint64_t vlen = lens[i] - 1 - it->klen;
+        if (vlen > it->len) {
+            results[i] = KV_ENOBUFS;
+            it->len = vlen;
+            continue;
+        }
+        iov[2 * m] = (kv_iov){ head[m], 1 + it->klen };
+        iov[2 * m + 1] = (kv_iov){ it->val, vlen };
+        sh[m] = (kv_shard){ ids[i], 0, &iov[2 * m], 2 };
         at[m++] = i;
-        off += lens[i];
     }
-    if (m && (rc = kv__cluster_load(e->cluster, KV_NS_KEY, sh, m, res)) != KV_OK)
+    if (m && (rc = kv__run_items(e, false, sh, m, res)) != KV_OK)
         goto out;
     for (size_t j = 0; j < m; j++) {
         size_t i = at[j], vl = 0;
         kv_pair *it = &items[i];
-        if (res[j] == KV_OK)
-            results[i] = copy_value(iov[j].base, iov[j].len, it->key, it->klen, it->val, it->len, &vl);
-        else if (res[j] == KV_EINVAL)
+        if (res[j] == KV_OK) {
+            bool same = same_key(head[j], 1 + it->klen, it->key, it->klen);
+            results[i] = same ? KV_OK : KV_ENOTFOUND;
+            vl = iov[2 * j + 1].len;
+        } else if (res[j] == KV_EINVAL) {
             results[i] = get_one(e, it->key, it->klen, it->val, it->len, &vl);
-        else
+        } else {
             results[i] = res[j];
+        }
         if (results[i] == KV_OK || results[i] == KV_ENOBUFS)
             it->len = vl;
     }
@@ -401,7 +406,7 @@ out:
     free(iov);
     free(sh);
     free(at);
-    free(space);
+    free(head);
     return rc;
 }
 

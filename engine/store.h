@@ -73,6 +73,10 @@ void kv__dram_free(kv_engine *e, void *p, uint64_t len);
 int  kv__dram_insert(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
                      void *p, uint32_t len);
 
+/* engine.c: a batch of plain-key puts (put) or loads across the cluster,
+ * on the task pool, waited for; results[i] per item. */
+int  kv__run_items(kv_engine *e, bool put, const kv_shard *shards, size_t n, int *results);
+
 /* Frees the values of an unlinked block entry and the entry itself. */
 void kv__dram_free_blk(kv_engine *e, struct kv__blk *b);
 

@@ -25,6 +25,8 @@ struct kv__task {
     _Atomic int result;           /* first failure, else KV_OK */
     _Atomic uint32_t misses;      /* shards not found (load) */
     _Atomic uint32_t skipped;     /* shards already present (dump) */
+    int *results;                 /* per item outcome, written by run(), when
+                                     the submitter wants one (kv__run_items) */
     atomic_bool cancelled;
     int want;                     /* workers still to take it (queue lock) */
     bool done;                    /* under mu */

@@ -303,7 +303,9 @@ KV_EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen);   /* KV_ENO
  *   kv_pair: key/klen as for kv_put; for a put, val/len is the value (only
  *   read); for a get, val is the buffer and len its capacity on the way in,
  *   and the value's length on the way out (when results[i] is KV_OK or
- *   KV_ENOBUFS). Buffers are needed only during the call.
+ *   KV_ENOBUFS). kv_get_many reads each value straight into val: an item
+ *   that fails otherwise than KV_ENOBUFS may have had val written. Buffers
+ *   are needed only during the call.
  */
 typedef struct kv_pair {
     const void *key;
