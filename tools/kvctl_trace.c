@@ -1174,10 +1174,11 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
     rp.t0 = kvctl_now_ns();
     pthread_barrier_wait(&rp.go);
     ts->shard_bytes = 0;
-    for (unsigned n = 1; atomic_load(&rp.finished) < o->numjobs; n++) {
+    while (atomic_load(&rp.finished) < o->numjobs) {
         usleep(10000);
         kvctl_progress_tick(&prog, atomic_load_explicit(&rp.done, memory_order_relaxed));
-        if (n % 20 == 0 && o->tiers == KVCTL_TIERS_ENGINE) {
+        /* Every tick: the first ones see the tier before write-back starts. */
+        if (o->tiers == KVCTL_TIERS_ENGINE) {
             struct kvctl_backend_info now;
             be->info(st, &now);
             note_shard_bytes(ts, &now);
