@@ -270,12 +270,14 @@ START_TEST(idle_flood_does_not_lock_out)
         rl.rlim_cur = 1400;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    ck_assert_msg(rl.rlim_cur >= 1400, "need 1,400 descriptors (have %llu)",
-                  (unsigned long long)rl.rlim_cur);
+    /* 1,100 is past the 1,024 connections the master once held for good;
+     * where descriptors are scarcer, as many as there are (still far past
+     * the 64 unauthenticated ones it keeps now). */
+    int N = rl.rlim_cur >= 1400 ? 1100 : (int)rl.rlim_cur - 300;
+    ck_assert_int_gt(N, 200);
     struct sockaddr_in sa;
     ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
-    enum { N = 1100 };
-    int *fd = malloc(N * sizeof *fd);
+    int *fd = malloc((size_t)N * sizeof *fd);
     int opened = 0;
     for (; opened < N; opened++) {
         fd[opened] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
