@@ -16,6 +16,10 @@
  *   of streams and the value size as the write size (kvctl_sock.c), so
  *   every figure comes with its ratio to what the wire itself moved in the
  *   same run on the same (shared, noisy) machine.
+ * - --scenario trace replaces the phase list by a replay of a serving trace
+ *   (kvctl_trace.c): the trace is read once, before any engine opens, and
+ *   each run (kvengine, --compare posix, dram...) replays it and gets the
+ *   infinite-cache and LRU models computed against its own DRAM tier.
  * - Block ids are a hash of (--salt, object number); the salt is random per
  *   run unless given, and printed, so a second run against a live cluster
  *   or server does not find the first run's values (and a given salt
@@ -159,9 +163,11 @@ static void usage(FILE *f)
             "  time: a 60 s lease would pin most of the trace). Figures per run:\n"
             "  prefix_hit_ratio (blocks loaded / block references), hit_ratio_dram and\n"
             "  _ssd (loads served by each tier), ideal_hit_ratio (an infinite cache),\n"
-            "  lru_hit_ratio (an exact LRU holding as many blocks as the DRAM tier:\n"
-            "  capacity x high watermark / bytes per block), broken_promises (a lookup\n"
-            "  said hit, the load failed), verify_failures, load/dump MiB/s, seconds,\n"
+            "  lru_hit_ratio (an exact LRU holding as many blocks as the DRAM tier,\n"
+            "  capacity x high watermark / bytes per block, freeing like it down to\n"
+            "  (high watermark - ratio) x capacity), broken_promises (a lookup said\n"
+            "  hit, the load did not deliver), verify_failures, dumps_refused (no room:\n"
+            "  not cached, not an error), spill_drops, load/dump MiB/s, seconds,\n"
             "  lookup+load latency per request, and prefill tokens skipped (hits x 512).\n"
             "%s"
             "\n"
