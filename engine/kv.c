@@ -340,10 +340,12 @@ KV__EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results)
             }
         return KV_OK;
     }
-    /* Sizes from every owner in one round, then the records in one load
-     * batch, each straight into the caller's buffer behind a scratch copy
-     * of its [klen][key] prefix (checked after); a key replaced by another
-     * length in between is fetched alone. */
+    /* Each value is read straight into the caller's buffer, behind a
+     * scratch copy of its [klen][key] prefix (checked after). The first
+     * round guesses that a value fills its buffer (what a Mooncake
+     * get_into caller passes: the object's size); an owner holding another
+     * length answers KV_EINVAL without sending it. Only those then have
+     * their sizes asked (one round to every owner) and are read again. */
     kv_block_id *ids = malloc(n * sizeof *ids);
     uint64_t *lens = malloc(n * sizeof *lens);
     int *res = malloc(n * sizeof *res);
@@ -355,49 +357,79 @@ KV__EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results)
         rc = KV_ENOMEM;
         goto out;
     }
-    for (size_t i = 0; i < n; i++)
-        ids[i] = results[i] == KV_OK ? key_id(items[i].key, items[i].klen) : (kv_block_id){ { 0 } };
-    if ((rc = kv__cluster_sizes(e->cluster, KV_NS_KEY, ids, 0, n, lens, res)) != KV_OK)
-        goto out;
-    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        kv_pair *it = &items[i];
-        if (results[i] != KV_OK)
-            continue;
-        results[i] = res[i];
-        if (res[i] != KV_OK)
-            continue;
-        if (lens[i] < 1 + it->klen) {
-            results[i] = KV_ENOTFOUND;   /* not a plain key's record: a collision */
-            continue;
-        }
-        uint64_t vlen = lens[i] - 1 - it->klen;
-        if (vlen > it->len) {
-            results[i] = KV_ENOBUFS;
-            it->len = vlen;
-            continue;
-        }
-        iov[2 * m] = (kv_iov){ head[m], 1 + it->klen };
-        iov[2 * m + 1] = (kv_iov){ it->val, vlen };
-        sh[m] = (kv_shard){ ids[i], 0, &iov[2 * m], 2 };
-        at[m++] = i;
+        ids[i] = results[i] == KV_OK ? key_id(items[i].key, items[i].klen) : (kv_block_id){ { 0 } };
+        lens[i] = 1 + items[i].klen + items[i].len;   /* the guess */
     }
-    if (m && (rc = kv__run_items(e, false, sh, m, res)) != KV_OK)
-        goto out;
-    for (size_t j = 0; j < m; j++) {
-        size_t i = at[j], vl = 0;
-        kv_pair *it = &items[i];
-        if (res[j] == KV_OK) {
-            bool same = same_key(head[j], 1 + it->klen, it->key, it->klen);
-            results[i] = same ? KV_OK : KV_ENOTFOUND;
-            vl = iov[2 * j + 1].len;
-        } else if (res[j] == KV_EINVAL) {
-            results[i] = get_one(e, it->key, it->klen, it->val, it->len, &vl);
-        } else {
-            results[i] = res[j];
+    for (int round = 0; round < 2; round++) {
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            kv_pair *it = &items[i];
+            if (results[i] != (round == 0 ? KV_OK : KV_EINVAL))
+                continue;
+            if (round == 1 && res[i] != KV_OK) {
+                results[i] = res[i];   /* its size: KV_ENOTFOUND, or an owner's error */
+                continue;
+            }
+            if (lens[i] < 1 + it->klen) {
+                results[i] = KV_ENOTFOUND;   /* not a plain key's record: a collision */
+                continue;
+            }
+            uint64_t vlen = lens[i] - 1 - it->klen;
+            if (vlen > it->len) {
+                results[i] = KV_ENOBUFS;
+                it->len = vlen;
+                continue;
+            }
+            iov[2 * i] = (kv_iov){ head[i], 1 + it->klen };
+            iov[2 * i + 1] = (kv_iov){ it->val, vlen };
+            sh[m] = (kv_shard){ ids[i], 0, &iov[2 * i], 2 };
+            at[m++] = i;
         }
-        if (results[i] == KV_OK || results[i] == KV_ENOBUFS)
-            it->len = vl;
+        if (m && (rc = kv__run_items(e, false, sh, m, res)) != KV_OK)
+            goto out;
+        size_t again = 0;
+        for (size_t j = 0; j < m; j++) {
+            size_t i = at[j];
+            kv_pair *it = &items[i];
+            if (res[j] == KV_OK) {
+                results[i] = same_key(head[i], 1 + it->klen, it->key, it->klen) ? KV_OK : KV_ENOTFOUND;
+                it->len = results[i] == KV_OK ? iov[2 * i + 1].len : it->len;
+            } else if (res[j] == KV_EINVAL && round == 0) {
+                results[i] = KV_EINVAL;   /* another length: asked below */
+                again++;
+            } else if (res[j] == KV_EINVAL) {
+                /* Replaced by yet another length between the rounds. */
+                size_t vl = 0;
+                results[i] = get_one(e, it->key, it->klen, it->val, it->len, &vl);
+                if (results[i] == KV_OK || results[i] == KV_ENOBUFS)
+                    it->len = vl;
+            } else {
+                results[i] = res[j];
+            }
+        }
+        if (!again)
+            break;
+        /* The sizes of those alone, in one round; scattered back by item. */
+        kv_block_id *q = malloc(again * sizeof *q);
+        uint64_t *ql = malloc(again * sizeof *ql);
+        int *qr = malloc(again * sizeof *qr);
+        size_t k = 0;
+        for (size_t i = 0; q && i < n; i++)
+            if (results[i] == KV_EINVAL) {
+                q[k] = ids[i];
+                at[k++] = i;
+            }
+        rc = q && ql && qr ? kv__cluster_sizes(e->cluster, KV_NS_KEY, q, 0, k, ql, qr) : KV_ENOMEM;
+        for (size_t j = 0; rc == KV_OK && j < k; j++) {
+            lens[at[j]] = ql[j];
+            res[at[j]] = qr[j];
+        }
+        free(q);
+        free(ql);
+        free(qr);
+        if (rc != KV_OK)
+            goto out;
     }
 out:
     free(ids);

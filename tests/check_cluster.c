@@ -1200,6 +1200,15 @@ START_TEST(plain_keys_cluster_wide)
                           "batch key %d: %s", i, kv_strerror(res[i]));
         }
     }
+    /* buffers of the values' exact size: read in one round, all whole */
+    memset(bufs, 0, sizeof bufs);
+    for (int i = 0; i < B; i++)
+        items[i].len = 300;
+    ck_assert_int_eq(kv_get_many(client, items, B, res), KV_OK);
+    for (int i = 0; i < B; i++)
+        if (i != 7)
+            ck_assert_msg(res[i] == KV_OK && items[i].len == 300 && whole(bufs[i], 300),
+                          "exact-size batch key %d: %s", i, kv_strerror(res[i]));
     ck_assert_int_eq(kv_exists_many(client, items, B, res), KV_OK);
     for (int i = 0; i < B; i++)
         ck_assert_int_eq(res[i], i == 7 ? 0 : 1);
