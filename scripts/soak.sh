@@ -174,6 +174,16 @@ for name in local client; do
     if ! kill -0 "$pid" 2>/dev/null; then
         wait "$pid"
         rc=$?
+        # A write refused for lack of room (all DRAM held by write-back that
+        # has not landed yet) is a cache saying no, which DESIGN allows; any
+        # other error still fails the soak.
+        log=$work/$name.log
+        if [ "$rc" -ne 0 ] && grep -q ': first error ' "$log" &&
+           ! grep ': first error ' "$log" | grep -vq ': first error ENOSPC'; then
+            echo "soak: bench '$name': some writes refused with ENOSPC (counted, not a failure):"
+            grep ': first error ' "$log"
+            rc=0
+        fi
         [ "$rc" -eq 0 ] || fail "bench '$name' exited $rc; its log ends:
 $(tail -n 15 "$work/$name.log")"
     fi
