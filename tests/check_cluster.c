@@ -289,56 +289,6 @@ static void kill_proc(int i)
     procs[i] = 0;
 }
 
-/* n shards of len bytes: blocks 0..n-1 (salt), shard index i % 2. */
-struct set {
-    size_t n, len;
-    uint8_t *src, *dst;
-    kv_iov *siov, *diov;
-    kv_shard *dump, *load;
-};
-
-static struct set make_set(size_t n, size_t len, uint64_t salt)
-{
-    struct set s = { .n = n, .len = len };
-    s.src = malloc(n * len);
-    s.dst = malloc(n * len);
-    s.siov = calloc(n * 2, sizeof *s.siov);
-    s.diov = calloc(n * 2, sizeof *s.diov);
-    s.dump = calloc(n, sizeof *s.dump);
-    s.load = calloc(n, sizeof *s.load);
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *p = s.src + i * len, *q = s.dst + i * len;
-        tu_fill(p, len, salt * 1000 + i);
-        /* two iovecs per shard: the copy paths must handle scatter/gather */
-        s.siov[2 * i] = (kv_iov){ p, len / 3 };
-        s.siov[2 * i + 1] = (kv_iov){ p + len / 3, len - len / 3 };
-        s.diov[2 * i] = (kv_iov){ q, len / 2 };
-        s.diov[2 * i + 1] = (kv_iov){ q + len / 2, len - len / 2 };
-        kv_block_id id = tu_id(i / 2, salt);
-        s.dump[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.siov[2 * i],
-                                .iovcnt = 2 };
-        s.load[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.diov[2 * i],
-                                .iovcnt = 2 };
-    }
-    return s;
-}
-
-static void free_set(struct set *s)
-{
-    free(s->src);
-    free(s->dst);
-    free(s->siov);
-    free(s->diov);
-    free(s->dump);
-    free(s->load);
-}
-
-static int run_task(kv_engine *e, int dump, const kv_shard *sh, size_t n)
-{
-    kv_task t = 0;
-    int rc = dump ? kv_dump(e, sh, n, &t) : kv_load(e, sh, n, &t);
-    return rc ? rc : kv_wait(e, t, 10000);
-}
 
 START_TEST(three_nodes_two_engines)
 {
@@ -349,8 +299,8 @@ START_TEST(three_nodes_two_engines)
     ck_assert_int_eq(open_engine("16MiB", 1, TOKEN, &owner), KV_OK);   /* serves too */
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);      /* pure client */
     wait_owners(4);   /* the pure client is a member, not an owner */
-    struct set s = make_set(48, 48 << 10, 1);
-    ck_assert_int_eq(run_task(owner, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(48, 48 << 10, 1);
+    ck_assert_int_eq(tu_task(owner, 1, s.dump, s.n), KV_OK);
     /* lookup and load from the other engine: every block, bytes equal */
     kv_block_id ids[24];
     uint8_t hit[24];
@@ -359,11 +309,11 @@ START_TEST(three_nodes_two_engines)
     ck_assert_int_eq(kv_lookup(client, ids, 24, hit), KV_OK);
     for (int i = 0; i < 24; i++)
         ck_assert_msg(hit[i] == 1, "block %d missed", i);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     /* and back through the owner engine (its own blocks without the network) */
     memset(s.dst, 0, s.n * s.len);
-    ck_assert_int_eq(run_task(owner, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(owner, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     /* a block nobody has: a miss, and a failed load */
     kv_block_id none = tu_id(999, 1);
@@ -371,8 +321,8 @@ START_TEST(three_nodes_two_engines)
     ck_assert_int_eq(hit[0], 0);
     kv_shard miss = s.load[0];
     miss.block = none;
-    ck_assert_int_eq(run_task(client, 0, &miss, 1), KV_ENOTFOUND);
-    free_set(&s);
+    ck_assert_int_eq(tu_task(client, 0, &miss, 1), KV_ENOTFOUND);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -383,8 +333,8 @@ START_TEST(replica_failover)
     wait_owners(3);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
-    struct set s = make_set(64, 64 << 10, 2);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(64, 64 << 10, 2);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     int loads = 0, failed = 0, n = 0;
     uint64_t killed_at = 0, gone = 0;
     char owners[4][64];
@@ -392,7 +342,7 @@ START_TEST(replica_failover)
      * keep loading for 1.5 s, watching the view between batches. */
     for (int round = 0; ; round++) {
         for (size_t b = 0; b < s.n; b += 8) {
-            int rc = run_task(client, 0, s.load + b, 8);
+            int rc = tu_task(client, 0, s.load + b, 8);
             loads++;
             if (rc != KV_OK || memcmp(s.src + b * s.len, s.dst + b * s.len, 8 * s.len) != 0)
                 failed++;
@@ -425,9 +375,9 @@ START_TEST(replica_failover)
     ck_assert_int_eq(n, 2);
     /* and after the view changed, everything still loads */
     memset(s.dst, 0, s.n * s.len);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -439,12 +389,12 @@ START_TEST(node_serves_from_ssd)
     wait_owners(1);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
-    struct set s = make_set(160, 256 << 10, 8);   /* 40 MiB through 16 MiB of DRAM */
+    struct tu_set s = tu_set_new(160, 256 << 10, 8);   /* 40 MiB through 16 MiB of DRAM */
     for (size_t b = 0; b < s.n; b += 4)
-        ck_assert_int_eq(run_task(client, 1, s.dump + b, 4), KV_OK);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+        ck_assert_int_eq(tu_task(client, 1, s.dump + b, 4), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -456,11 +406,11 @@ START_TEST(ssd_only_node)
     wait_owners(1);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
-    struct set s = make_set(12, 100 << 10, 10);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    struct tu_set s = tu_set_new(12, 100 << 10, 10);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -473,8 +423,8 @@ START_TEST(node_restart_same_address)
     wait_owners(1);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
-    struct set s = make_set(8, 64 << 10, 9);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(8, 64 << 10, 9);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     char at[64];
     snprintf(at, sizeof at, "%s", node_addr[n0]);
     kill_proc(n0);
@@ -489,11 +439,11 @@ START_TEST(node_restart_same_address)
     kv__tcp_transport.close(c);
     kv__tcp_transport.destroy(t);
     /* its DRAM was lost (a miss), and a dump right away succeeds */
-    ck_assert_int_eq(run_task(client, 0, s.load, 1), KV_ENOTFOUND);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, 1), KV_ENOTFOUND);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -509,15 +459,15 @@ START_TEST(hung_node_times_out)
     wait_owners(2);
     kv_engine *client;
     ck_assert_int_eq(open_engine_t("0", 2, TOKEN, "400", &client), KV_OK);
-    struct set s = make_set(32, 32 << 10, 11);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);   /* pools warm */
+    struct tu_set s = tu_set_new(32, 32 << 10, 11);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);   /* pools warm */
     ck_assert_int_eq(kill(procs[2], SIGSTOP), 0);
     uint64_t worst = 0;
     for (size_t b = 0; b < s.n; b += 4) {
         memset(s.dst + b * s.len, 0, 4 * s.len);
         uint64_t t0 = tu_now_ms();
-        ck_assert_int_eq(run_task(client, 0, s.load + b, 4), KV_OK);
+        ck_assert_int_eq(tu_task(client, 0, s.load + b, 4), KV_OK);
         uint64_t dt = tu_now_ms() - t0;
         worst = dt > worst ? dt : worst;
         if (getenv("KV_TEST_VERBOSE")) fprintf(stderr, "batch %zu: %llu ms\n", b, (unsigned long long)dt);
@@ -528,7 +478,7 @@ START_TEST(hung_node_times_out)
     ck_assert_msg(worst >= 180 && worst < 400, "worst load took %llu ms",
                   (unsigned long long)worst);
     kill(procs[2], SIGCONT);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -541,8 +491,8 @@ START_TEST(node_join_keeps_blocks)
     wait_owners(2);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
-    struct set s = make_set(60, 16 << 10, 12);   /* 30 blocks */
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(60, 16 << 10, 12);   /* 30 blocks */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     int n3 = start_node("32MiB", 1);
     wait_owners(3);
     usleep(600000);   /* the client's next heartbeats bring the new view */
@@ -553,7 +503,7 @@ START_TEST(node_join_keeps_blocks)
     ck_assert_int_eq(kv_lookup(client, ids, 30, hit), KV_OK);
     for (int i = 0; i < 30; i++)
         ck_assert_msg(hit[i], "block %d lost when a node joined", i);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     if (strcmp(protocol(), "tcp") == 0) {
         /* the newcomer now holds the blocks it owns (read repair) */
@@ -571,7 +521,7 @@ START_TEST(node_join_keeps_blocks)
         kv__tcp_transport.close(c);
         kv__tcp_transport.destroy(t);
     }
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -639,8 +589,8 @@ START_TEST(rereplication_after_node_death)
     wait_owners(3);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
-    struct set s = make_set(120, 32 << 10, 15);   /* 60 blocks */
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(120, 32 << 10, 15);   /* 60 blocks */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     wait_rereplicated(n[1], 3);   /* the joins' jobs (nothing to copy) */
     wait_rereplicated(n[2], 3);
     long long before = node_metric(n[1], "rereplicated_shards_total") +
@@ -663,9 +613,9 @@ START_TEST(rereplication_after_node_death)
     wait_owners(1);
     usleep(600000);   /* the client's next heartbeats bring the new view */
     memset(s.dst, 0, s.n * s.len);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -679,8 +629,8 @@ START_TEST(rereplication_on_join)
     wait_owners(2);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
-    struct set s = make_set(60, 16 << 10, 16);   /* 30 blocks */
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(60, 16 << 10, 16);   /* 30 blocks */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     wait_rereplicated(a, 2);
     wait_rereplicated(b, 2);
     int c = start_node("32MiB", 1);
@@ -700,7 +650,7 @@ START_TEST(rereplication_on_join)
     int ok = 0;
     for (size_t i = 0; i < s.n; i += 2) {
         memset(s.dst + i * s.len, 0, 2 * s.len);
-        if (run_task(client, 0, s.load + i, 2) == KV_OK) {
+        if (tu_task(client, 0, s.load + i, 2) == KV_OK) {
             ck_assert(memcmp(s.src + i * s.len, s.dst + i * s.len, 2 * s.len) == 0);
             ok++;
         }
@@ -708,7 +658,7 @@ START_TEST(rereplication_on_join)
     ck_assert_msg(ok * 2 == copied, "%d blocks load from the newcomer, %lld shards were copied",
                   ok, copied);
     (void)c;
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -723,11 +673,11 @@ START_TEST(node_waits_for_master)
     wait_owners(1);
     kv_engine *e;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
-    struct set s = make_set(4, 8192, 13);
-    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    struct tu_set s = tu_set_new(4, 8192, 13);
+    ck_assert_int_eq(tu_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -741,19 +691,19 @@ START_TEST(master_restart)
     wait_owners(2);
     kv_engine *e;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
-    struct set s = make_set(16, 8192, 14);
-    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(16, 8192, 14);
+    ck_assert_int_eq(tu_task(e, 1, s.dump, s.n), KV_OK);
     kill_proc(0);
     usleep(300000);   /* a heartbeat or two fail */
-    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     start_master_at(1);
     wait_owners(2);
     usleep(600000);   /* the client's heartbeats settle its view */
     memset(s.dst, 0, s.n * s.len);
-    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -767,9 +717,9 @@ START_TEST(wrong_token_refused)
          * guards the data connections: the member joins, and every shard
          * it sends is refused. */
         ck_assert_int_eq(open_engine("0", 1, "not-the-token", &e), KV_OK);
-        struct set w = make_set(2, 4096, 3);
-        ck_assert_int_ne(run_task(e, 1, w.dump, w.n), KV_OK);
-        free_set(&w);
+        struct tu_set w = tu_set_new(2, 4096, 3);
+        ck_assert_int_ne(tu_task(e, 1, w.dump, w.n), KV_OK);
+        tu_set_free(&w);
         kv_close(e);
         for (int i = 0; i < 4; i++)
             if (engines[i] == e)
@@ -787,11 +737,11 @@ START_TEST(wrong_token_refused)
     }
     /* the node and the master still serve members with the token */
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
-    struct set s = make_set(4, 4096, 3);
-    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    struct tu_set s = tu_set_new(4, 4096, 3);
+    ck_assert_int_eq(tu_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -867,11 +817,11 @@ START_TEST(hostile_peer)
     /* the node kept serving throughout */
     kv_engine *e;
     ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
-    struct set s = make_set(6, 100 << 10, 5);
-    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    struct tu_set s = tu_set_new(6, 100 << 10, 5);
+    ck_assert_int_eq(tu_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
     T->destroy(t);
 }
 END_TEST
@@ -931,7 +881,7 @@ START_TEST(net_layer_without_engine)
     kv__cluster_view(c, &ver, &members, &owners);
     ck_assert_uint_eq(owners, 2);
     ck_assert_str_eq(kv__cluster_addr(c), "");
-    struct set s = make_set(20, 10000, 6);
+    struct tu_set s = tu_set_new(20, 10000, 6);
     int res[20];
     uint8_t hit[20];
     ck_assert_int_eq(kv__cluster_dump(c, KV_NS_BLOCK, s.dump, s.n, res), KV_OK);
@@ -996,7 +946,7 @@ START_TEST(net_layer_without_engine)
     ck_assert_int_eq(kv__cluster_register_buffer(c, s.dst, 4096), KV_OK);
     ck_assert_int_eq(kv__cluster_unregister_buffer(c, s.dst), KV_OK);
     kv__cluster_stop(c);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -1059,12 +1009,12 @@ END_TEST
 
 /* Loads s in batches of 16 shards for at least ms; adds the bytes to
  * *bytes and returns GiB/s. */
-static double load_rate(kv_engine *c, struct set *s, uint64_t ms, int *fails, uint64_t *bytes)
+static double load_rate(kv_engine *c, struct tu_set *s, uint64_t ms, int *fails, uint64_t *bytes)
 {
     uint64_t t0 = tu_now_ms(), got = 0;
     while (tu_now_ms() - t0 < ms)
         for (size_t b = 0; b < s->n && tu_now_ms() - t0 < ms; b += 16) {
-            *fails += run_task(c, 0, s->load + b, 16) != KV_OK;
+            *fails += tu_task(c, 0, s->load + b, 16) != KV_OK;
             got += 16 * s->len;
         }
     if (bytes)
@@ -1083,8 +1033,8 @@ START_TEST(measure_rereplication)
     wait_owners(3);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
-    struct set s = make_set(256, 256 << 10, 17);   /* 64 MiB, 128 blocks */
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(256, 256 << 10, 17);   /* 64 MiB, 128 blocks */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     int fails = 0;
     double base = load_rate(client, &s, 3000, &fails, NULL);
     kill_proc(n[0]);
@@ -1109,7 +1059,7 @@ START_TEST(measure_rereplication)
             use_etcd() ? "etcd" : "kvmaster", node_rr_mib, (double)copied / 1048576.0,
             (double)dt / 1000.0, (double)copied / 1048576.0 / ((double)dt / 1000.0), base,
             during, after, fails, during_fails);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 

@@ -178,51 +178,6 @@ static void wait_engine_owners(kv_engine *e, int want, uint64_t within_ms)
 }
 
 /* n shards of len bytes of blocks salt:0.. (two shards per block). */
-struct set {
-    size_t n, len;
-    uint8_t *src, *dst;
-    kv_iov *siov, *diov;
-    kv_shard *dump, *load;
-};
-
-static struct set make_set(size_t n, size_t len, uint64_t salt)
-{
-    struct set s = { .n = n, .len = len };
-    s.src = malloc(n * len);
-    s.dst = malloc(n * len);
-    s.siov = calloc(n, sizeof *s.siov);
-    s.diov = calloc(n, sizeof *s.diov);
-    s.dump = calloc(n, sizeof *s.dump);
-    s.load = calloc(n, sizeof *s.load);
-    for (size_t i = 0; i < n; i++) {
-        tu_fill(s.src + i * len, len, salt * 1000 + i);
-        s.siov[i] = (kv_iov){ s.src + i * len, len };
-        s.diov[i] = (kv_iov){ s.dst + i * len, len };
-        kv_block_id id = tu_id(i / 2, salt);
-        s.dump[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.siov[i],
-                                .iovcnt = 1 };
-        s.load[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.diov[i],
-                                .iovcnt = 1 };
-    }
-    return s;
-}
-
-static void free_set(struct set *s)
-{
-    free(s->src);
-    free(s->dst);
-    free(s->siov);
-    free(s->diov);
-    free(s->dump);
-    free(s->load);
-}
-
-static int run_task(kv_engine *e, int dump, const kv_shard *sh, size_t n)
-{
-    kv_task t = 0;
-    int rc = dump ? kv_dump(e, sh, n, &t) : kv_load(e, sh, n, &t);
-    return rc ? rc : kv_wait(e, t, 10000);
-}
 
 /* ---- talking to etcd directly (to find its leader, to set up auth) ------ */
 
@@ -308,8 +263,8 @@ START_TEST(leader_killed_during_loads)
     wait_owners(3, NULL);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 2, &client), KV_OK);
-    struct set s = make_set(48, 32 << 10, 1);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(48, 32 << 10, 1);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     int leader = etcd_leader();
     ck_assert_int_ge(leader, 0);
     int loads = 0, failed = 0, dumps = 0, dfailed = 0, why = KV_OK;
@@ -317,7 +272,7 @@ START_TEST(leader_killed_during_loads)
     for (int round = 0; round < 1000; round++) {
         for (size_t b = 0; b < s.n; b += 8) {
             memset(s.dst + b * s.len, 0, 8 * s.len);
-            int rc = run_task(client, 0, s.load + b, 8);
+            int rc = tu_task(client, 0, s.load + b, 8);
             loads++;
             if (rc != KV_OK || memcmp(s.src + b * s.len, s.dst + b * s.len, 8 * s.len) != 0) {
                 failed++;
@@ -326,10 +281,10 @@ START_TEST(leader_killed_during_loads)
         }
         /* a dump of blocks already there (skipped by the owners) and of
          * fresh ones, to keep writes going through the kill */
-        struct set w = make_set(4, 8 << 10, 100 + (uint64_t)round);
+        struct tu_set w = tu_set_new(4, 8 << 10, 100 + (uint64_t)round);
         dumps++;
-        dfailed += run_task(client, 1, w.dump, w.n) != KV_OK;
-        free_set(&w);
+        dfailed += tu_task(client, 1, w.dump, w.n) != KV_OK;
+        tu_set_free(&w);
         if (round == 0) {
             tu_etcd_kill(&etcd, leader);
             killed_at = tu_now_ms();
@@ -367,9 +322,9 @@ START_TEST(leader_killed_during_loads)
                   (unsigned long long)gone);
     /* and everything still loads, byte for byte */
     memset(s.dst, 0, s.n * s.len);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -385,19 +340,19 @@ START_TEST(etcd_down_for_a_while)
     wait_owners(2, NULL);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, &client), KV_OK);
-    struct set s = make_set(32, 16 << 10, 2);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
+    struct tu_set s = tu_set_new(32, 16 << 10, 2);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     wait_engine_owners(client, 2, 3000);
     tu_etcd_kill(&etcd, 0);
     uint64_t t0 = tu_now_ms();
     int rounds = 0;
     while (tu_now_ms() - t0 < 2 * TTL_MS + 500 && rounds < 200) {
         memset(s.dst, 0, s.n * s.len);
-        ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+        ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
         ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-        struct set w = make_set(2, 4096, 50 + (uint64_t)rounds);
-        ck_assert_int_eq(run_task(client, 1, w.dump, w.n), KV_OK);
-        free_set(&w);
+        struct tu_set w = tu_set_new(2, 4096, 50 + (uint64_t)rounds);
+        ck_assert_int_eq(tu_task(client, 1, w.dump, w.n), KV_OK);
+        tu_set_free(&w);
         rounds++;
         usleep(50000);
     }
@@ -420,9 +375,9 @@ START_TEST(etcd_down_for_a_while)
     wait_owners(3, NULL);
     wait_engine_owners(client, 3, 3000);
     memset(s.dst, 0, s.n * s.len);
-    ck_assert_int_eq(run_task(late, 0, s.load, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(late, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -441,11 +396,11 @@ START_TEST(member_lease_lost_rejoins)
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 1, &client), KV_OK);
     ck_assert_int_eq(engine_owners(client), 1);
-    struct set s = make_set(8, 4096, 4);
-    ck_assert_int_eq(run_task(client, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(client, 0, s.load, s.n), KV_OK);
+    struct tu_set s = tu_set_new(8, 4096, 4);
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 
@@ -487,11 +442,11 @@ START_TEST(etcd_with_auth)
     ck_assert_int_eq(m[0].owner, 1);
     free(m);
     kv_config_free(cfg);
-    struct set s = make_set(4, 4096, 3);
-    ck_assert_int_eq(run_task(e, 1, s.dump, s.n), KV_OK);
-    ck_assert_int_eq(run_task(e, 0, s.load, s.n), KV_OK);
+    struct tu_set s = tu_set_new(4, 4096, 3);
+    ck_assert_int_eq(tu_task(e, 1, s.dump, s.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
-    free_set(&s);
+    tu_set_free(&s);
 }
 END_TEST
 

@@ -169,3 +169,47 @@ pid_t tu_spawn(char *const argv[], const char *log)
     }
     return pid;
 }
+
+/* n shards of len bytes: blocks 0..n-1 (salt), shard index i % 2. */
+struct tu_set tu_set_new(size_t n, size_t len, uint64_t salt)
+{
+    struct tu_set s = { .n = n, .len = len };
+    s.src = malloc(n * len);
+    s.dst = malloc(n * len);
+    s.siov = calloc(n * 2, sizeof *s.siov);
+    s.diov = calloc(n * 2, sizeof *s.diov);
+    s.dump = calloc(n, sizeof *s.dump);
+    s.load = calloc(n, sizeof *s.load);
+    for (size_t i = 0; i < n; i++) {
+        uint8_t *p = s.src + i * len, *q = s.dst + i * len;
+        tu_fill(p, len, salt * 1000 + i);
+        /* two iovecs per shard: the copy paths must handle scatter/gather */
+        s.siov[2 * i] = (kv_iov){ p, len / 3 };
+        s.siov[2 * i + 1] = (kv_iov){ p + len / 3, len - len / 3 };
+        s.diov[2 * i] = (kv_iov){ q, len / 2 };
+        s.diov[2 * i + 1] = (kv_iov){ q + len / 2, len - len / 2 };
+        kv_block_id id = tu_id(i / 2, salt);
+        s.dump[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.siov[2 * i],
+                                .iovcnt = 2 };
+        s.load[i] = (kv_shard){ .block = id, .index = (uint32_t)(i % 2), .iov = &s.diov[2 * i],
+                                .iovcnt = 2 };
+    }
+    return s;
+}
+
+void tu_set_free(struct tu_set *s)
+{
+    free(s->src);
+    free(s->dst);
+    free(s->siov);
+    free(s->diov);
+    free(s->dump);
+    free(s->load);
+}
+
+int tu_task(kv_engine *e, int dump, const kv_shard *sh, size_t n)
+{
+    kv_task t = 0;
+    int rc = dump ? kv_dump(e, sh, n, &t) : kv_load(e, sh, n, &t);
+    return rc ? rc : kv_wait(e, t, 10000);
+}

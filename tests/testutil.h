@@ -56,4 +56,19 @@ unsigned tu_free_port(void);
  * (PR_SET_PDEATHSIG). The caller stops it (kill + waitpid). */
 pid_t tu_spawn(char *const argv[], const char *log);
 
+/* n shards of len bytes for dump/load round trips: blocks 0..n/2 (salt),
+ * shard index i % 2, each shard two iovecs on the source side and two
+ * differently cut on the destination side (the copy paths must handle
+ * scatter/gather). src and dst are n * len bytes. */
+struct tu_set {
+    size_t n, len;
+    uint8_t *src, *dst;
+    kv_iov *siov, *diov;
+    kv_shard *dump, *load;
+};
+struct tu_set tu_set_new(size_t n, size_t len, uint64_t salt);
+void tu_set_free(struct tu_set *s);
+/* Dumps (dump nonzero) or loads sh[0..n) as one task and waits (10 s). */
+int tu_task(kv_engine *e, int dump, const kv_shard *sh, size_t n);
+
 #endif
