@@ -201,12 +201,6 @@ struct cconn {
     uint32_t blen, bpiece;  /* bounce size, and the most one piece takes */
 };
 
-/* Test hook: the next n work requests carry a corrupted rkey, so tests can
- * watch an error completion fail exactly the items it carried. */
-void kv__rdma_test_bad_rkeys(int n);
-static _Atomic int bad_rkeys;
-void kv__rdma_test_bad_rkeys(int n) { atomic_store(&bad_rkeys, n); }
-
 /* Extra time for bytes moved, at the floor rate of serve.h, so that a large
  * batch on a slow path is not cut off while a dead peer still fails in one
  * timeout. */
@@ -1402,8 +1396,6 @@ static int run_pieces(struct cconn *c, struct piece *p, size_t np, int *item_rc,
                     memcpy(local, q->local, q->len);
             }
             uint32_t rkey = q->rkey;
-            if (atomic_load(&bad_rkeys) > 0 && atomic_fetch_sub(&bad_rkeys, 1) > 0)
-                rkey ^= 0x80000000u;
             sge[nw] = (struct ibv_sge){ .addr = (uintptr_t)local, .length = q->len, .lkey = lkey };
             wr[nw] = (struct ibv_send_wr){ .wr_id = i, .sg_list = &sge[nw], .num_sge = 1,
                                            .opcode = q->read ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE,

@@ -23,6 +23,7 @@
  * remote access error the responder's QP goes to the error state too.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +34,23 @@
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
+
+/*
+ * Test control (not libibverbs): the next n RDMA READ/WRITE work requests
+ * this process posts fail as a wrong rkey would (IBV_WC_REM_ACCESS_ERR, the
+ * QP to the error state), so a transport's tests can watch one error
+ * completion fail exactly the items it carried. The fault lives here, in
+ * the stand-in for the hardware, not as a hook in the library. Tests find
+ * it with dlsym(RTLD_DEFAULT, "softverbs_fail_next").
+ */
+static _Atomic int fail_next;
+void softverbs_fail_next(int n);
+void softverbs_fail_next(int n) { atomic_store(&fail_next, n); }
+
+static int injected_failure(void)
+{
+    return atomic_load(&fail_next) > 0 && atomic_fetch_sub(&fail_next, 1) > 0;
+}
 
 #include "softverbs.h"
 
@@ -696,7 +714,7 @@ static enum ibv_wc_status execute(struct sv_qp *q, struct ibv_send_wr *wr, uint3
 
     uint64_t remote = 0;
     if (total > 0) {
-        struct sv_mr_ent *m = sv_find_mr(wr->wr.rdma.rkey);
+        struct sv_mr_ent *m = injected_failure() ? NULL : sv_find_mr(wr->wr.rdma.rkey);
         unsigned need = is_read ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
         if (!m || m->pid != peer->pid || m->pd != peer->pd || !(m->access & need) ||
             !(peer->access & need) || !(remote = translate(m, wr->wr.rdma.remote_addr, total))) {
