@@ -91,10 +91,10 @@ struct rec {
     kv_block_id id;
 };
 
-static int make_rec(const void *key, size_t klen, const void *val, size_t vlen, struct rec *r)
+static int make_rec(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen,
+                    struct rec *r)
 {
-    if (!key || klen == 0 || klen > KV_KEY_MAX || (!val && vlen > 0) ||
-        vlen > KV_VALUE_MAX - 1 - klen)
+    if (check_key(e, key, klen) != KV_OK || (!val && vlen > 0) || vlen > KV_VALUE_MAX - 1 - klen)
         return KV_EINVAL;
     r->klen8 = (uint8_t)klen;
     r->iov[0] = (kv_iov){ &r->klen8, 1 };
@@ -237,7 +237,7 @@ static int exists_one(kv_engine *e, const void *key, size_t klen)
 KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen)
 {
     struct rec r;
-    int rc = e ? make_rec(key, klen, val, vlen, &r) : KV_EINVAL;
+    int rc = make_rec(e, key, klen, val, vlen, &r);
     if (rc != KV_OK)
         return rc;
     if (!e->cluster)
@@ -300,7 +300,7 @@ KV__EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *re
     }
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        results[i] = make_rec(items[i].key, items[i].klen, items[i].val, items[i].len, &r[i]);
+        results[i] = make_rec(e, items[i].key, items[i].klen, items[i].val, items[i].len, &r[i]);
         if (results[i] != KV_OK)
             continue;
         if (!e->cluster) {
