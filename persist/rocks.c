@@ -402,6 +402,14 @@ static int gc_run(struct kv__ssd *s, uint64_t need)
     return rc;
 }
 
+/* Bytes an unprivileged writer may still use on path's file system;
+ * UINT64_MAX when statvfs fails (then nothing is refused for it). */
+static uint64_t disk_free(const char *path)
+{
+    struct statvfs vf;
+    return statvfs(path, &vf) == 0 ? (uint64_t)vf.f_bavail * vf.f_frsize : UINT64_MAX;
+}
+
 static uint64_t mono_ns(void)
 {
     struct timespec ts;
@@ -475,8 +483,7 @@ int kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk)
         /* Refuse before a write hits ENOSPC: a failed WAL write puts the
          * whole DB into a read-only error state, while a refusal here costs
          * one write. */
-        struct statvfs vf;
-        if (statvfs(s->path, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < disk + DISK_SLACK)
+        if (disk_free(s->path) < disk + DISK_SLACK)
             return KV_ENOSPC;
     }
     if (broken)
@@ -999,12 +1006,11 @@ static int set_aside(struct kv__ssd *s, char *dir, size_t cap, char *err, size_t
 
 static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size_t errlen)
 {
-    struct statvfs vf;
-    if (statvfs(s->path, &vf) == 0 && (uint64_t)vf.f_bavail * vf.f_frsize < OPEN_MIN_FREE) {
+    uint64_t avail = disk_free(s->path);
+    if (avail < OPEN_MIN_FREE) {
         kv__errf(err, errlen, "ssd.path '%s': its file system is full (%llu KiB free; opening "
                  "the store needs %llu KiB for RocksDB's log and manifest)", s->path,
-                 (unsigned long long)((uint64_t)vf.f_bavail * vf.f_frsize >> 10),
-                 (unsigned long long)(OPEN_MIN_FREE >> 10));
+                 (unsigned long long)(avail >> 10), (unsigned long long)(OPEN_MIN_FREE >> 10));
         return KV_ENOSPC;
     }
     char why[512] = "";
