@@ -177,8 +177,6 @@ static void wait_engine_owners(kv_engine *e, int want, uint64_t within_ms)
     ck_assert_msg(n == want, "the engine's view has %d owners, want %d", n, want);
 }
 
-/* n shards of len bytes of blocks salt:0.. (two shards per block). */
-
 /* ---- talking to etcd directly (to find its leader, to set up auth) ------ */
 
 struct ans {

@@ -170,7 +170,6 @@ pid_t tu_spawn(char *const argv[], const char *log)
     return pid;
 }
 
-/* n shards of len bytes: blocks 0..n-1 (salt), shard index i % 2. */
 struct tu_set tu_set_new(size_t n, size_t len, uint64_t salt)
 {
     struct tu_set s = { .n = n, .len = len };
