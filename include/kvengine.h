@@ -290,6 +290,8 @@ KV_EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen);   /* KV_ENO
  *   replaced by one of another length in between is read again.
  * - kv_remove asks every owner: KV_OK when one had it and all were asked,
  *   KV_ENET when an owner could not be asked (it may still hold the value).
+ *   After an owner change (a member joined or left), the previous owners
+ *   still asked on a miss drop their copy too, on a remove and on a put.
  * - kv_exists is 1 when any owner has the key.
  * A member that rejoins with an SSD tier may serve values replaced while it
  * was away; start a returning member with its SSD tier cleared.

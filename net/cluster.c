@@ -1220,16 +1220,19 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
  */
 struct fan {
     struct view *v;
+    struct view *pv;         /* the previous view, for fan_add_prev */
     struct kv__op *ops;
     size_t *owner, *item;
     size_t k;
     bool skipped_down;       /* an owner was left out as unreachable */
 };
 
-static int fan_init(struct kv__cluster *c, struct fan *f, size_t n)
+/* with_prev: room for fan_add_prev too, during a move window. */
+static int fan_init(struct kv__cluster *c, struct fan *f, size_t n, bool with_prev)
 {
-    size_t cap = n * c->replicas;
     memset(f, 0, sizeof *f);
+    f->pv = with_prev ? prev_get(c) : NULL;
+    size_t cap = n * c->replicas * (f->pv ? 2 : 1);
     f->ops = malloc((cap ? cap : 1) * sizeof *f->ops);
     f->owner = malloc((cap ? cap : 1) * sizeof *f->owner);
     f->item = malloc((cap ? cap : 1) * sizeof *f->item);
@@ -1237,6 +1240,7 @@ static int fan_init(struct kv__cluster *c, struct fan *f, size_t n)
         free(f->ops);
         free(f->owner);
         free(f->item);
+        view_put(f->pv);
         return KV_ENOMEM;
     }
     f->v = view_get(c);
@@ -1249,6 +1253,7 @@ static void fan_free(struct fan *f)
     free(f->owner);
     free(f->item);
     view_put(f->v);
+    view_put(f->pv);
 }
 
 /* Adds op (its id) once per live owner; returns how many owners it has. */
@@ -1268,17 +1273,42 @@ static size_t fan_add(struct kv__cluster *c, struct fan *f, size_t i, const stru
     return m;
 }
 
+/*
+ * Adds op once for each of its id's previous owners (during a move window)
+ * that is still a live member but no longer an owner. A plain key's
+ * previous owner keeps its copy after an owner change: it is asked on a
+ * miss while the window lasts (lookup), and it is an owner again if the
+ * newcomer leaves, so a remove or a replace must drop that copy too, or it
+ * would be read again.
+ */
+static void fan_add_prev(struct kv__cluster *c, struct fan *f, size_t i, const struct kv__op *op)
+{
+    if (!f->pv)
+        return;
+    size_t cur[KV_PLACE_MAX], prev[KV_PLACE_MAX];
+    size_t m = candidates(f->v, &op->id, c->replicas, cur);
+    size_t e = prev_candidates(f->v, f->pv, &op->id, c->replicas, cur, m, prev);
+    for (size_t j = 0; j < e; j++) {
+        if (peer_is_down(f->v->owners[prev[j]]))
+            continue;
+        f->ops[f->k] = *op;
+        f->owner[f->k] = prev[j];
+        f->item[f->k++] = i;
+    }
+}
+
 /* dump (replace false) and put (true): every live owner is written. A dump
  * succeeds when any owner stored it; a put only when every owner of the
  * view replaced its value (an owner left with the old one would serve it
- * again after a failover). */
+ * again after a failover), and every previous owner still in a move window
+ * dropped its copy (fan_add_prev). */
 static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
                         int *results, bool replace)
 {
     if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
-    if (fan_init(c, &f, n) != KV_OK)
+    if (fan_init(c, &f, n, replace) != KV_OK)
         return KV_ENOMEM;
     int *best = malloc((n ? n : 1) * sizeof *best);
     int rc = best ? KV_OK : KV_ENOMEM;
@@ -1289,6 +1319,9 @@ static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, s
         size_t before = f.k, m = fan_add(c, &f, i, &op);
         results[i] = m ? KV_ENET : KV_ENOSPC;   /* no owner at all: no room */
         best[i] = replace && f.k - before < m ? KV_ENET : 1;   /* 1: nothing seen yet */
+        if (replace)   /* previous owners drop the old value */
+            fan_add_prev(c, &f, i, &(struct kv__op){ .kind = KV_OP_REMOVE, .ns = op.ns,
+                                                       .id = op.id });
     }
     if (rc == KV_OK)
         rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
@@ -1296,6 +1329,8 @@ static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, s
         for (size_t j = 0; j < f.k; j++) {
             size_t i = f.item[j];
             int r = f.ops[j].result;
+            if (f.ops[j].kind == KV_OP_REMOVE)   /* a previous owner's copy */
+                r = r == KV_ENOTFOUND ? KV_OK : r;
             if (replace)   /* all must: the worst result stands */
                 best[i] = best[i] == 1 ? r : r == KV_OK ? best[i] : worse(best[i], r);
             else if (r == KV_OK)
@@ -1330,7 +1365,7 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     if (!c || (n && (!ids || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
-    if (fan_init(c, &f, n) != KV_OK)
+    if (fan_init(c, &f, n, true) != KV_OK)
         return KV_ENOMEM;
     bool *down = calloc(n ? n : 1, sizeof *down);
     int rc = down ? KV_OK : KV_ENOMEM;
@@ -1339,6 +1374,7 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         size_t before = f.k, m = fan_add(c, &f, i, &op);
         results[i] = KV_ENOTFOUND;
         down[i] = f.k - before < m;
+        fan_add_prev(c, &f, i, &op);
     }
     if (rc == KV_OK)
         rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
@@ -1371,7 +1407,7 @@ int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uin
     if (!c || (n && (!ids || !lens || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
-    if (fan_init(c, &f, n) != KV_OK)
+    if (fan_init(c, &f, n, false) != KV_OK)
         return KV_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         struct kv__op op = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = ids[i] };
@@ -1504,9 +1540,8 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     if (!c || (n && (!ids || !hit)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
-    if (fan_init(c, &f, n) != KV_OK)
+    if (fan_init(c, &f, n, true) != KV_OK)
         return KV_ENOMEM;
-    struct view *pv = prev_get(c);
     for (size_t i = 0; i < n; i++) {
         struct kv__op op = { .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
         fan_add(c, &f, i, &op);
@@ -1517,29 +1552,17 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         if (f.ops[j].result == KV_OK && f.ops[j].hit)
             hit[f.item[j]] = 1;
     /* During a move window, misses ask their previous owners too. */
-    size_t cap = n * c->replicas;
     f.k = 0;
-    for (size_t i = 0; pv && rc == KV_OK && i < n; i++) {
-        if (hit[i])
-            continue;
-        size_t cur[KV_PLACE_MAX], extra[KV_PLACE_MAX];
-        size_t m = candidates(f.v, &ids[i], c->replicas, cur);
-        size_t e = prev_candidates(f.v, pv, &ids[i], c->replicas, cur, m, extra);
-        for (size_t j = 0; j < e && f.k < cap; j++) {
-            if (peer_is_down(f.v->owners[extra[j]]))
-                continue;
-            f.ops[f.k] = (struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
-            f.owner[f.k] = extra[j];
-            f.item[f.k++] = i;
-        }
-    }
+    for (size_t i = 0; rc == KV_OK && i < n; i++)
+        if (!hit[i])
+            fan_add_prev(c, &f, i, &(struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns,
+                                                       .id = ids[i] });
     if (f.k && rc == KV_OK) {
         rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
         for (size_t j = 0; rc == KV_OK && j < f.k; j++)
             if (f.ops[j].result == KV_OK && f.ops[j].hit)
                 hit[f.item[j]] = 1;
     }
-    view_put(pv);
     fan_free(&f);
     return rc;
 }

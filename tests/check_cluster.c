@@ -1185,6 +1185,70 @@ START_TEST(plain_keys_cluster_wide)
 }
 END_TEST
 
+/* Plain keys across an owner change: a fourth node joins, so some keys get
+ * a new owner while their previous owner still holds a copy (it is asked
+ * during the move window). Removes and replaces made then must reach that
+ * copy too: neither a lookup in the window nor a read after the newcomer
+ * dies (the old owners are owners again) may bring back what was removed
+ * or replaced. */
+START_TEST(plain_keys_across_an_owner_change)
+{
+    with_metrics = 1;
+    int n[3];
+    for (int i = 0; i < 3; i++)
+        n[i] = start_node("32MiB", 2);
+    wait_owners(3);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    wait_engine_owners(client, 3);
+    enum { N = 64 };
+    char key[32], val[8000], out[8000];
+    size_t vl;
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "mv-%d", i);
+        fill_val(val, 5000, 'A');
+        ck_assert_int_eq(kv_put(client, key, strlen(key), val, 5000), KV_OK);
+    }
+    int d = start_node("32MiB", 2);
+    wait_owners(4);
+    wait_engine_owners(client, 4);
+    for (int i = 0; i < 3; i++)   /* the join's copies are all made */
+        wait_rereplicated(n[i], 4);
+    /* even keys removed, odd ones replaced, all in the move window */
+    fill_val(val, 7000, 'B');
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof key, "mv-%d", i);
+        if (i % 2 == 0)
+            ck_assert_int_eq(kv_remove(client, key, strlen(key)), KV_OK);
+        else
+            ck_assert_int_eq(kv_put(client, key, strlen(key), val, 7000), KV_OK);
+    }
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            snprintf(key, sizeof key, "mv-%d", i);
+            int rc = kv_get(client, key, strlen(key), out, sizeof out, &vl);
+            if (i % 2 == 0) {
+                ck_assert_msg(kv_exists(client, key, strlen(key)) == 0 && rc == KV_ENOTFOUND,
+                              "round %d: removed key %d is back (%s)", round, i,
+                              kv_strerror(rc));
+            } else {
+                ck_assert_msg(rc == KV_OK && vl == 7000 && out[0] == 'B' && whole(out, vl),
+                              "round %d: key %d reads %s, %zu bytes of '%c'", round, i,
+                              kv_strerror(rc), vl, rc == KV_OK ? out[0] : '-');
+            }
+        }
+        if (round == 0) {
+            /* the newcomer dies: every key's owners are the first three again */
+            kill_proc(d);
+            wait_owners(3);
+            wait_engine_owners(client, 3);
+            for (int i = 0; i < 3; i++)
+                wait_rereplicated(n[i], 3);
+        }
+    }
+}
+END_TEST
+
 struct racer {
     kv_engine *e;
     char c;
@@ -1272,6 +1336,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, rereplication_after_node_death);
     tcase_add_test(tc, rereplication_on_join);
     tcase_add_test(tc, plain_keys_cluster_wide);
+    tcase_add_test(tc, plain_keys_across_an_owner_change);
     tcase_add_test(tc, racing_puts_one_whole_value);
     tcase_add_test(tc, pure_client_put_without_owners);
     suite_add_tcase(s, tc);
