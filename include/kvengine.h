@@ -291,7 +291,9 @@ KV_EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen);   /* KV_ENO
  * - kv_remove asks every owner: KV_OK when one had it and all were asked,
  *   KV_ENET when an owner could not be asked (it may still hold the value).
  *   After an owner change (a member joined or left), the previous owners
- *   still asked on a miss drop their copy too, on a remove and on a put.
+ *   still asked on a miss drop their copy too, on a remove and on a put;
+ *   and keys move: re-replication copies each to its new owners, and a
+ *   node that no longer owns a key drops its copy once they have it.
  * - kv_exists is 1 when any owner has the key.
  * A member that rejoins with an SSD tier may serve values replaced while it
  * was away; start a returning member with its SSD tier cleared.

@@ -896,8 +896,17 @@ static int worse(int a, int b)
  * (in the new view's HRW order) that is still an owner of the block, else
  * the first of them still alive (a join moved the block away from it).
  * Everyone computes the same answer from the same two views. Nothing is
- * ever removed here, so a block stays readable throughout; copies left on a
- * node that is no longer an owner age out by eviction.
+ * removed here but the copies of plain keys (below), so a block stays
+ * readable throughout; copies of blocks left on a node that is no longer an
+ * owner age out by eviction (a block's bytes never change, so an extra copy
+ * is only memory).
+ *
+ * Plain keys move instead: a holder that is no longer one of a key's owners
+ * copies it to the new owners itself (besides the copier: a second copy of
+ * a dump is skipped by an owner that has it) and then drops its own, once
+ * every new owner has it. A value can be replaced or removed, and a stale
+ * copy left behind would be read again as soon as the owners changed back
+ * (the newcomer leaving), long after the move window.
  *
  * A newer owner change stops the running job; the next one starts from the
  * oldest view not fully handled, so nothing the first change needed is
@@ -912,6 +921,7 @@ struct rr_item {
     uint64_t used, len;
     uint32_t index;
     uint8_t ns, ntargets;
+    uint8_t drop;                       /* a plain key this node no longer owns */
     uint8_t targets[KV_PLACE_MAX];      /* owner indexes in the new view */
 };
 
@@ -924,7 +934,7 @@ struct rr_scan {
     int oom;
     /* the last block decided (a block's shards come one after another) */
     kv_block_id last;
-    int have_last, last_copy;
+    int have_last, last_copy, last_drop;
     uint8_t last_targets[KV_PLACE_MAX], last_nt;
 };
 
@@ -936,8 +946,10 @@ static size_t view_index(struct view *v, struct peer *p)
     return SIZE_MAX;
 }
 
-/* Whether this node copies block id, and to which owners of the new view. */
-static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets, uint8_t *nt)
+/* Whether this node copies block id, and to which owners of the new view;
+ * *drop: it then drops its own copy (a plain key it no longer owns). */
+static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets, uint8_t *nt,
+                     int *drop)
 {
     size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX];
     unsigned r = s->c->replicas;
@@ -946,12 +958,15 @@ static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
     int self_held = 0;
     for (size_t i = 0; i < no; i++)
         self_held |= s->from->owners[o[i]]->self;
+    *drop = 0;
     if (!self_held)
         return 0;
     *nt = 0;
     struct peer *copier = NULL;
+    int self_owns = 0;
     for (size_t i = 0; i < nw; i++) {
         struct peer *p = s->to->owners[w[i]];
+        self_owns |= p->self;
         int held = 0;
         for (size_t j = 0; j < no && !held; j++)
             held = s->from->owners[o[j]] == p;
@@ -963,6 +978,10 @@ static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
     for (size_t j = 0; j < no && !copier; j++)
         if (view_index(s->to, s->from->owners[o[j]]) != SIZE_MAX)
             copier = s->from->owners[o[j]];
+    if (s->ns == KV_NS_KEY && !self_owns && s->c->be->remove) {
+        *drop = 1;
+        return 1;
+    }
     return *nt && copier && copier->self;
 }
 
@@ -973,7 +992,7 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     if (!s->have_last || memcmp(&s->last, id, sizeof *id) != 0) {
         s->last = *id;
         s->have_last = 1;
-        s->last_copy = rr_decide(s, id, s->last_targets, &s->last_nt);
+        s->last_copy = rr_decide(s, id, s->last_targets, &s->last_nt, &s->last_drop);
     }
     if (!s->last_copy)
         return 0;
@@ -989,7 +1008,8 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     }
     struct rr_item *it = &s->v[s->n++];
     *it = (struct rr_item){ .id = *id, .used = used, .len = len, .index = index,
-                            .ns = (uint8_t)s->ns, .ntargets = s->last_nt };
+                            .ns = (uint8_t)s->ns, .ntargets = s->last_nt,
+                            .drop = (uint8_t)s->last_drop };
     memcpy(it->targets, s->last_targets, sizeof it->targets);
     return 0;
 }
@@ -1053,6 +1073,11 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
         size_t first = i;
         for (; i < n && nb < RR_BATCH_SHARDS && (nb == 0 || bytes < RR_BATCH_BYTES); i++) {
             struct rr_item *it = &items[i];
+            if (!it->ntargets) {   /* every new owner had it: only the drop */
+                be->remove(be->ctx, it->ns, &it->id, it->index);
+                atomic_fetch_sub(&c->rr_pending, 1);
+                continue;
+            }
             uint8_t *b = malloc(it->len ? it->len : 1);
             if (!b)
                 break;
@@ -1087,6 +1112,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                 atomic_fetch_add(ok ? &c->rr_shards : &c->rr_failed, 1);
                 if (ok)
                     atomic_fetch_add(&c->rr_bytes, items[of[j]].len * items[of[j]].ntargets);
+                if (ok && items[of[j]].drop)   /* its new owners have it now */
+                    be->remove(be->ctx, items[of[j]].ns, &items[of[j]].id, items[of[j]].index);
                 atomic_fetch_sub(&c->rr_pending, 1);
             }
         } else if (k) {

@@ -1214,6 +1214,12 @@ START_TEST(plain_keys_across_an_owner_change)
     wait_engine_owners(client, 4);
     for (int i = 0; i < 3; i++)   /* the join's copies are all made */
         wait_rereplicated(n[i], 4);
+    /* and the keys moved: a previous owner dropped what it no longer owns,
+     * so there are exactly two copies of each */
+    long long copies = node_metric(d, "plain_keys");
+    for (int i = 0; i < 3; i++)
+        copies += node_metric(n[i], "plain_keys");
+    ck_assert_int_eq(copies, 2 * N);
     /* even keys removed, odd ones replaced, all in the move window */
     fill_val(val, 7000, 'B');
     for (int i = 0; i < N; i++) {
