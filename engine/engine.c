@@ -190,24 +190,46 @@ int kv__local_size(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, 
     return KV_ENOTFOUND;
 }
 
+struct ssd_walk {
+    kv_engine *e;
+    int ns;
+    kv__scan_cb cb;
+    void *arg;
+};
+
+static int ssd_visit(void *ctx, const kv_ssd_entry *ent)
+{
+    struct ssd_walk *w = ctx;
+    int ns = ent->ns == KV_SSD_NS_KEY ? KV_NS_KEY : KV_NS_BLOCK;
+    if (ns != w->ns || dram_has(w->e, ns, &ent->id, ent->index))
+        return 0;   /* another namespace, or visited with DRAM's copies */
+    return w->cb(w->arg, &ent->id, ent->index, ent->size, 0);   /* last use unknown: oldest */
+}
+
+/* DRAM's shards, then those only the SSD tier holds (from its in-memory
+ * index: no I/O). */
 int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg)
 {
-    if (!e->has_dram)
-        return KV_OK;
-    struct kv__table *t = &e->tab[ns];
     int stop = 0;
-    for (uint32_t s = 0; s < t->n && !stop; s++) {
-        struct kv__tshard *ts = &t->sh[s];
-        pthread_mutex_lock(&ts->lock);
-        for (uint32_t k = 0; k <= ts->mask && !stop; k++)
-            for (struct kv__blk *b = ts->buckets[k]; b && !stop; b = b->hnext) {
-                struct kv__sref *r = kv__blk_srefs(b);
-                for (uint32_t i = 0; i < b->nshards && !stop; i++)
-                    stop = cb(arg, &b->id, r[i].index, r[i].len, b->stamp);
-            }
-        pthread_mutex_unlock(&ts->lock);
+    if (e->has_dram) {
+        struct kv__table *t = &e->tab[ns];
+        for (uint32_t s = 0; s < t->n && !stop; s++) {
+            struct kv__tshard *ts = &t->sh[s];
+            pthread_mutex_lock(&ts->lock);
+            for (uint32_t k = 0; k <= ts->mask && !stop; k++)
+                for (struct kv__blk *b = ts->buckets[k]; b && !stop; b = b->hnext) {
+                    struct kv__sref *r = kv__blk_srefs(b);
+                    for (uint32_t i = 0; i < b->nshards && !stop; i++)
+                        stop = cb(arg, &b->id, r[i].index, r[i].len, b->stamp);
+                }
+            pthread_mutex_unlock(&ts->lock);
+        }
     }
-    return KV_OK;
+    if (stop || !e->ssd)
+        return KV_OK;
+    struct ssd_walk w = { e, ns, cb, arg };
+    int rc = kv__ssd_scan(e->ssd, ssd_visit, &w);
+    return rc == KV_ENOTSUP ? KV_OK : rc;
 }
 
 /*

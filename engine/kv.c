@@ -19,6 +19,7 @@
 #include <xxhash.h>
 
 #include "cluster.h"
+#include "serve.h"
 #include "ssd.h"
 #include "store.h"
 
@@ -274,6 +275,27 @@ KV__EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen)
     int res;
     rc = kv__cluster_remove(e->cluster, KV_NS_KEY, &id, 1, &res);
     return rc != KV_OK ? rc : res;
+}
+
+KV__EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed)
+{
+    uint64_t n = 0;
+    int rc;
+    if (!e)
+        return KV_EINVAL;
+    if (e->cluster) {
+        rc = kv__cluster_clear(e->cluster, KV_NS_KEY, &n);
+    } else {   /* the op a peer would send, served here */
+        struct kv__backend be;
+        kv__backend_engine(e, &be);
+        struct kv__op op = { .kind = KV_OP_CLEAR, .ns = KV_NS_KEY };
+        kv__serve_ops(&be, &op, 1);
+        rc = op.result;
+        n = op.len;
+    }
+    if (removed)
+        *removed = n;
+    return rc;
 }
 
 /* ---- batches ----------------------------------------------------------------

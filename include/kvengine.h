@@ -322,6 +322,18 @@ KV_EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results);
 KV_EXPORT int kv_exists_many(kv_engine *e, const kv_pair *items, size_t n, int *results);
 
 /*
+ * kv_remove_all: removes every plain key (blocks are left alone), from both
+ *   tiers; in a cluster from every owner in the view, whoever put them (what
+ *   Mooncake's remove_all does). *removed (may be NULL) gets how many keys
+ *   were removed: in a cluster the copies dropped divided by the copies a
+ *   key has, exact when the owners agree. KV_ENET when an owner could not
+ *   be asked (it may still hold keys; the others were cleared), KV_EINVAL
+ *   for a NULL engine, KV_ENOMEM when the keys could not all be listed (the
+ *   listed ones are removed). Puts racing with it may survive it.
+ */
+KV_EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed);
+
+/*
  * ZERO-COPY
  *
  * kv_register_buffer: registers [addr, addr+len) of caller memory for RDMA so

@@ -1428,6 +1428,42 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     return rc;
 }
 
+int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
+{
+    if (!c || !removed || ns != KV_NS_KEY)
+        return KV_EINVAL;
+    *removed = 0;
+    struct view *v = view_get(c);
+    struct kv__op *ops = calloc(v->n ? v->n : 1, sizeof *ops);
+    size_t *owner = malloc((v->n ? v->n : 1) * sizeof *owner);
+    size_t k = 0;
+    int rc = ops && owner ? KV_OK : KV_ENOMEM, res = KV_OK;
+    for (size_t i = 0; rc == KV_OK && i < v->n; i++) {
+        if (peer_is_down(v->owners[i])) {
+            res = KV_ENET;   /* it may still hold keys */
+            continue;
+        }
+        ops[k] = (struct kv__op){ .kind = KV_OP_CLEAR, .ns = (uint8_t)ns };
+        owner[k++] = i;
+    }
+    if (rc == KV_OK && k)
+        rc = run_grouped(c, v, ops, owner, k);
+    uint64_t copies = 0;
+    for (size_t j = 0; rc == KV_OK && j < k; j++) {
+        if (ops[j].result == KV_OK)
+            copies += ops[j].len;
+        else
+            res = worse(res, ops[j].result);
+    }
+    size_t per_key = v->n < c->replicas ? v->n : c->replicas;
+    if (per_key)
+        *removed = (copies + per_key - 1) / per_key;
+    free(ops);
+    free(owner);
+    view_put(v);
+    return rc ? rc : res;
+}
+
 int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
                       size_t n, uint64_t *lens, int *results)
 {

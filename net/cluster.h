@@ -83,11 +83,16 @@ int  kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint
  *   when none had it; an owner that could not be asked is an error (KV_ENET).
  * sizes: index's stored length per id from the first owner that has it, in
  *   one round to every owner; KV_ENOTFOUND per missing id.
+ * clear: every owner in the view drops every plain key it holds; *removed
+ *   is the copies dropped over the copies a key has (replica_num, or fewer
+ *   owners): the keys, when the owners agreed. An owner that could not be
+ *   asked is an error (KV_ENET), as for remove; the others are cleared.
  */
 int  kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n, int *results);
 int  kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n, int *results);
 int  kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
                        size_t n, uint64_t *lens, int *results);
+int  kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed);
 int  kv__cluster_register_buffer(struct kv__cluster *c, void *addr, size_t len);
 int  kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr);
 /* Adds the cluster's counters to out (fields the cluster does not know are

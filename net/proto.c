@@ -100,7 +100,7 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
         return KV_EPROTO;
     const uint8_t *p = body + 4;
     for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
-        if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_REMOVE || p[1] >= KV_NS_COUNT)
+        if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_CLEAR || p[1] >= KV_NS_COUNT)
             return KV_EPROTO;
         uint16_t fl = kv__get16(p + 2);
         if ((fl & ~KV_WIRE_REPLACE) || (fl && p[0] != KV_OP_DUMP))

@@ -493,6 +493,7 @@ static void prep_item(struct sconn *sc, const struct kv__wire_req *q, struct kv_
     case KV_OP_LOOKUP:
     case KV_OP_SIZE:
     case KV_OP_REMOVE:
+    case KV_OP_CLEAR:
         kv__serve_query(&r->serve, q, o);
         return;
     case KV_OP_LOAD: {
@@ -1535,7 +1536,7 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
     for (size_t i = 0; i < n; i++) {
         ops[i].result = o[i].status;
         ops[i].hit = o[i].hit;
-        if (ops[i].kind == KV_OP_SIZE)
+        if (kv__op_answers_len(ops[i].kind))
             ops[i].len = o[i].len;
     }
 out:
@@ -1582,7 +1583,7 @@ static int batch_chunk(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
         struct kv__op *op = &ops[i];
         op->result = o[i].status;
         op->hit = o[i].hit;
-        if (op->kind == KV_OP_SIZE)
+        if (kv__op_answers_len(op->kind))
             op->len = o[i].len;
         if ((op->kind != KV_OP_LOAD && op->kind != KV_OP_DUMP) || o[i].status != KV_OK)
             continue;

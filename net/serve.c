@@ -70,6 +70,57 @@ static int remove_key(struct kv__backend *be, int ns, const kv_block_id *id, uin
     return be->remove ? be->remove(be->ctx, ns, id, index) : KV_ENOTSUP;
 }
 
+struct idlist {
+    kv_block_id *v;
+    size_t n, cap;
+    int oom;
+};
+
+static int collect(void *arg, const kv_block_id *id, uint32_t index, uint64_t len, uint64_t used)
+{
+    struct idlist *l = arg;
+    (void)len;
+    (void)used;
+    if (index != 0)
+        return 0;
+    if (l->n == l->cap) {
+        size_t nc = l->cap ? 2 * l->cap : 1024;
+        kv_block_id *p = realloc(l->v, nc * sizeof *p);
+        if (!p) {
+            l->oom = 1;
+            return 1;   /* stops the scan */
+        }
+        l->v = p;
+        l->cap = nc;
+    }
+    l->v[l->n++] = *id;
+    return 0;
+}
+
+/* Every plain key this node holds dropped (the ids listed first: nothing
+ * is removed under the scan's locks); *count says how many were. */
+static int clear_keys(struct kv__backend *be, int ns, uint64_t *count)
+{
+    *count = 0;
+    if (ns != KV_NS_KEY)
+        return KV_EINVAL;
+    if (!be->scan || !be->remove)
+        return KV_ENOTSUP;
+    struct idlist l = { 0 };
+    int rc = be->scan(be->ctx, ns, collect, &l);
+    if (rc == KV_OK && l.oom)
+        rc = KV_ENOMEM;   /* those listed are still dropped */
+    for (size_t i = 0; i < l.n; i++) {
+        int r = be->remove(be->ctx, ns, &l.v[i], 0);
+        if (r == KV_OK)
+            (*count)++;
+        else if (r != KV_ENOTFOUND && rc == KV_OK)
+            rc = r;   /* the rest are still tried */
+    }
+    free(l.v);
+    return rc;
+}
+
 /* ---- loads, lookups, sizes, removes ------------------------------------ */
 
 void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct kv__wire_resp *r)
@@ -79,6 +130,8 @@ void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct k
         r->status = be->lookup(be->ctx, q->ns, &q->id, 1, &r->hit);
     else if (q->kind == KV_OP_REMOVE)
         r->status = remove_key(be, q->ns, &q->id, q->index);
+    else if (q->kind == KV_OP_CLEAR)
+        r->status = clear_keys(be, q->ns, &r->len);
     else
         r->status = be->size(be->ctx, q->ns, &q->id, q->index, &r->len);
 }
@@ -169,7 +222,7 @@ int kv__serve_items(struct kv__serve *s, const struct kv__wire_req *req,
     for (size_t i = 0; i < n; i++) {
         const struct kv__wire_req *q = &req[i];
         struct kv__wire_resp *r = &resp[i];
-        if (q->kind == KV_OP_LOOKUP || q->kind == KV_OP_SIZE || q->kind == KV_OP_REMOVE)
+        if (kv__op_is_query(q->kind))
             kv__serve_query(s, q, r);
         if (q->kind != KV_OP_LOAD)
             continue;   /* dumps are served as their bytes arrive */
@@ -347,6 +400,9 @@ void kv__serve_ops(struct kv__backend *be, struct kv__op *ops, size_t n)
             break;
         case KV_OP_REMOVE:
             o->result = remove_key(be, o->ns, &o->id, o->index);
+            break;
+        case KV_OP_CLEAR:
+            o->result = clear_keys(be, o->ns, &o->len);
             break;
         case KV_OP_DUMP: {
             if (o->replace) {

@@ -1085,7 +1085,7 @@ static int phase_done(struct call *k)
         for (size_t i = 0; i < n; i++) {
             ops[i].result = k->r[i].status;
             ops[i].hit = k->r[i].hit;
-            if (ops[i].kind == KV_OP_SIZE)
+            if (kv__op_answers_len(ops[i].kind))
                 ops[i].len = k->r[i].len;
         }
         frame_free(k);

@@ -88,7 +88,22 @@ enum kv__op_kind {
     KV_OP_DUMP   = 4,   /* in: iov (source); with replace, any stored value
                          * is dropped first (a plain key's put) */
     KV_OP_REMOVE = 5,   /* plain keys only */
+    KV_OP_CLEAR  = 6,   /* plain keys only: drop every one held (id ignored);
+                         * out: len = how many were dropped */
 };
+
+/* Ops answered from the index alone, by kv__serve_query (no bytes move). */
+static inline int kv__op_is_query(int kind)
+{
+    return kind == KV_OP_LOOKUP || kind == KV_OP_SIZE || kind == KV_OP_REMOVE ||
+           kind == KV_OP_CLEAR;
+}
+
+/* Ops whose answer carries a length (op->len). */
+static inline int kv__op_answers_len(int kind)
+{
+    return kind == KV_OP_SIZE || kind == KV_OP_CLEAR;
+}
 
 struct kv__op {
     uint8_t kind;               /* enum kv__op_kind */

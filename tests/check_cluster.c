@@ -1255,6 +1255,44 @@ START_TEST(plain_keys_across_an_owner_change)
 }
 END_TEST
 
+/* remove_all from a pure client drops every plain key on every owner,
+ * whoever put it, counts each key once, and leaves blocks alone. */
+START_TEST(remove_all_cluster_wide)
+{
+    for (int i = 0; i < 2; i++)
+        start_node("32MiB", 2);
+    wait_owners(2);
+    kv_engine *member, *client;
+    ck_assert_int_eq(open_engine("16MiB", 2, TOKEN, &member), KV_OK);
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    wait_engine_owners(client, 3);
+    wait_engine_owners(member, 3);
+    char key[32], val[300];
+    fill_val(val, sizeof val, 'C');
+    for (int i = 0; i < 60; i++) {
+        snprintf(key, sizeof key, "all-%d", i);
+        ck_assert_int_eq(kv_put(i % 2 ? member : client, key, strlen(key), val, sizeof val),
+                         KV_OK);
+    }
+    struct tu_set s = tu_set_new(8, 16 << 10, 21);
+    ck_assert_int_eq(tu_task(member, 1, s.dump, s.n), KV_OK);
+    uint64_t removed = 0;
+    ck_assert_int_eq(kv_remove_all(client, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 60);
+    for (int i = 0; i < 60; i++) {
+        snprintf(key, sizeof key, "all-%d", i);
+        ck_assert_int_eq(kv_exists(member, key, strlen(key)), 0);
+        ck_assert_int_eq(kv_exists(client, key, strlen(key)), 0);
+    }
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    ck_assert_int_eq(kv_remove_all(member, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 0);
+    tu_set_free(&s);
+}
+END_TEST
+
 struct racer {
     kv_engine *e;
     char c;
@@ -1343,6 +1381,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, rereplication_on_join);
     tcase_add_test(tc, plain_keys_cluster_wide);
     tcase_add_test(tc, plain_keys_across_an_owner_change);
+    tcase_add_test(tc, remove_all_cluster_wide);
     tcase_add_test(tc, racing_puts_one_whole_value);
     tcase_add_test(tc, pure_client_put_without_owners);
     suite_add_tcase(s, tc);

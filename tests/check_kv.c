@@ -170,10 +170,54 @@ START_TEST(keys_spill_to_ssd_and_come_back)
     ck_assert_int_eq(kv_remove(e, "spilled-1", 9), KV_OK);
     ck_assert_int_eq(kv_exists(e, "spilled-1", 9), 0);
     ck_assert_int_eq(kv_get(e, "spilled-1", 9, buf, SZ, &n), KV_ENOTFOUND);
+    /* So does remove_all: the keys only the SSD tier holds are gone too. */
+    uint64_t removed = 0;
+    ck_assert_int_eq(kv_remove_all(e, &removed), KV_OK);
+    ck_assert_uint_eq(removed, N - 1);
+    for (int i = 0; i < N; i++) {
+        int kl = snprintf(key, sizeof key, "spilled-%d", i);
+        ck_assert_msg(kv_exists(e, key, (size_t)kl) == 0, "%s survived remove_all", key);
+    }
     kv_close(e);
     free(val);
     free(buf);
     tu_rmdir(dir);
+}
+END_TEST
+
+/* remove_all drops every plain key and no block; it counts what it removed. */
+START_TEST(remove_all_leaves_blocks)
+{
+    kv_engine *e = open_kv();
+    char key[32];
+    for (int i = 0; i < 500; i++) {
+        int kl = snprintf(key, sizeof key, "gone-%d", i);
+        ck_assert_int_eq(kv_put(e, key, (size_t)kl, key, (size_t)kl), KV_OK);
+    }
+    uint8_t blk[4096], back[4096];
+    for (int i = 0; i < 10; i++) {
+        tu_fill(blk, sizeof blk, (uint64_t)i);
+        ck_assert_int_eq(tu_dump1(e, tu_id(i, 0), 0, blk, sizeof blk), KV_OK);
+    }
+    uint64_t removed = 0;
+    ck_assert_int_eq(kv_remove_all(e, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 500);
+    for (int i = 0; i < 500; i++) {
+        int kl = snprintf(key, sizeof key, "gone-%d", i);
+        ck_assert_int_eq(kv_exists(e, key, (size_t)kl), 0);
+    }
+    kv_stats st;
+    kv_stats_get(e, &st);
+    ck_assert_uint_eq(st.keys, 0);
+    for (int i = 0; i < 10; i++) {
+        ck_assert_int_eq(tu_load1(e, tu_id(i, 0), 0, back, sizeof back), KV_OK);
+        ck_assert(tu_check_fill(back, sizeof back, (uint64_t)i));
+    }
+    ck_assert_int_eq(kv_remove_all(e, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 0);
+    ck_assert_int_eq(kv_remove_all(e, NULL), KV_OK);
+    ck_assert_int_eq(kv_remove_all(NULL, &removed), KV_EINVAL);
+    kv_close(e);
 }
 END_TEST
 
@@ -189,6 +233,7 @@ Suite *kv_suite(void)
     tcase_add_test(tc, keys_and_blocks_never_meet);
     tcase_add_test(tc, many_keys);
     tcase_add_test(tc, keys_spill_to_ssd_and_come_back);
+    tcase_add_test(tc, remove_all_leaves_blocks);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -161,6 +161,12 @@ if hasattr(lib, "kv_put_many"):
     kv_exists_many = _proto("kv_exists_many", _i, _p, _p, _sz, _p)
 else:   # pragma: no cover - depends on the library loaded
     kv_put_many = kv_get_many = kv_exists_many = None
+# kv_remove_all came later still; without it the Mooncake store removes
+# the keys it put itself.
+if hasattr(lib, "kv_remove_all"):
+    kv_remove_all = _proto("kv_remove_all", _i, _p, ctypes.POINTER(ctypes.c_uint64))
+else:   # pragma: no cover - depends on the library loaded
+    kv_remove_all = None
 
 _libc = ctypes.CDLL(None)
 free = _libc.free

@@ -544,6 +544,21 @@ class Engine:
             raise KvError(rc, "kv_remove(%r)" % (key,))
         return True
 
+    def remove_all(self):
+        """Removes every plain key (blocks stay), in a cluster from every
+        owner, whoever put them; returns how many were removed."""
+        if _lib.kv_remove_all is None:   # pragma: no cover - an older library
+            raise KvError(ENOTSUP, "kv_remove_all: not in this libkvengine")
+        n = ctypes.c_uint64(0)
+        h = self._enter()
+        try:
+            rc = _lib.kv_remove_all(h, ctypes.byref(n))
+        finally:
+            self._leave()
+        if rc:
+            raise KvError(rc, "kv_remove_all")
+        return n.value
+
     # -- zero copy and counters ---------------------------------------------
 
     def register_buffer(self, buf, size=None):

@@ -42,8 +42,8 @@ Mapping (what Mooncake's arguments mean here):
   -600 (bad arguments, a buffer too small), BUFFER_OVERFLOW -10 (a value
   larger than local_buffer_size), RPC_FAIL -900 / RPC_TIMEOUT -901 (the
   network), INTERNAL_ERROR -1 (anything else, and a store not set up).
-- remove_all removes every object this store put and has not removed
-  (kvengine cannot list plain keys; keys other processes put stay).
+- remove_all removes every object in the store, whoever put it
+  (kv_remove_all: every owner drops its plain keys; blocks stay).
 
 Key design choice: nothing here raises on a failed store operation (only
 on a call that cannot be made at all, like a missing argument): a caller
@@ -220,7 +220,7 @@ class MooncakeDistributedStore:
     def __init__(self):
         self._eng = None
         self._lock = threading.Lock()
-        self._keys = set()
+        self._keys = set() if _lib.kv_remove_all is None else None
         self._hostname = ""
         self._local_buffer = 0
         self._cluster_settings = None
@@ -305,7 +305,7 @@ class MooncakeDistributedStore:
                 return to_mooncake(rc)
             self._hostname = "%s:%d" % (host, p) if clustered else str(local_hostname)
             self._local_buffer = buf
-            self._keys = set()
+            self._keys = set() if _lib.kv_remove_all is None else None
             self._cluster_settings = settings if clustered else None
             self._config_file = kvengine_config
             self.last_error = ""
@@ -369,7 +369,7 @@ class MooncakeDistributedStore:
 
     def _put_raw(self, h, k, addr, n):
         rc = _lib.kv_put(h, k, len(k), addr, n)
-        if rc == 0:
+        if rc == 0 and self._keys is not None:
             self._keys.add(k)
         return rc
 
@@ -439,7 +439,8 @@ class MooncakeDistributedStore:
         first = 0
         for (k, _, _), rc in zip(items, res):
             if rc == 0:
-                self._keys.add(k)
+                if self._keys is not None:
+                    self._keys.add(k)
             elif not first:
                 first = to_mooncake(rc)
         return first
@@ -577,7 +578,8 @@ class MooncakeDistributedStore:
             for i, item, rc in zip(idx, items, got[0]):
                 out[i] = to_mooncake(rc)
                 if rc == 0:
-                    self._keys.add(item[0])
+                    if self._keys is not None:
+                        self._keys.add(item[0])
         return out
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
@@ -712,7 +714,7 @@ class MooncakeDistributedStore:
             rc = _lib.kv_remove(h, k, len(k))
         finally:
             eng._leave()
-        if rc in (0, _engine.ENOTFOUND):
+        if rc in (0, _engine.ENOTFOUND) and self._keys is not None:
             self._keys.discard(k)
         return to_mooncake(rc)
 
@@ -720,11 +722,17 @@ class MooncakeDistributedStore:
         return [self.remove(k, force) for k in keys]
 
     def remove_all(self):
-        """Removes every object this store put and has not removed; returns
-        how many were there, or -1 when the store is not set up."""
+        """Removes every object in the store (in a cluster, on every owner,
+        whoever put it: kv_remove_all); returns how many were removed, or -1
+        when the store is not set up or an owner could not be reached."""
         if self._eng is None:
             return -1
-        count = 0
+        if self._keys is None:
+            try:
+                return self._eng.remove_all()
+            except _engine.KvError:
+                return -1
+        count = 0   # an older library: the objects this store put
         for k in list(self._keys):
             rc = self.remove(k)
             if rc == 0:
