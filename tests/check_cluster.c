@@ -580,12 +580,12 @@ static void wait_rereplicated(int i, int owners)
  * left have copied its blocks' second copies to their new owners, a second
  * node dies too, and every block still loads, byte for byte. Without
  * re-replication the blocks the two dead nodes shared would be gone. */
-START_TEST(rereplication_after_node_death)
+static void rereplicate_after_node_death(int ssd_only)
 {
     with_metrics = 1;
     int n[3];
     for (int i = 0; i < 3; i++)
-        n[i] = start_node("32MiB", 2);
+        n[i] = ssd_only ? start_node_ssd("0", 2, 2) : start_node("32MiB", 2);
     wait_owners(3);
     kv_engine *client;
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
@@ -616,6 +616,19 @@ START_TEST(rereplication_after_node_death)
     ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
     ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
     tu_set_free(&s);
+}
+
+START_TEST(rereplication_after_node_death)
+{
+    rereplicate_after_node_death(0);
+}
+END_TEST
+
+/* The same with nodes that keep blocks on SSD only (no DRAM tier): what
+ * they hold is found by a walk of the SSD tier's index. */
+START_TEST(rereplication_from_ssd_only_nodes)
+{
+    rereplicate_after_node_death(1);
 }
 END_TEST
 
@@ -1378,6 +1391,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, node_waits_for_master);
     tcase_add_test(tc, master_restart);
     tcase_add_test(tc, rereplication_after_node_death);
+    tcase_add_test(tc, rereplication_from_ssd_only_nodes);
     tcase_add_test(tc, rereplication_on_join);
     tcase_add_test(tc, plain_keys_cluster_wide);
     tcase_add_test(tc, plain_keys_across_an_owner_change);
