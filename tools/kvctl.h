@@ -39,9 +39,13 @@ struct kvctl_common {
 #define KVCTL_COMMON_LONGOPTS                                                  \
     { "config", required_argument, NULL, 'c' },                               \
     { "set", required_argument, NULL, 's' }
-/* Handles -c/-s; returns 1 when handled, 0 when opt is not common, or
- * -KVCTL_EXIT_USAGE after printing why. */
-int  kvctl_common_opt(struct kvctl_common *c, int opt, const char *arg);
+struct option;
+/* getopt_long(argc, argv, optstring, longopts) that handles -c/-s itself:
+ * the next option that is not one of them, or -1 at the end with *rc = -1,
+ * or -1 with *rc the exit status after a bad one (printed). The caller sets
+ * optind (0 for a fresh parse). */
+int  kvctl_getopt(struct kvctl_common *c, int argc, char **argv, const char *optstring,
+                  const struct option *longopts, int *rc);
 void kvctl_common_free(struct kvctl_common *c);
 
 /* The effective config: defaults, then the file, then every --set. On
@@ -109,16 +113,8 @@ int kvctl_http_get(const char *hostport, const char *path, unsigned timeout_ms, 
 /* kvctl bench (bench/bench.c): argv[0] is "bench". Returns an exit code. */
 int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv);
 
-/* The admin commands (kvctl_admin.c): argv[0] is the command's name.
- * kvctl_admin_usage prints a command's help and returns false when there is
- * no such admin command. */
-int  kvctl_stats_main(struct kvctl_common *c, int argc, char **argv);
-int  kvctl_members_main(struct kvctl_common *c, int argc, char **argv);
-int  kvctl_lookup_main(struct kvctl_common *c, int argc, char **argv);
-int  kvctl_put_main(struct kvctl_common *c, int argc, char **argv);
-int  kvctl_get_main(struct kvctl_common *c, int argc, char **argv);
-int  kvctl_rm_main(struct kvctl_common *c, int argc, char **argv);
-int  kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv);
-bool kvctl_admin_usage(const char *cmd, FILE *f);
+/* The admin commands, stats, members, lookup, put, get, rm and ssd
+ * (kvctl_admin.c): argv[0] is the command's name. Returns an exit code. */
+int  kvctl_admin_main(struct kvctl_common *c, int argc, char **argv);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -37,7 +38,9 @@ const char kvctl_exit_help[] =
 
 /* ---- common options ------------------------------------------------------ */
 
-int kvctl_common_opt(struct kvctl_common *c, int opt, const char *arg)
+/* Handles -c/-s; returns 1 when handled, 0 when opt is not common, or
+ * -(exit status) after printing why. */
+static int common_opt(struct kvctl_common *c, int opt, const char *arg)
 {
     if (opt == 'c') {
         c->config = arg;
@@ -62,6 +65,23 @@ int kvctl_common_opt(struct kvctl_common *c, int opt, const char *arg)
     c->sets = n;
     c->sets[c->nsets++] = dup;
     return 1;
+}
+
+int kvctl_getopt(struct kvctl_common *c, int argc, char **argv, const char *optstring,
+                 const struct option *longopts, int *rc)
+{
+    int opt;
+    *rc = -1;
+    while ((opt = getopt_long(argc, argv, optstring, longopts, NULL)) != -1) {
+        int r = common_opt(c, opt, optarg);
+        if (r == 0)
+            return opt;
+        if (r < 0) {
+            *rc = -r;
+            return -1;
+        }
+    }
+    return -1;
 }
 
 void kvctl_common_free(struct kvctl_common *c)

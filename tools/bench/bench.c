@@ -262,15 +262,10 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
                               .numjobs = 1, .batch_size = 8, .rwmixread = 70, .runtime = -1,
                               .pattern = -1, .shards = 1 };
-    int opt;
+    int opt, rc;
     uint64_t v;
     optind = 0;
-    while ((opt = getopt_long(argc, argv, "c:s:h", longopts, NULL)) != -1) {
-        int r = kvctl_common_opt(c, opt, optarg);
-        if (r < 0)
-            return -r;
-        if (r > 0)
-            continue;
+    while ((opt = kvctl_getopt(c, argc, argv, "c:s:h", longopts, &rc)) != -1) {
         switch (opt) {
         case 'h':
             usage(stdout);
@@ -366,6 +361,8 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             return KVCTL_EXIT_USAGE;
         }
     }
+    if (rc >= 0)
+        return rc;
     if (optind < argc) {
         fprintf(stderr, "kvctl bench: unexpected argument '%s'\n\n", argv[optind]);
         usage(stderr);
