@@ -8,8 +8,9 @@
 #   make installcheck    install into a temporary prefix, build examples/ with pkg-config
 #
 # Sources are picked up by folder: engine/, persist/ and net/ make the
-# library; tools/NAME*.c make the program NAME; tests/check_*.c make the one
-# test runner; tests/softverbs/ makes the libibverbs stand-in.
+# library; tools/NAME*.c make the program NAME (kvctl also tools/bench/*.c);
+# tests/check_*.c make the one test runner; tests/softverbs/ makes the
+# libibverbs stand-in.
 
 CC       ?= cc
 PREFIX   ?= /usr/local
@@ -93,10 +94,12 @@ $(SHARED): $(LIB_OBJ)
 
 tools: $(TOOL_BINS)
 
-# tools/NAME.c and tools/NAME_*.c make build/NAME; tools/common_*.c are
-# linked into every program.
+# tools/NAME.c and tools/NAME_*.c make build/NAME, with the sources
+# NAME_SRC names (kvctl: its benchmark harness, tools/bench/); tools/common_*.c
+# are linked into every program.
+kvctl_SRC := $(wildcard tools/bench/*.c)
 define tool_rule
-$(BUILD)/$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1).c tools/$(1)_*.c tools/common_*.c)) $(STATIC)
+$(BUILD)/$(1): $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard tools/$(1).c tools/$(1)_*.c tools/common_*.c) $($(1)_SRC)) $(STATIC)
 	$$(CC) $$(LDFLAGS) -pthread -o $$@ $$^ $$(LDLIBS)
 endef
 $(foreach t,$(TOOLS),$(eval $(call tool_rule,$(t))))

@@ -72,7 +72,11 @@ struct view {
 /*
  * Fan threads: the owners of a batch that this thread cannot drive itself
  * (see the top of this file) run on a few helper threads (FAN_THREADS), so
- * a batch costs the slowest owner, not their sum.
+ * a batch costs the slowest owner, not their sum. They are not the engine's
+ * task workers: those are the callers that wait here (a task's chunk calls
+ * kv__cluster_load/dump), so legs queued behind them could deadlock the
+ * pool, and a leg may block on a dead peer for a whole deadline
+ * (doc/architecture.md, "Threads in net/").
  */
 #define FAN_THREADS 4
 

@@ -31,7 +31,8 @@
  *   over within it; at least 50 ms), or KV_NET_DEFAULT_TIMEOUT_MS (5 s)
  *   when io.timeout_ms is 0 (no task timeout): a call fails with
  *   KV_ETIMEDOUT when no byte moves for T, or when it has run for T plus
- *   100 ms per MiB it moves (a 10 MiB/s floor), whichever comes first; the
+ *   its bytes at the floor rate of serve.h (KV__NET_FLOOR_BYTES_PER_MS,
+ *   10 MiB/s: about 100 ms per MiB), whichever comes first; the
  *   shard then fails over like any other network error. A server closes a
  *   connection stalled mid-frame for T.
  *

@@ -23,6 +23,7 @@
 
 #include "master.h"
 #include "serve.h"
+#include "sock.h"
 
 #define MASTER_BODY_MAX (64u << 10)
 #define MASTER_SEND_MS 1000
@@ -200,7 +201,7 @@ static int master_serve(struct master *ms, struct mconn *c)
     int stale = e && now - e->last_ms > 2ull * kv__master_heartbeat_ms(ms->cfg->cluster.node_ttl_ms);
     const uint8_t *give = NULL;
     /* A LEAVE for an id not in the view changes nothing and is answered
-     * with the view like any other: kv_members (net/admin.c) reads the
+     * with the view like any other: kv_members (net/members.c) reads the
      * view that way without joining. Keep it so. */
     if (c->h.type == KV_MSG_LEAVE) {
         if (e && !owner)
@@ -258,23 +259,35 @@ static int master_serve(struct master *ms, struct mconn *c)
     return send_view(ms, c->fd, c->h.req_id, give) != KV_OK;
 }
 
+/* Reads into p[*got..want) what fd has: 1 once all of it is there, 0 when
+ * fd would block first, -1 when the peer is gone or the read failed. */
+static int recv_some(int fd, uint8_t *p, size_t want, size_t *got)
+{
+    while (*got < want) {
+        ssize_t r = recv(fd, p + *got, want - *got, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        *got += (size_t)r;
+    }
+    return 1;
+}
+
 /* Reads what is there; nonzero means drop the connection. */
 static int master_read(struct master *ms, struct mconn *c)
 {
     for (;;) {
         if (!c->in_body) {
-            ssize_t r = recv(c->fd, c->hdr + c->got, KV_PROTO_HDR_LEN - c->got, 0);
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return 0;
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                return 1;
-            if (c->got == 0)
+            size_t had = c->got;
+            int r = recv_some(c->fd, c->hdr, KV_PROTO_HDR_LEN, &c->got);
+            /* A frame's clock starts at its first byte. */
+            if (had == 0 && c->got > 0)
                 c->frame_ms = kv__now_ms();
-            c->got += (size_t)r;
-            if (c->got < KV_PROTO_HDR_LEN)
-                continue;
+            if (r <= 0)
+                return r < 0;
             if (kv__hdr_decode(c->hdr, 0, &c->h) || c->h.body_len > MASTER_BODY_MAX) {
                 KV_WARN("kvmaster: bad frame header; closing");
                 return 1;
@@ -285,16 +298,9 @@ static int master_read(struct master *ms, struct mconn *c)
             c->got = 0;
             c->in_body = 1;
         }
-        while (c->got < c->h.body_len) {
-            ssize_t r = recv(c->fd, c->body + c->got, c->h.body_len - c->got, 0);
-            if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return 0;
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0)
-                return 1;
-            c->got += (size_t)r;
-        }
+        int r = recv_some(c->fd, c->body, c->h.body_len, &c->got);
+        if (r <= 0)
+            return r < 0;
         int rc = master_serve(ms, c);
         free(c->body);
         c->body = NULL;
@@ -350,28 +356,18 @@ static void master_expire(struct master *ms)
 
 KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
 {
-    struct sockaddr_in sa;
     if (!cfg || !stop)
         return KV_EINVAL;
     kv__log_set_level(cfg->log.level);
-    if (kv__net_parse_addr(cfg->cluster.master, &sa)) {
-        kv__errf(err, errlen, "cluster.master: bad address '%s'", cfg->cluster.master);
-        return KV_ECONFIG;
-    }
-    int rc = kv__net_check_exposure("cluster.master", cfg->cluster.master, cfg->cluster.token,
-                                    cfg->cluster.insecure, err, errlen);
+    /* The exposure check passes a bad address on to the listener, which
+     * names it. */
+    int lfd, rc = kv__net_check_exposure("cluster.master", cfg->cluster.master,
+                                         cfg->cluster.token, cfg->cluster.insecure, err, errlen);
     if (rc != KV_OK)
         return rc;
-    int lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (lfd < 0)
-        return kv__err_from_errno(errno);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, (struct sockaddr *)&sa, sizeof sa) || listen(lfd, 128)) {
-        kv__errf(err, errlen, "cluster.master %s: %s", cfg->cluster.master, strerror(errno));
-        close(lfd);
-        return KV_ENET;
-    }
+    if ((rc = kv__sock_listen("cluster.master", cfg->cluster.master, 128, &lfd, NULL, 0, err,
+                              errlen)) != KV_OK)
+        return rc;
     struct master *ms = calloc(1, sizeof *ms);
     if (!ms) {
         close(lfd);
@@ -408,7 +404,7 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
                     mconn_drop(ms, i - 1);
             if (pf[0].revents & POLLIN) {
                 int fd;
-                while ((fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+                while ((fd = kv__sock_accept(lfd)) >= 0) {
                     if (ms->nunauth >= KV__MASTER_UNAUTH_MAX ||
                         ms->nconns >= MASTER_CONNS_MAX)
                         evict_unauth(ms);
@@ -416,7 +412,6 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
                         close(fd);
                         continue;
                     }
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
                     ms->conns[ms->nconns++] = (struct mconn){ .fd = fd,
                                                               .born_ms = kv__now_ms() };
                     ms->nunauth++;
@@ -493,33 +488,8 @@ void kv__mclient_close(struct kv__mclient *m)
 static int mc_connect(struct kv__mclient *m, uint64_t deadline)
 {
     struct sockaddr_in sa;
-    kv__net_parse_addr(m->addr, &sa);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return kv__err_from_errno(errno);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        if (errno != EINPROGRESS) {
-            close(fd);
-            return KV_ENET;
-        }
-        struct pollfd pf = { .fd = fd, .events = POLLOUT };
-        uint64_t now = kv__now_ms();
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (now >= deadline || poll(&pf, 1, (int)(deadline - now)) <= 0) {
-            close(fd);
-            return KV_ETIMEDOUT;
-        }
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-        if (soerr) {
-            close(fd);
-            return KV_ENET;
-        }
-    }
-    m->fd = fd;
-    return KV_OK;
+    kv__net_parse_addr(m->addr, &sa);   /* checked when m was made */
+    return kv__sock_connect(&sa, deadline, &m->fd);
 }
 
 static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member *self,

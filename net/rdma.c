@@ -82,6 +82,7 @@
 
 #include "proto.h"
 #include "serve.h"
+#include "sock.h"
 #include "transport.h"
 
 /* RDMA message types (proto.h leaves 32..63 to this file). None carries
@@ -825,7 +826,7 @@ static void *accept_main(void *arg)
     while (!atomic_load(&r->stopping)) {
         if (kv__sock_wait(r->lfd, POLLIN, kv__now_ms() + 200) != KV_OK)
             continue;
-        int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = kv__sock_accept(r->lfd);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE)
                 kv__net_refuse_one(r->lfd, &r->spare_fd);
@@ -841,8 +842,6 @@ static void *accept_main(void *arg)
             close(fd);
             continue;
         }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct sconn *sc = calloc(1, sizeof *sc);
         if (sc)
             sc->discard = malloc(DISCARD_LEN);
@@ -1000,31 +999,13 @@ static int rdma_listen(struct kv__transport *tp, const char *addr, char *bound, 
                        char *err, size_t errlen)
 {
     struct rdma *r = (struct rdma *)tp;
-    struct sockaddr_in sa;
     if (!r->be || r->lfd >= 0) {
         kv__errf(err, errlen, "rdma: nothing to serve or already listening");
         return KV_EINVAL;
     }
-    if (kv__net_parse_addr(addr, &sa)) {
-        kv__errf(err, errlen, "cluster.listen: bad address '%s'", addr);
-        return KV_ECONFIG;
-    }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
-    if (fd < 0)
-        return kv__err_from_errno(errno);
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 512) != 0) {
-        kv__errf(err, errlen, "cluster.listen %s: %s", addr, strerror(errno));
-        close(fd);
-        return KV_ENET;
-    }
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    if (bound) {
-        char ip[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-        snprintf(bound, boundlen, "%s:%u", ip, ntohs(sa.sin_port));
-    }
+    int fd, rc = kv__sock_listen("cluster.listen", addr, 512, &fd, bound, boundlen, err, errlen);
+    if (rc != KV_OK)
+        return rc;
     r->lfd = fd;
     r->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (pthread_create(&r->accept_th, NULL, accept_main, r) != 0) {
@@ -1197,24 +1178,13 @@ static int rdma_connect(struct kv__transport *tp, const char *addr, struct kv__c
         return KV_ENOMEM;
     c->r = r;
     c->next_id = 1;
-    c->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int rc = KV_ENET, one = 1;
-    if (c->fd < 0)
+    /* A socket that cannot be made is a network failure here, as a
+     * connection that cannot be made is. */
+    int rc = kv__sock_connect(&sa, deadline, &c->fd);
+    if (rc != KV_OK && rc != KV_ETIMEDOUT)
+        rc = KV_ENET;
+    if (rc != KV_OK)
         goto fail;
-    setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(c->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (errno != EINPROGRESS)
-            goto fail;
-        if ((rc = kv__sock_wait(c->fd, POLLOUT, deadline)))
-            goto fail;
-        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-        if (soerr) {
-            rc = KV_ENET;
-            goto fail;
-        }
-    }
     uint8_t b[KV_PROTO_HELLO_MAX];
     int blen = kv__hello_encode(r->o.token, r->id, b, sizeof b);
     if (blen < 0) {

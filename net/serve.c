@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "serve.h"
+#include "sock.h"
 
 void kv__serve_init(struct kv__serve *s, struct kv__backend *be)
 {

@@ -52,6 +52,7 @@
 
 #include "proto.h"
 #include "serve.h"
+#include "sock.h"
 #include "transport.h"
 
 #define TCP_LOOPS_MAX 8
@@ -511,7 +512,7 @@ static void refuse_one(struct tcp *t)
 static void accept_all(struct tcp *t)
 {
     for (;;) {
-        int fd = accept4(t->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = kv__sock_accept(t->lfd);
         if (fd < 0) {
             if (errno == EMFILE || errno == ENFILE)
                 refuse_one(t);
@@ -523,8 +524,6 @@ static void accept_all(struct tcp *t)
         }
         if (atomic_load(&t->nunauth) >= KV__TCP_UNAUTH_MAX)
             evict_unauth(t);
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct sconn *sc = calloc(1, sizeof *sc);
         if (!sc) {
             close(fd);
@@ -687,33 +686,13 @@ static int tcp_listen(struct kv__transport *tp, const char *addr, char *bound, s
                       char *err, size_t errlen)
 {
     struct tcp *t = (struct tcp *)tp;
-    struct sockaddr_in sa;
     if (!t->be || t->lfd >= 0) {
         kv__errf(err, errlen, "tcp: nothing to serve or already listening");
         return KV_EINVAL;
     }
-    if (kv__net_parse_addr(addr, &sa)) {
-        kv__errf(err, errlen, "cluster.listen: bad address '%s'", addr);
-        return KV_ECONFIG;
-    }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd < 0)
-        return kv__err_from_errno(errno);
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 512) != 0) {
-        int e = errno;
-        kv__errf(err, errlen, "cluster.listen %s: %s", addr, strerror(e));
-        close(fd);
-        return KV_ENET;
-    }
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    if (bound) {
-        char ip[INET_ADDRSTRLEN];
-        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
-        snprintf(bound, boundlen, "%s:%u", ip, ntohs(sa.sin_port));
-    }
+    int fd, rc = kv__sock_listen("cluster.listen", addr, 512, &fd, bound, boundlen, err, errlen);
+    if (rc != KV_OK)
+        return rc;
     t->lfd = fd;
     t->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     t->nloops = t->o.threads < 1 ? 1 : t->o.threads > TCP_LOOPS_MAX ? TCP_LOOPS_MAX
@@ -863,26 +842,9 @@ static int tcp_connect(struct kv__transport *tp, const char *addr, struct kv__co
     if (kv__net_parse_addr(addr, &sa))
         return KV_EINVAL;
     struct dl d = dl_make(t->o.timeout_ms, 0), *deadline = &d;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return kv__err_from_errno(errno);
-    int one = 1, rc = KV_OK;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-        if (errno != EINPROGRESS) {
-            rc = KV_ENET;
-            goto fail;
-        }
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if ((rc = wait_fd(fd, POLLOUT, deadline, kv__now_ms())))
-            goto fail;
-        getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
-        if (soerr) {
-            rc = KV_ENET;
-            goto fail;
-        }
-    }
+    int fd, rc = kv__sock_connect(&sa, d.end, &fd);
+    if (rc != KV_OK)
+        return rc;
     uint8_t buf[KV_PROTO_HDR_LEN + KV_PROTO_HELLO_MAX];
     int blen = kv__hello_encode(t->o.token, t->id, buf + KV_PROTO_HDR_LEN,
                                 sizeof buf - KV_PROTO_HDR_LEN);

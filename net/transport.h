@@ -212,19 +212,4 @@ struct kv__transport_base {
     const struct kv__transport_ops *ops;
 };
 
-/* "host:port" -> sockaddr_in (IPv4, numeric or resolvable). KV_EINVAL. */
-struct sockaddr_in;
-int kv__net_parse_addr(const char *addr, struct sockaddr_in *out);
-
-/* Blocking I/O with a deadline (kv__now_ms() scale; UINT64_MAX: none) on a
- * nonblocking socket, for the RPC paths (rdma's, kvmaster's, the admin
- * queries'). kv__sock_wait: KV_OK once fd is ready for ev, KV_ETIMEDOUT,
- * KV_ENET. kv__sock_xfer: moves all of iov[0..cnt) (consuming it) out
- * (wr) or in; KV_OK, KV_ETIMEDOUT, or KV_ENET (error, or the peer closed
- * while reading). kv__sock_xfer1: the same for one buffer. */
-struct iovec;
-int kv__sock_wait(int fd, short ev, uint64_t deadline);
-int kv__sock_xfer(int fd, struct iovec *iov, size_t cnt, int wr, uint64_t deadline);
-int kv__sock_xfer1(int fd, void *p, size_t len, int wr, uint64_t deadline);
-
 #endif

@@ -27,6 +27,7 @@
 #include "etcd_fixture.h"
 #include "membership.h"
 #include "proto.h"
+#include "sock.h"
 #include "testutil.h"
 #include "testutil_int.h"
 #include "transport.h"

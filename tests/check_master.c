@@ -24,6 +24,7 @@
 
 #include "master.h"
 #include "serve.h"
+#include "sock.h"
 #include "testutil.h"
 
 static pid_t master_pid;

@@ -35,6 +35,7 @@
 #include "testutil_int.h"
 #include "transport.h"
 #include "proto.h"
+#include "sock.h"
 
 /* ---- fixtures ------------------------------------------------------------ */
 

@@ -21,6 +21,7 @@
 
 #include "proto.h"
 #include "serve.h"
+#include "sock.h"
 #include "testutil.h"
 #include "testutil_int.h"
 #include "transport.h"

@@ -39,20 +39,20 @@ static const struct command {
       "                      then --set)\n", cmd_config },
     { "stats",
       "  stats               figures of a store (offline) or of a running node\n"
-      "                      (--node HOST:PORT, its /metrics)\n", kvctl_stats_main },
+      "                      (--node HOST:PORT, its /metrics)\n", kvctl_admin_main },
     { "members",
-      "  members             the cluster view kept by kvmaster\n", kvctl_members_main },
+      "  members             the cluster view kept by kvmaster\n", kvctl_admin_main },
     { "lookup",
-      "  lookup ID|KEY...    whether block ids (hex) or plain keys are stored\n", kvctl_lookup_main },
+      "  lookup ID|KEY...    whether block ids (hex) or plain keys are stored\n", kvctl_admin_main },
     { "put",
-      "  put ID|KEY [FILE]   store a file (or stdin) under a key or block id\n", kvctl_put_main },
+      "  put ID|KEY [FILE]   store a file (or stdin) under a key or block id\n", kvctl_admin_main },
     { "get",
-      "  get ID|KEY          print a value (or -o FILE)\n", kvctl_get_main },
+      "  get ID|KEY          print a value (or -o FILE)\n", kvctl_admin_main },
     { "rm",
-      "  rm ID|KEY...        remove plain keys, or blocks from the SSD tier\n", kvctl_rm_main },
+      "  rm ID|KEY...        remove plain keys, or blocks from the SSD tier\n", kvctl_admin_main },
     { "ssd",
       "  ssd ls|scrub|compact|recover\n"
-      "                      list, verify, compact or rebuild the SSD tier\n", kvctl_ssd_main },
+      "                      list, verify, compact or rebuild the SSD tier\n", kvctl_admin_main },
     { "bench",
       "  bench               run the embedded benchmark (kvctl bench --help)\n", kvctl_bench_main },
     { "version",
@@ -138,14 +138,9 @@ static int cmd_config(struct kvctl_common *c, int argc, char **argv)
         { "help", no_argument, NULL, 'h' },
         { NULL, 0, NULL, 0 },
     };
-    int opt;
+    int opt, rc;
     optind = 0;
-    while ((opt = getopt_long(argc, argv, "c:s:h", longopts, NULL)) != -1) {
-        int r = kvctl_common_opt(c, opt, optarg);
-        if (r < 0)
-            return -r;
-        if (r > 0)
-            continue;
+    while ((opt = kvctl_getopt(c, argc, argv, "c:s:h", longopts, &rc)) != -1) {
         if (opt == 'h') {
             config_usage(stdout);
             return KVCTL_EXIT_OK;
@@ -153,6 +148,8 @@ static int cmd_config(struct kvctl_common *c, int argc, char **argv)
         config_usage(stderr);
         return KVCTL_EXIT_USAGE;
     }
+    if (rc >= 0)
+        return rc;
     if (optind >= argc) {
         fprintf(stderr, "kvctl: config: missing subcommand (check or show)\n\n");
         config_usage(stderr);
@@ -178,7 +175,7 @@ static int cmd_config(struct kvctl_common *c, int argc, char **argv)
         return KVCTL_EXIT_USAGE;
     }
     kv_config *cfg = NULL;
-    int rc = kvctl_build_config(c, &cfg);
+    rc = kvctl_build_config(c, &cfg);
     if (rc != KVCTL_EXIT_OK)
         return rc;
     rc = print_config(cfg);
@@ -222,15 +219,8 @@ int main(int argc, char **argv)
         { NULL, 0, NULL, 0 },
     };
     struct kvctl_common common = { 0 };
-    int opt, rc = KVCTL_EXIT_USAGE;
-    while ((opt = getopt_long(argc, argv, "+c:s:hV", longopts, NULL)) != -1) {
-        int r = kvctl_common_opt(&common, opt, optarg);
-        if (r < 0) {
-            rc = -r;
-            goto out;
-        }
-        if (r > 0)
-            continue;
+    int opt, rc;
+    while ((opt = kvctl_getopt(&common, argc, argv, "+c:s:hV", longopts, &rc)) != -1) {
         if (opt == 'h') {
             usage(stdout);
             rc = KVCTL_EXIT_OK;
@@ -239,9 +229,13 @@ int main(int argc, char **argv)
             rc = KVCTL_EXIT_OK;
         } else {
             usage(stderr);
+            rc = KVCTL_EXIT_USAGE;
         }
         goto out;
     }
+    if (rc >= 0)
+        goto out;
+    rc = KVCTL_EXIT_USAGE;
     if (optind >= argc) {
         fprintf(stderr, "kvctl: missing command\n\n");
         usage(stderr);

@@ -1,13 +1,21 @@
 /*
  * kvctl_admin.c — the operator's commands: stats, members, lookup, put, get,
- * rm, and ssd ls | scrub | compact.
+ * rm, and ssd ls | scrub | compact | recover.
  *
  *     kvctl [--config FILE] [--set K=V]... stats [--json] [--node HOST:PORT]
  *     kvctl ... members [--json]
  *     kvctl ... lookup|put|get|rm ...
- *     kvctl ... ssd ls|scrub|compact
+ *     kvctl ... ssd ls|scrub|compact|recover
  *
  * Key design choices:
+ * - Every command is one line of a table (`admins`, at the end): its help,
+ *   the options it takes, how many arguments, how many of them are block
+ *   ids or keys, and what it needs opened (nothing, the config, the store,
+ *   or a store put may create). One driver, kvctl_admin_main, parses,
+ *   checks, opens, calls the handler and closes; a handler is only its
+ *   command's own logic. A handler whose needs depend on its options
+ *   (stats --node, ssd recover) says so in its prep step, which runs after
+ *   the arguments are checked and before anything is opened.
  * - A command that needs data opens the store the config describes, through
  *   the public API, as any program would ("offline": the store must not be
  *   held by a running engine; a running node is reached with --node). Unless
@@ -29,6 +37,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -38,106 +47,7 @@
 
 #define NODE_TIMEOUT_MS 3000u
 
-/* ---- help ------------------------------------------------------------------ */
-
-static const struct {
-    const char *cmd, *text;
-} helps[] = {
-    { "stats",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... stats [--json] [--prometheus]\n"
-      "       kvctl stats --node HOST:PORT [--json] [--timeout MS]\n"
-      "\n"
-      "Without --node: opens the store the config describes (offline: no running\n"
-      "engine may hold it) and prints its figures: capacity, used bytes and blocks\n"
-      "per tier, hits, misses, evictions, spills, checksum failures.\n"
-      "With --node: fetches http://HOST:PORT/metrics from a running kvnode, kvmaster\n"
-      "or engine (its metrics.listen) and prints its samples.\n"
-      "\n"
-      "  -j, --json             one JSON object on stdout\n"
-      "      --prometheus       the offline store's figures in the Prometheus text\n"
-      "                         format, as /metrics would serve them\n"
-      "  -n, --node HOST:PORT   a running process's metrics.listen address\n"
-      "  -t, --timeout MS       how long to wait for the node (default: 3000)\n" },
-    { "members",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... members [--json]\n"
-      "\n"
-      "Asks the kvmaster at cluster.master (with cluster.token), or etcd at\n"
-      "cluster.etcd_endpoints when cluster.metadata is etcd, for the view and\n"
-      "prints its version and members: id, address, role (owner or client) and\n"
-      "registered DRAM. Does not join the view.\n"
-      "\n"
-      "  -j, --json             one JSON object on stdout\n" },
-    { "lookup",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... lookup [--json] [--key|--block] ID|KEY...\n"
-      "\n"
-      "Says for each argument whether the store holds it: a block id (32 hex digits)\n"
-      "hits when its shard 0 is in some tier; anything else is a plain key.\n"
-      "Exit status 3 when any of them misses.\n"
-      "\n"
-      "  -k, --key              every argument is a plain key\n"
-      "  -b, --block            every argument is a block id in hex\n"
-      "  -j, --json             one JSON object on stdout\n" },
-    { "put",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... put [--key|--block] [--index N] ID|KEY [FILE]\n"
-      "\n"
-      "Stores FILE's bytes (standard input when FILE is absent or '-') under a plain\n"
-      "key, or as shard N of a block id given in hex. A shard already present is\n"
-      "left as it is (the store never rewrites a shard); a plain key is replaced.\n"
-      "Creates the store when it does not exist.\n"
-      "\n"
-      "  -k, --key              the name is a plain key\n"
-      "  -b, --block            the name is a block id in hex\n"
-      "  -i, --index N          the shard index of a block (default: 0)\n" },
-    { "get",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... get [--key|--block] [--index N] [-o FILE] ID|KEY\n"
-      "\n"
-      "Writes the value of a plain key, or of shard N of a block, to standard output\n"
-      "or FILE. Exit status 3 when it is absent.\n"
-      "\n"
-      "  -o, --output FILE      write the value to FILE instead of standard output\n"
-      "  -k, --key, -b, --block, -i, --index N   as for put\n" },
-    { "rm",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... rm [--key|--block] ID|KEY...\n"
-      "\n"
-      "Removes plain keys, or every shard of blocks from the SSD tier. Exit status 3\n"
-      "when any of them was absent (the others are still removed).\n"
-      "\n"
-      "  -k, --key, -b, --block  as for put\n" },
-    { "ssd",
-      "usage: kvctl [--config FILE] [--set KEY=VALUE]... ssd ls [--json]\n"
-      "       kvctl ... ssd scrub [--repair] [--json]\n"
-      "       kvctl ... ssd compact\n"
-      "       kvctl ... ssd recover [--json]\n"
-      "\n"
-      "The SSD tier of the store the config describes (offline).\n"
-      "  ls       list every value: kind (block or key), id in hex (a plain key's is\n"
-      "           the hash of its name), shard index, size; from the index, no I/O\n"
-      "  scrub    read every value and verify its checksum; lists the bad ones and\n"
-      "           exits 1 when there are any\n"
-      "  compact  compact the value log files left mostly dead (small values'\n"
-      "           space) and the RocksDB index: gives deleted values' space back\n"
-      "  recover  rebuild the index from the value log: RocksDB's files are moved\n"
-      "           to ssd.path/damaged-TIME/ and every intact value re-indexed (the\n"
-      "           store must not be open; an open does this itself when RocksDB's\n"
-      "           files are missing or cannot be opened)\n"
-      "\n"
-      "  -r, --repair           scrub: delete the bad values (a load would too)\n"
-      "  -j, --json             one JSON object on stdout\n" },
-};
-
-bool kvctl_admin_usage(const char *cmd, FILE *f)
-{
-    for (size_t i = 0; i < sizeof helps / sizeof helps[0]; i++) {
-        if (strcmp(helps[i].cmd, cmd) == 0) {
-            fprintf(f, "%s\nCommon options:\n%s\n%s", helps[i].text, kvctl_common_help,
-                    kvctl_exit_help);
-            return true;
-        }
-    }
-    return false;
-}
-
-/* ---- options ---------------------------------------------------------------- */
+/* ---- commands: what a handler is given ------------------------------------ */
 
 struct aopts {
     bool json, repair, key, block, prom;
@@ -145,9 +55,65 @@ struct aopts {
     uint64_t index, timeout_ms;
 };
 
-/* Parses the options `allowed` names (short letters); -1 to go on, or an
+struct name {
+    bool block;
+    kv_block_id id;
+    const char *key;
+    size_t klen;
+};
+
+/* What the driver opens before the handler runs (and closes after). */
+enum need {
+    NEED_NOTHING,
+    NEED_CONFIG,            /* the effective config, x->cfg */
+    NEED_STORE,             /* the store the config describes, x->e */
+    NEED_NEW_STORE,         /* the same, created when it does not exist (put) */
+};
+
+/*
+ * A command's context. The driver fills it in order: options, arguments,
+ * names (args[0..nnames) read as block ids or plain keys), then whatever
+ * `need` says is opened; it closes and frees all of it, buf included, after
+ * the handler returns.
+ */
+struct actx {
+    const char *cmd;
+    struct kvctl_common *c;
+    struct aopts o;
+    char **args;            /* the arguments after the options */
+    int nargs;
+    struct name *names;
+    int nnames;
+    enum need need;         /* the table's; a prep step may change it */
+    kv_config *cfg;
+    kv_engine *e;
+    void *buf;              /* a handler's memory, kept from prep to run */
+    size_t buflen;
+};
+
+/* A line of the table. prep (optional) and run return an exit code; prep
+ * returns -1 to go on. */
+struct admin {
+    const char *name;
+    const char *help;
+    const char *opts;       /* the short letters of the options it takes */
+    int min_args, max_args;
+    int names;              /* how many leading arguments are names */
+    enum need need;
+    int (*prep)(struct actx *x);
+    int (*run)(struct actx *x);
+};
+
+static void usage(const struct admin *a, FILE *f)
+{
+    fprintf(f, "%s\nCommon options:\n%s\n%s", a->help, kvctl_common_help, kvctl_exit_help);
+}
+
+/* ---- options ---------------------------------------------------------------- */
+
+/* Parses the options a->opts names (short letters); -1 to go on, or an
  * exit code. The arguments left start at optind. */
-static int parse(struct kvctl_common *c, int argc, char **argv, const char *allowed,
+static int parse(struct kvctl_common *c, int argc, char **argv, const struct admin *a,
                  struct aopts *o)
 {
     static const struct option longopts[] = {
@@ -166,20 +132,15 @@ static int parse(struct kvctl_common *c, int argc, char **argv, const char *allo
     };
     *o = (struct aopts){ .timeout_ms = NODE_TIMEOUT_MS };
     const char *cmd = argv[0];
-    int opt;
+    int opt, rc;
     optind = 0;
     opterr = 1;
-    while ((opt = getopt_long(argc, argv, "c:s:hjn:t:o:rkbi:p", longopts, NULL)) != -1) {
-        int r = kvctl_common_opt(c, opt, optarg);
-        if (r < 0)
-            return -r;
-        if (r > 0)
-            continue;
+    while ((opt = kvctl_getopt(c, argc, argv, "c:s:hjn:t:o:rkbi:p", longopts, &rc)) != -1) {
         if (opt == 'h') {
-            kvctl_admin_usage(cmd, stdout);
+            usage(a, stdout);
             return KVCTL_EXIT_OK;
         }
-        if (opt == '?' || !strchr(allowed, opt)) {
+        if (opt == '?' || !strchr(a->opts, opt)) {
             if (opt != '?')
                 fprintf(stderr, "kvctl %s: option '%s' does not apply here\n", cmd,
                         argv[optind - 1]);
@@ -212,6 +173,8 @@ static int parse(struct kvctl_common *c, int argc, char **argv, const char *allo
             break;
         }
     }
+    if (rc >= 0)
+        return rc;
     if (o->key && o->block) {
         fprintf(stderr, "kvctl %s: --key and --block exclude each other\n", cmd);
         return KVCTL_EXIT_USAGE;
@@ -258,13 +221,6 @@ static void fmt_id(const kv_block_id *id, char out[2 * KV_BLOCK_ID_LEN + 1])
     for (int i = 0; i < KV_BLOCK_ID_LEN; i++)
         snprintf(out + 2 * i, 3, "%02x", id->bytes[i]);
 }
-
-struct name {
-    bool block;
-    kv_block_id id;
-    const char *key;
-    size_t klen;
-};
 
 /* -1 to go on, or an exit code after saying why. */
 static int parse_name(const char *cmd, const struct aopts *o, const char *arg, struct name *n)
@@ -442,52 +398,54 @@ static int print_node_metrics(const char *node, char *body, bool json)
     return KVCTL_EXIT_OK;
 }
 
-int kvctl_stats_main(struct kvctl_common *c, int argc, char **argv)
+/* stats --node asks the node, not a store. */
+static int stats_prep(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "jnpt", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("stats", argc - optind, 0, 0)) >= 0)
-        return rc;
-    if (o.node) {
-        char *body = NULL, why[512] = "";
-        size_t len = 0;
-        int status = 0;
-        int err = kvctl_http_get(o.node, "/metrics", (unsigned)o.timeout_ms, &body, &len,
-                                 &status, why, sizeof why);
-        if (err != KV_OK) {
-            fprintf(stderr, "kvctl stats: %s\n", why);
-            return err == KV_EINVAL ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
-        }
-        if (status != 200) {
-            fprintf(stderr, "kvctl stats: %s answered HTTP %d to /metrics\n", o.node, status);
-            free(body);
-            return KVCTL_EXIT_FAIL;
-        }
-        rc = print_node_metrics(o.node, body, o.json);
-        free(body);
-        return rc;
+    if (x->o.node)
+        x->need = NEED_NOTHING;
+    return -1;
+}
+
+static int node_stats(const struct aopts *o)
+{
+    char *body = NULL, why[512] = "";
+    size_t len = 0;
+    int status = 0;
+    int err = kvctl_http_get(o->node, "/metrics", (unsigned)o->timeout_ms, &body, &len, &status,
+                             why, sizeof why);
+    if (err != KV_OK) {
+        fprintf(stderr, "kvctl stats: %s\n", why);
+        return err == KV_EINVAL ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
     }
-    kv_engine *e = NULL;
-    if ((rc = open_store(c, "stats", false, &e)) != KVCTL_EXIT_OK)
-        return rc;
+    if (status != 200) {
+        fprintf(stderr, "kvctl stats: %s answered HTTP %d to /metrics\n", o->node, status);
+        free(body);
+        return KVCTL_EXIT_FAIL;
+    }
+    int rc = print_node_metrics(o->node, body, o->json);
+    free(body);
+    return rc;
+}
+
+static int stats_run(struct actx *x)
+{
+    if (x->o.node)
+        return node_stats(&x->o);
     kv_stats s;
     int err;
-    if (o.prom) {
+    if (x->o.prom) {
         char *text = NULL;
         size_t len = 0;
-        err = kv_metrics_render(e, &text, &len);
+        err = kv_metrics_render(x->e, &text, &len);
         if (err == KV_OK)
             fwrite(text, 1, len, stdout);
         free(text);
-    } else if ((err = kv_stats_get(e, &s)) == KV_OK) {
-        if (o.json)
+    } else if ((err = kv_stats_get(x->e, &s)) == KV_OK) {
+        if (x->o.json)
             print_stats_json(&s);
         else
             print_stats_text(&s);
     }
-    kv_close(e);
     if (err != KV_OK) {
         fprintf(stderr, "kvctl stats: %s\n", kv_strerror(err));
         return KVCTL_EXIT_FAIL;
@@ -497,28 +455,19 @@ int kvctl_stats_main(struct kvctl_common *c, int argc, char **argv)
 
 /* ---- members ------------------------------------------------------------------------ */
 
-int kvctl_members_main(struct kvctl_common *c, int argc, char **argv)
+static int members_run(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "j", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("members", argc - optind, 0, 0)) >= 0)
-        return rc;
-    kv_config *cfg = NULL;
-    if ((rc = kvctl_build_config(c, &cfg)) != KVCTL_EXIT_OK)
-        return rc;
     char master[256] = "?", meta[16] = "kvmaster", where[300];
-    kv_config_get(cfg, "cluster.metadata", meta, sizeof meta);
+    kv_config_get(x->cfg, "cluster.metadata", meta, sizeof meta);
     int etcd = strcmp(meta, "etcd") == 0;
-    kv_config_get(cfg, etcd ? "cluster.etcd_endpoints" : "cluster.master", master, sizeof master);
+    kv_config_get(x->cfg, etcd ? "cluster.etcd_endpoints" : "cluster.master", master,
+                  sizeof master);
     snprintf(where, sizeof where, "%s at %s (%s)", etcd ? "etcd" : "kvmaster", master,
              etcd ? "cluster.etcd_endpoints" : "cluster.master");
     uint64_t version = 0;
     kv_member_info *m = NULL;
     size_t n = 0;
-    int err = kv_members(cfg, &version, &m, &n);
-    kv_config_free(cfg);
+    int err = kv_members(x->cfg, &version, &m, &n);
     if (err != KV_OK) {
         if (err == KV_ENET || err == KV_ETIMEDOUT)
             fprintf(stderr, "kvctl members: %s does not answer: %s\n", where,
@@ -531,7 +480,7 @@ int kvctl_members_main(struct kvctl_common *c, int argc, char **argv)
         return err == KV_ECONFIG ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
     }
     char sz[32];
-    if (o.json) {
+    if (x->o.json) {
         printf("{\"master\":");
         kvctl_jstr(stdout, master);
         printf(",\"version\":%" PRIu64 ",\"members\":[", version);
@@ -559,59 +508,39 @@ int kvctl_members_main(struct kvctl_common *c, int argc, char **argv)
 
 /* ---- lookup ------------------------------------------------------------------------------ */
 
-int kvctl_lookup_main(struct kvctl_common *c, int argc, char **argv)
+static int lookup_run(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "jkb", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("lookup", argc - optind, 1, 1 << 20)) >= 0)
-        return rc;
-    int nargs = argc - optind;
-    struct name *names = calloc((size_t)nargs, sizeof *names);
-    if (!names)
-        return KVCTL_EXIT_FAIL;
-    for (int i = 0; i < nargs; i++)
-        if ((rc = parse_name("lookup", &o, argv[optind + i], &names[i])) >= 0)
-            goto out;
-    kv_engine *e = NULL;
-    if ((rc = open_store(c, "lookup", false, &e)) != KVCTL_EXIT_OK)
-        goto out;
-    if (o.json)
+    if (x->o.json)
         printf("{\"results\":[");
-    bool miss = false;
-    for (int i = 0; i < nargs; i++) {
+    bool miss = false, failed = false;
+    for (int i = 0; i < x->nnames; i++) {
+        const struct name *n = &x->names[i];
         int hit = 0;
-        if (names[i].block) {
+        if (n->block) {
             uint8_t h = 0;
-            int err = kv_lookup(e, &names[i].id, 1, &h);
+            int err = kv_lookup(x->e, &n->id, 1, &h);
             hit = err == KV_OK ? h : err;
         } else {
-            hit = kv_exists(e, names[i].key, names[i].klen);
+            hit = kv_exists(x->e, n->key, n->klen);
         }
         if (hit < 0) {
-            fprintf(stderr, "kvctl lookup: %s: %s\n", argv[optind + i], kv_strerror(hit));
-            rc = KVCTL_EXIT_FAIL;
+            fprintf(stderr, "kvctl lookup: %s: %s\n", x->args[i], kv_strerror(hit));
+            failed = true;
         }
         miss |= hit == 0;
-        if (o.json) {
+        if (x->o.json) {
             printf("%s{\"name\":", i ? "," : "");
-            kvctl_jstr(stdout, argv[optind + i]);
-            printf(",\"kind\":\"%s\",\"hit\":%s}", names[i].block ? "block" : "key",
+            kvctl_jstr(stdout, x->args[i]);
+            printf(",\"kind\":\"%s\",\"hit\":%s}", n->block ? "block" : "key",
                    hit > 0 ? "true" : "false");
         } else {
-            printf("%s\t%s\t%s\n", argv[optind + i], names[i].block ? "block" : "key",
+            printf("%s\t%s\t%s\n", x->args[i], n->block ? "block" : "key",
                    hit > 0 ? "hit" : hit == 0 ? "miss" : "error");
         }
     }
-    if (o.json)
+    if (x->o.json)
         printf("]}\n");
-    kv_close(e);
-    if (rc < 0 || rc == KVCTL_EXIT_OK)
-        rc = miss ? KVCTL_EXIT_NOTFOUND : KVCTL_EXIT_OK;
-out:
-    free(names);
-    return rc < 0 ? KVCTL_EXIT_OK : rc;
+    return failed ? KVCTL_EXIT_FAIL : miss ? KVCTL_EXIT_NOTFOUND : KVCTL_EXIT_OK;
 }
 
 /* ---- put / get / rm ------------------------------------------------------------------------ */
@@ -663,41 +592,32 @@ static int slurp(const char *path, uint8_t **out, size_t *len)
     return KVCTL_EXIT_OK;
 }
 
-int kvctl_put_main(struct kvctl_common *c, int argc, char **argv)
+/* The value is read before the store opens: a file that cannot be read
+ * creates no store. */
+static int put_prep(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "kbi", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("put", argc - optind, 1, 2)) >= 0)
-        return rc;
-    struct name n;
-    if ((rc = parse_name("put", &o, argv[optind], &n)) >= 0)
-        return rc;
     uint8_t *val = NULL;
-    size_t len = 0;
-    if ((rc = slurp(argc - optind == 2 ? argv[optind + 1] : NULL, &val, &len)) != KVCTL_EXIT_OK)
-        return rc;
-    kv_engine *e = NULL;
-    if ((rc = open_store(c, "put", true, &e)) != KVCTL_EXIT_OK) {
-        free(val);
-        return rc;
-    }
+    int rc = slurp(x->nargs == 2 ? x->args[1] : NULL, &val, &x->buflen);
+    x->buf = val;
+    return rc == KVCTL_EXIT_OK ? -1 : rc;
+}
+
+static int put_run(struct actx *x)
+{
+    const struct name *n = &x->names[0];
     int err;
-    if (n.block) {
-        kv_iov iov = { val, len };
-        kv_shard s = { .block = n.id, .index = (uint32_t)o.index, .iov = &iov, .iovcnt = 1 };
+    if (n->block) {
+        kv_iov iov = { x->buf, x->buflen };
+        kv_shard s = { .block = n->id, .index = (uint32_t)x->o.index, .iov = &iov, .iovcnt = 1 };
         kv_task t = 0;
-        err = kv_dump(e, &s, 1, &t);
+        err = kv_dump(x->e, &s, 1, &t);
         if (err == KV_OK)
-            err = kv_wait(e, t, 0);
+            err = kv_wait(x->e, t, 0);
     } else {
-        err = kv_put(e, n.key, n.klen, val, len);
+        err = kv_put(x->e, n->key, n->klen, x->buf, x->buflen);
     }
-    kv_close(e);
-    free(val);
     if (err != KV_OK) {
-        fprintf(stderr, "kvctl put: %s: %s\n", argv[optind], kv_strerror(err));
+        fprintf(stderr, "kvctl put: %s: %s\n", x->args[0], kv_strerror(err));
         return KVCTL_EXIT_FAIL;
     }
     return KVCTL_EXIT_OK;
@@ -719,94 +639,63 @@ static int write_out(const char *path, const void *p, size_t len)
     return KVCTL_EXIT_OK;
 }
 
-int kvctl_get_main(struct kvctl_common *c, int argc, char **argv)
+static int get_run(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "kbio", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("get", argc - optind, 1, 1)) >= 0)
-        return rc;
-    struct name n;
-    if ((rc = parse_name("get", &o, argv[optind], &n)) >= 0)
-        return rc;
-    kv_engine *e = NULL;
-    if ((rc = open_store(c, "get", false, &e)) != KVCTL_EXIT_OK)
-        return rc;
+    const struct name *n = &x->names[0];
     uint8_t *buf = NULL;
     size_t vlen = 0;
-    int err;
-    if (n.block) {
+    int err, rc = KVCTL_EXIT_OK;
+    if (n->block) {
         uint64_t len = 0;
-        err = kv_shard_size(e, &n.id, (uint32_t)o.index, &len);
+        err = kv_shard_size(x->e, &n->id, (uint32_t)x->o.index, &len);
         if (err == KV_OK && !(buf = malloc(len ? len : 1)))
             err = KV_ENOMEM;
         if (err == KV_OK) {
             kv_iov iov = { buf, len };
-            kv_shard s = { .block = n.id, .index = (uint32_t)o.index, .iov = &iov, .iovcnt = 1 };
+            kv_shard s = { .block = n->id, .index = (uint32_t)x->o.index, .iov = &iov,
+                           .iovcnt = 1 };
             kv_task t = 0;
-            err = kv_load(e, &s, 1, &t);
+            err = kv_load(x->e, &s, 1, &t);
             if (err == KV_OK)
-                err = kv_wait(e, t, 0);
+                err = kv_wait(x->e, t, 0);
             vlen = len;
         }
     } else {
-        err = kv_get(e, n.key, n.klen, NULL, 0, &vlen);
+        err = kv_get(x->e, n->key, n->klen, NULL, 0, &vlen);
         if (err == KV_ENOBUFS || (err == KV_OK && vlen == 0)) {
             buf = malloc(vlen ? vlen : 1);
-            err = buf ? kv_get(e, n.key, n.klen, buf, vlen, &vlen) : KV_ENOMEM;
+            err = buf ? kv_get(x->e, n->key, n->klen, buf, vlen, &vlen) : KV_ENOMEM;
         }
     }
-    kv_close(e);
     if (err == KV_OK)
-        rc = write_out(o.output, buf, vlen);
+        rc = write_out(x->o.output, buf, vlen);
     else if (err == KV_ENOTFOUND)
-        fprintf(stderr, "kvctl get: %s: not found\n", argv[optind]);
+        fprintf(stderr, "kvctl get: %s: not found\n", x->args[0]);
     else
-        fprintf(stderr, "kvctl get: %s: %s\n", argv[optind], kv_strerror(err));
+        fprintf(stderr, "kvctl get: %s: %s\n", x->args[0], kv_strerror(err));
     free(buf);
     if (err == KV_ENOTFOUND)
         return KVCTL_EXIT_NOTFOUND;
     return err == KV_OK ? rc : KVCTL_EXIT_FAIL;
 }
 
-int kvctl_rm_main(struct kvctl_common *c, int argc, char **argv)
+static int rm_run(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "kb", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("rm", argc - optind, 1, 1 << 20)) >= 0)
-        return rc;
-    int nargs = argc - optind;
-    struct name *names = calloc((size_t)nargs, sizeof *names);
-    if (!names)
-        return KVCTL_EXIT_FAIL;
-    for (int i = 0; i < nargs; i++)
-        if ((rc = parse_name("rm", &o, argv[optind + i], &names[i])) >= 0)
-            goto out;
-    kv_engine *e = NULL;
-    if ((rc = open_store(c, "rm", false, &e)) != KVCTL_EXIT_OK)
-        goto out;
     bool missing = false, failed = false;
-    for (int i = 0; i < nargs; i++) {
-        int err = names[i].block ? kv_ssd_remove(e, &names[i].id)
-                                 : kv_remove(e, names[i].key, names[i].klen);
+    for (int i = 0; i < x->nnames; i++) {
+        const struct name *n = &x->names[i];
+        int err = n->block ? kv_ssd_remove(x->e, &n->id) : kv_remove(x->e, n->key, n->klen);
         if (err == KV_ENOTFOUND) {
-            fprintf(stderr, "kvctl rm: %s: not found\n", argv[optind + i]);
+            fprintf(stderr, "kvctl rm: %s: not found\n", x->args[i]);
             missing = true;
         } else if (err != KV_OK) {
-            fprintf(stderr, "kvctl rm: %s: %s\n", argv[optind + i],
+            fprintf(stderr, "kvctl rm: %s: %s\n", x->args[i],
                     err == KV_ENOTSUP ? "blocks are removed from the SSD tier; this store has none"
                                       : kv_strerror(err));
             failed = true;
         }
     }
-    kv_close(e);
-    rc = failed ? KVCTL_EXIT_FAIL : missing ? KVCTL_EXIT_NOTFOUND : KVCTL_EXIT_OK;
-out:
-    free(names);
-    return rc;
+    return failed ? KVCTL_EXIT_FAIL : missing ? KVCTL_EXIT_NOTFOUND : KVCTL_EXIT_OK;
 }
 
 /* ---- ssd ------------------------------------------------------------------------------------ */
@@ -887,25 +776,38 @@ static void *tick_main(void *arg)
     return NULL;
 }
 
-/* ssd recover works on the files, with no engine open: the rebuild is
- * what an open does once RocksDB's files are set aside. */
-static int ssd_recover(struct kvctl_common *c, bool json)
+/* The subcommand decides what is opened: ssd recover works on the files,
+ * with no engine open (the rebuild is what an open does once RocksDB's
+ * files are set aside); the others open the store. */
+static int ssd_prep(struct actx *x)
 {
-    kv_config *cfg = NULL;
-    int rc = kvctl_build_config(c, &cfg);
-    if (rc != KVCTL_EXIT_OK)
-        return rc;
+    const char *sub = x->args[0];
+    if (strcmp(sub, "ls") != 0 && strcmp(sub, "scrub") != 0 && strcmp(sub, "compact") != 0 &&
+        strcmp(sub, "recover") != 0) {
+        fprintf(stderr, "kvctl ssd: unknown subcommand '%s' (ls, scrub, compact or recover)\n", sub);
+        return KVCTL_EXIT_USAGE;
+    }
+    if (x->o.repair && strcmp(sub, "scrub") != 0) {
+        fprintf(stderr, "kvctl ssd %s: --repair applies to scrub only\n", sub);
+        return KVCTL_EXIT_USAGE;
+    }
+    if (strcmp(sub, "recover") == 0)
+        x->need = NEED_CONFIG;
+    return -1;
+}
+
+static int ssd_recover(struct actx *x)
+{
     char err[512] = "", path[1024] = "";
-    kv_config_get(cfg, "ssd.path", path, sizeof path);
+    kv_config_get(x->cfg, "ssd.path", path, sizeof path);
     uint64_t n = 0, t0 = kvctl_now_ns();
-    int e = kv_ssd_recover(cfg, &n, err, sizeof err);
-    kv_config_free(cfg);
+    int e = kv_ssd_recover(x->cfg, &n, err, sizeof err);
     double secs = (double)(kvctl_now_ns() - t0) / 1e9;
     if (e != KV_OK) {
         fprintf(stderr, "kvctl ssd recover: %s: %s\n", kv_strerror(e), err[0] ? err : path);
         return e == KV_ENOTSUP ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
     }
-    if (json)
+    if (x->o.json)
         printf("{\"recovered\":%" PRIu64 ",\"seconds\":%.3f}\n", n, secs);
     else
         fprintf(stderr, "recover: %" PRIu64 " values indexed from the value log of %s in %.2f s; "
@@ -913,68 +815,51 @@ static int ssd_recover(struct kvctl_common *c, bool json)
     return KVCTL_EXIT_OK;
 }
 
-int kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv)
+static int ssd_run(struct actx *x)
 {
-    struct aopts o;
-    int rc = parse(c, argc, argv, "jr", &o);
-    if (rc >= 0)
-        return rc;
-    if ((rc = want_args("ssd", argc - optind, 1, 1)) >= 0)
-        return rc;
-    const char *sub = argv[optind];
-    if (strcmp(sub, "ls") != 0 && strcmp(sub, "scrub") != 0 && strcmp(sub, "compact") != 0 &&
-        strcmp(sub, "recover") != 0) {
-        fprintf(stderr, "kvctl ssd: unknown subcommand '%s' (ls, scrub, compact or recover)\n", sub);
-        return KVCTL_EXIT_USAGE;
-    }
-    if (o.repair && strcmp(sub, "scrub") != 0) {
-        fprintf(stderr, "kvctl ssd %s: --repair applies to scrub only\n", sub);
-        return KVCTL_EXIT_USAGE;
-    }
+    const char *sub = x->args[0];
     if (strcmp(sub, "recover") == 0)
-        return ssd_recover(c, o.json);
-    kv_engine *e = NULL;
-    if ((rc = open_store(c, "ssd", false, &e)) != KVCTL_EXIT_OK)
-        return rc;
-    struct walk w = { .json = o.json };
+        return ssd_recover(x);
+    struct walk w = { .json = x->o.json };
     int err;
     uint64_t checked = 0, bad = 0;
     uint64_t t0 = kvctl_now_ns();
     if (strcmp(sub, "ls") == 0) {
-        if (o.json)
+        if (x->o.json)
             printf("{\"entries\":[");
-        err = kv_ssd_scan(e, ls_cb, &w);
-        if (o.json)
+        err = kv_ssd_scan(x->e, ls_cb, &w);
+        if (x->o.json)
             printf("],\"count\":%" PRIu64 "}\n", w.n);
     } else if (strcmp(sub, "scrub") == 0) {
-        if (o.json)
+        if (x->o.json)
             printf("{\"bad\":[");
-        err = kv_ssd_scrub(e, o.repair, scrub_cb, &w, &checked, &bad);
+        err = kv_ssd_scrub(x->e, x->o.repair, scrub_cb, &w, &checked, &bad);
         if (w.prog_started)
             kvctl_progress_end(&w.prog);
         double secs = (double)(kvctl_now_ns() - t0) / 1e9;
-        if (o.json)
+        if (x->o.json)
             printf("],\"checked\":%" PRIu64 ",\"bad_count\":%" PRIu64 ",\"repaired\":%s,"
-                   "\"seconds\":%.3f}\n", checked, bad, o.repair && bad ? "true" : "false", secs);
+                   "\"seconds\":%.3f}\n", checked, bad, x->o.repair && bad ? "true" : "false",
+                   secs);
         else
             fprintf(stderr, "scrub: %" PRIu64 " values checked, %" PRIu64 " bad%s, %.2f s\n",
-                    checked, bad, bad ? (o.repair ? " (deleted)" : " (kept; --repair deletes them)") : "",
+                    checked, bad,
+                    bad ? (x->o.repair ? " (deleted)" : " (kept; --repair deletes them)") : "",
                     secs);
     } else {
         struct ticker t = { 0 };
         kvctl_progress_start(&t.prog, "compact", 0, 0, 0);
         bool threaded = t.prog.on && pthread_create(&t.th, NULL, tick_main, &t) == 0;
-        err = kv_ssd_compact(e);
+        err = kv_ssd_compact(x->e);
         atomic_store(&t.stop, true);
         if (threaded)
             pthread_join(t.th, NULL);
         double secs = (double)(kvctl_now_ns() - t0) / 1e9;
-        if (o.json)
+        if (x->o.json)
             printf("{\"compacted\":%s,\"seconds\":%.3f}\n", err == KV_OK ? "true" : "false", secs);
         else if (err == KV_OK)
             fprintf(stderr, "compact: done in %.2f s\n", secs);
     }
-    kv_close(e);
     if (err == KV_ENOTSUP) {
         fprintf(stderr, "kvctl ssd %s: the store has no SSD tier (pipeline dram)\n", sub);
         return KVCTL_EXIT_USAGE;
@@ -984,4 +869,141 @@ int kvctl_ssd_main(struct kvctl_common *c, int argc, char **argv)
         return KVCTL_EXIT_FAIL;
     }
     return bad ? KVCTL_EXIT_FAIL : KVCTL_EXIT_OK;
+}
+
+/* ---- the table and the driver ------------------------------------------------ */
+
+#define ALL INT_MAX
+
+static const struct admin admins[] = {
+    { "stats",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... stats [--json] [--prometheus]\n"
+      "       kvctl stats --node HOST:PORT [--json] [--timeout MS]\n"
+      "\n"
+      "Without --node: opens the store the config describes (offline: no running\n"
+      "engine may hold it) and prints its figures: capacity, used bytes and blocks\n"
+      "per tier, hits, misses, evictions, spills, checksum failures.\n"
+      "With --node: fetches http://HOST:PORT/metrics from a running kvnode, kvmaster\n"
+      "or engine (its metrics.listen) and prints its samples.\n"
+      "\n"
+      "  -j, --json             one JSON object on stdout\n"
+      "      --prometheus       the offline store's figures in the Prometheus text\n"
+      "                         format, as /metrics would serve them\n"
+      "  -n, --node HOST:PORT   a running process's metrics.listen address\n"
+      "  -t, --timeout MS       how long to wait for the node (default: 3000)\n",
+      "jnpt", 0, 0, 0, NEED_STORE, stats_prep, stats_run },
+    { "members",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... members [--json]\n"
+      "\n"
+      "Asks the kvmaster at cluster.master (with cluster.token), or etcd at\n"
+      "cluster.etcd_endpoints when cluster.metadata is etcd, for the view and\n"
+      "prints its version and members: id, address, role (owner or client) and\n"
+      "registered DRAM. Does not join the view.\n"
+      "\n"
+      "  -j, --json             one JSON object on stdout\n",
+      "j", 0, 0, 0, NEED_CONFIG, NULL, members_run },
+    { "lookup",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... lookup [--json] [--key|--block] ID|KEY...\n"
+      "\n"
+      "Says for each argument whether the store holds it: a block id (32 hex digits)\n"
+      "hits when its shard 0 is in some tier; anything else is a plain key.\n"
+      "Exit status 3 when any of them misses.\n"
+      "\n"
+      "  -k, --key              every argument is a plain key\n"
+      "  -b, --block            every argument is a block id in hex\n"
+      "  -j, --json             one JSON object on stdout\n",
+      "jkb", 1, 1 << 20, ALL, NEED_STORE, NULL, lookup_run },
+    { "put",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... put [--key|--block] [--index N] ID|KEY [FILE]\n"
+      "\n"
+      "Stores FILE's bytes (standard input when FILE is absent or '-') under a plain\n"
+      "key, or as shard N of a block id given in hex. A shard already present is\n"
+      "left as it is (the store never rewrites a shard); a plain key is replaced.\n"
+      "Creates the store when it does not exist.\n"
+      "\n"
+      "  -k, --key              the name is a plain key\n"
+      "  -b, --block            the name is a block id in hex\n"
+      "  -i, --index N          the shard index of a block (default: 0)\n",
+      "kbi", 1, 2, 1, NEED_NEW_STORE, put_prep, put_run },
+    { "get",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... get [--key|--block] [--index N] [-o FILE] ID|KEY\n"
+      "\n"
+      "Writes the value of a plain key, or of shard N of a block, to standard output\n"
+      "or FILE. Exit status 3 when it is absent.\n"
+      "\n"
+      "  -o, --output FILE      write the value to FILE instead of standard output\n"
+      "  -k, --key, -b, --block, -i, --index N   as for put\n",
+      "kbio", 1, 1, 1, NEED_STORE, NULL, get_run },
+    { "rm",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... rm [--key|--block] ID|KEY...\n"
+      "\n"
+      "Removes plain keys, or every shard of blocks from the SSD tier. Exit status 3\n"
+      "when any of them was absent (the others are still removed).\n"
+      "\n"
+      "  -k, --key, -b, --block  as for put\n",
+      "kb", 1, 1 << 20, ALL, NEED_STORE, NULL, rm_run },
+    { "ssd",
+      "usage: kvctl [--config FILE] [--set KEY=VALUE]... ssd ls [--json]\n"
+      "       kvctl ... ssd scrub [--repair] [--json]\n"
+      "       kvctl ... ssd compact\n"
+      "       kvctl ... ssd recover [--json]\n"
+      "\n"
+      "The SSD tier of the store the config describes (offline).\n"
+      "  ls       list every value: kind (block or key), id in hex (a plain key's is\n"
+      "           the hash of its name), shard index, size; from the index, no I/O\n"
+      "  scrub    read every value and verify its checksum; lists the bad ones and\n"
+      "           exits 1 when there are any\n"
+      "  compact  compact the value log files left mostly dead (small values'\n"
+      "           space) and the RocksDB index: gives deleted values' space back\n"
+      "  recover  rebuild the index from the value log: RocksDB's files are moved\n"
+      "           to ssd.path/damaged-TIME/ and every intact value re-indexed (the\n"
+      "           store must not be open; an open does this itself when RocksDB's\n"
+      "           files are missing or cannot be opened)\n"
+      "\n"
+      "  -r, --repair           scrub: delete the bad values (a load would too)\n"
+      "  -j, --json             one JSON object on stdout\n",
+      "jr", 1, 1, 0, NEED_STORE, ssd_prep, ssd_run },
+};
+
+/* argv[0] names the command (main() found it in kvctl.c's table, which
+ * names this function for every command here). */
+int kvctl_admin_main(struct kvctl_common *c, int argc, char **argv)
+{
+    const struct admin *a = NULL;
+    for (size_t i = 0; i < sizeof admins / sizeof admins[0] && !a; i++)
+        if (strcmp(admins[i].name, argv[0]) == 0)
+            a = &admins[i];
+    if (!a)
+        return KVCTL_EXIT_USAGE;
+    struct actx x = { .cmd = a->name, .c = c, .need = a->need };
+    int rc = parse(c, argc, argv, a, &x.o);
+    if (rc >= 0)
+        return rc;
+    x.args = argv + optind;
+    x.nargs = argc - optind;
+    if ((rc = want_args(a->name, x.nargs, a->min_args, a->max_args)) >= 0)
+        return rc;
+    x.nnames = x.nargs < a->names ? x.nargs : a->names;
+    if (x.nnames > 0 && !(x.names = calloc((size_t)x.nnames, sizeof *x.names)))
+        return KVCTL_EXIT_FAIL;
+    for (int i = 0; i < x.nnames; i++)
+        if ((rc = parse_name(a->name, &x.o, x.args[i], &x.names[i])) >= 0)
+            goto out;
+    if (a->prep && (rc = a->prep(&x)) >= 0)
+        goto out;
+    if (x.need == NEED_CONFIG)
+        rc = kvctl_build_config(c, &x.cfg);
+    else if (x.need != NEED_NOTHING)
+        rc = open_store(c, a->name, x.need == NEED_NEW_STORE, &x.e);
+    else
+        rc = KVCTL_EXIT_OK;
+    if (rc == KVCTL_EXIT_OK)
+        rc = a->run(&x);
+out:
+    if (x.e)
+        kv_close(x.e);
+    kv_config_free(x.cfg);
+    free(x.names);
+    free(x.buf);
+    return rc;
 }

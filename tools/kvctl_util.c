@@ -1,6 +1,7 @@
 /*
  * kvctl_util.c — kvctl's plumbing: the common --config/--set options, the
- * effective config, number and size parsing, RSS, temporary directories.
+ * effective config, number and size parsing, RSS, temporary directories,
+ * JSON strings and numbers, the progress line.
  *
  * Key design choice: kvctl never peeks inside a kv_config. To learn whether
  * the user chose a key in the file (so the benchmark may size it itself when
@@ -11,13 +12,16 @@
 
 #include <errno.h>
 #include <ftw.h>
+#include <getopt.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 const char kvctl_common_help[] =
     "  -c, --config FILE      YAML config file (default: none, built-in defaults)\n"
@@ -34,7 +38,9 @@ const char kvctl_exit_help[] =
 
 /* ---- common options ------------------------------------------------------ */
 
-int kvctl_common_opt(struct kvctl_common *c, int opt, const char *arg)
+/* Handles -c/-s; returns 1 when handled, 0 when opt is not common, or
+ * -(exit status) after printing why. */
+static int common_opt(struct kvctl_common *c, int opt, const char *arg)
 {
     if (opt == 'c') {
         c->config = arg;
@@ -59,6 +65,23 @@ int kvctl_common_opt(struct kvctl_common *c, int opt, const char *arg)
     c->sets = n;
     c->sets[c->nsets++] = dup;
     return 1;
+}
+
+int kvctl_getopt(struct kvctl_common *c, int argc, char **argv, const char *optstring,
+                 const struct option *longopts, int *rc)
+{
+    int opt;
+    *rc = -1;
+    while ((opt = getopt_long(argc, argv, optstring, longopts, NULL)) != -1) {
+        int r = common_opt(c, opt, optarg);
+        if (r == 0)
+            return opt;
+        if (r < 0) {
+            *rc = -r;
+            return -1;
+        }
+    }
+    return -1;
 }
 
 void kvctl_common_free(struct kvctl_common *c)
@@ -326,4 +349,85 @@ void kvctl_rmtree(char *path)
         return;
     nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS);
     free(path);
+}
+
+/* ---- JSON ---------------------------------------------------------------- */
+
+void kvctl_jstr(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+void kvctl_jnum(FILE *f, double v)
+{
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
+}
+
+/* ---- progress ------------------------------------------------------------ */
+
+void kvctl_progress_start(struct kvctl_progress *p, const char *phase, uint64_t total,
+                          double runtime, uint64_t value_size)
+{
+    p->on = isatty(STDERR_FILENO);
+    p->phase = phase;
+    p->t0 = p->last = kvctl_now_ns();
+    p->total = total;
+    p->runtime = runtime;
+    p->value_size = value_size;
+    p->unit = NULL;
+}
+
+void kvctl_progress_tick(struct kvctl_progress *p, uint64_t done)
+{
+    uint64_t now = kvctl_now_ns();
+    if (!p->on || now - p->last < 200000000u)
+        return;
+    p->last = now;
+    double el = (double)(now - p->t0) / 1e9;
+    double rate = el > 0 ? (double)done / el : 0;
+    double eta = p->total ? (rate > 0 ? (double)(p->total - (done < p->total ? done : p->total)) / rate : 0)
+                          : p->runtime - el;
+    char line[200], bar[24];
+    /* A 20-cell bar of the share done (of the items, or of the runtime). */
+    double frac = p->total ? (double)done / (double)p->total : p->runtime > 0 ? el / p->runtime : 0;
+    int cells = (int)(frac * 20 + 0.5);
+    cells = cells < 0 ? 0 : cells > 20 ? 20 : cells;
+    for (int i = 0; i < 20; i++)
+        bar[i] = i < cells ? '#' : '.';
+    bar[20] = '\0';
+    int n = snprintf(line, sizeof line, "\r[%s] [%s] %" PRIu64, p->phase, bar, done);
+    if (p->total)
+        n += snprintf(line + n, sizeof line - (size_t)n, "/%" PRIu64, p->total);
+    if (p->value_size)
+        n += snprintf(line + n, sizeof line - (size_t)n, "  %.1f MiB/s",
+                      rate * (double)p->value_size / (1024.0 * 1024.0));
+    else
+        n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f %s/s", rate,
+                      p->unit ? p->unit : "ids");
+    snprintf(line + n, sizeof line - (size_t)n, "  ETA %.1fs \033[K", eta > 0 ? eta : 0);
+    fputs(line, stderr);
+    fflush(stderr);
+}
+
+void kvctl_progress_end(struct kvctl_progress *p)
+{
+    if (p->on && p->last != p->t0)
+        fputs("\r\033[K", stderr);
+    p->on = false;
 }

@@ -7,7 +7,7 @@
 Each round runs `kvctl bench --scenario read_perf` (a subprocess) and then
 the same workload through kvengine.Engine in this process, with the same
 engine settings; rounds alternate so that drift on a shared machine hits
-both alike. The workload mirrors kvctl's (tools/kvctl_jobs.c): object k is
+both alike. The workload mirrors kvctl's (tools/bench/jobs.c): object k is
 shard 0 of block id k, written as two buffers (a 64-byte header naming the
 object, then the value's shared rest), read back into one of batch-size
 reused destinations, every batch one dump or load task waited for at once.

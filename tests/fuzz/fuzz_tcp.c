@@ -27,6 +27,7 @@
 
 #include "config.h"
 #include "proto.h"
+#include "sock.h"
 #include "fuzzutil.h"
 
 #define TOKEN "fuzz-token"

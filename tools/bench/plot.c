@@ -1,5 +1,5 @@
 /*
- * kvctl_plot.c — `kvctl bench --plot FILE.png`: the benchmark's figures as
+ * plot.c — `kvctl bench --plot FILE.png`: the benchmark's figures as
  * a picture, drawn by gnuplot.
  *
  * Key design choice: gnuplot runs as a program (popen), fed one script with
@@ -12,7 +12,7 @@
  * the trace, per window of requests and cumulated, for every run beside the
  * infinite cache and the LRU model.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * kvctl_engine.c — the benchmark's "kvengine" backend: the public API, one
+ * engine.c — the benchmark's "kvengine" backend: the public API, one
  * task per batch.
  *
  * Key design choice: a batch is one kv_dump or kv_load task waited for at
@@ -8,7 +8,7 @@
  * tell misses from errors the backend asks kv_lookup about that batch,
  * outside the happy path.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * kvctl_jobs.c — the benchmark's job threads: their buffers, the objects
+ * jobs.c — the benchmark's job threads: their buffers, the objects
  * they own, and one timed phase at a time.
  *
  * Key design choices:
@@ -17,7 +17,7 @@
  * - Block ids are a hash of (salt, k): the same blocks for every backend of
  *   one invocation, different ones across invocations.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

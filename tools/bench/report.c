@@ -1,20 +1,20 @@
 /*
- * kvctl_report.c — what the benchmark prints: per-phase figures, the human
- * tables, the comparison ratios, the summary JSON, and the progress line.
+ * report.c — what the benchmark prints: per-phase figures, the human
+ * tables, the comparison ratios, and the summary JSON (the progress line
+ * and the JSON string escapes are kvctl's, in kvctl_util.c).
  *
  * Key design choice: the JSON is written by hand, field by field, in
  * DESIGN.md's shape ({"scenario", "memcpy_mib_s", "phases": [...]} plus
  * extra top-level fields), with every string escaped and every number
  * finite (null otherwise), so any JSON parser reads it; no library needed.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define MIB (1024.0 * 1024.0)
 
@@ -274,36 +274,23 @@ void kvctl_report_print(FILE *f, const struct kvctl_report *r)
         else
             fprintf(f, "as fast as possible");
         fprintf(f, ", lease %u ms, verify on, salt %" PRIu64 "\n", r->lease_ttl_ms, r->salt);
-        fprintf(f, "  memcpy %.1f MiB/s (%u thread%s)\n", r->memcpy_mib_s, r->numjobs,
-                r->numjobs == 1 ? "" : "s");
-        if (r->tcp_mib_s > 0)
-            fprintf(f, "  loopback TCP %.1f MiB/s (%u stream%s, %s writes)\n", r->tcp_mib_s,
-                    r->numjobs, r->numjobs == 1 ? "" : "s", vs);
-        for (int i = 0; i < r->nruns; i++)
-            print_run(f, r, &r->runs[i]);
-        for (int i = 1; i < r->nruns; i++)
-            print_compare(f, r, &r->runs[i]);
-        if (r->nruns > 1) {
-            print_side_by_side(f, r);
-            print_trace_side_by_side(f, r);
-        }
-        fflush(f);
-        return;
+    } else {
+        fprintf(f, "  %" PRIu64 " objects x %s (%s), %u job%s, batch %u", r->nr_objects,
+                kvctl_fmt_size(r->value_size, vs, sizeof vs),
+                kvctl_fmt_size(r->nr_objects * r->value_size, total, sizeof total), r->numjobs,
+                r->numjobs == 1 ? "" : "s", r->batch_size);
+        if (r->pattern >= 0)
+            fprintf(f, ", pattern 0x%02X", r->pattern);
+        else
+            fprintf(f, ", pattern random");
+        fprintf(f, ", verify %s, salt %" PRIu64, r->verify ? "on" : "off", r->salt);
+        if (r->runtime > 0)
+            fprintf(f, ", runtime %.1f s", r->runtime);
+        if (strcmp(r->scenario, "mixed_rw") == 0)
+            fprintf(f, ", %u%% reads", r->rwmixread);
+        fprintf(f, "\n");
     }
-    fprintf(f, "  %" PRIu64 " objects x %s (%s), %u job%s, batch %u", r->nr_objects,
-            kvctl_fmt_size(r->value_size, vs, sizeof vs),
-            kvctl_fmt_size(r->nr_objects * r->value_size, total, sizeof total), r->numjobs,
-            r->numjobs == 1 ? "" : "s", r->batch_size);
-    if (r->pattern >= 0)
-        fprintf(f, ", pattern 0x%02X", r->pattern);
-    else
-        fprintf(f, ", pattern random");
-    fprintf(f, ", verify %s, salt %" PRIu64, r->verify ? "on" : "off", r->salt);
-    if (r->runtime > 0)
-        fprintf(f, ", runtime %.1f s", r->runtime);
-    if (strcmp(r->scenario, "mixed_rw") == 0)
-        fprintf(f, ", %u%% reads", r->rwmixread);
-    fprintf(f, "\n  memcpy %.1f MiB/s (%u thread%s)\n", r->memcpy_mib_s, r->numjobs,
+    fprintf(f, "  memcpy %.1f MiB/s (%u thread%s)\n", r->memcpy_mib_s, r->numjobs,
             r->numjobs == 1 ? "" : "s");
     if (r->tcp_mib_s > 0)
         fprintf(f, "  loopback TCP %.1f MiB/s (%u stream%s, %s writes)\n", r->tcp_mib_s,
@@ -314,39 +301,22 @@ void kvctl_report_print(FILE *f, const struct kvctl_report *r)
         print_compare(f, r, &r->runs[i]);
     if (r->nruns > 1)
         print_side_by_side(f, r);
+    if (r->nruns > 1 && r->trace)
+        print_trace_side_by_side(f, r);
     fflush(f);
 }
 
 /* ---- JSON ---------------------------------------------------------------- */
 
-void kvctl_jstr(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            fprintf(f, "\\%c", *p);
-        else if (*p == '\n')
-            fputs("\\n", f);
-        else if (*p == '\t')
-            fputs("\\t", f);
-        else if (*p < 0x20)
-            fprintf(f, "\\u%04x", *p);
-        else
-            fputc(*p, f);
-    }
-    fputc('"', f);
-}
-
-void kvctl_jnum(FILE *f, double v)
-{
-    if (isfinite(v))
-        fprintf(f, "%.6g", v);
-    else
-        fputs("null", f);
-}
-
 #define jstr kvctl_jstr
 #define jnum kvctl_jnum
+
+/* ,"key":v (a number, null when not finite). */
+static void jfield(FILE *f, const char *key, double v)
+{
+    fprintf(f, ",\"%s\":", key);
+    jnum(f, v);
+}
 
 static void jkey(FILE *f, const char *k)
 {
@@ -365,18 +335,13 @@ static void json_phases(FILE *f, const struct kvctl_run *run)
         jstr(f, p->name);
         fprintf(f, ",\"ops\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"seconds\":", p->ops, p->bytes);
         jnum(f, p->seconds);
-        fputs(",\"mib_s\":", f);
-        jnum(f, kvctl_phase_mib_s(p));
-        fputs(",\"client_cpu_s\":", f);
-        jnum(f, p->cpu_s);
-        fputs(",\"kvs_s\":", f);
-        jnum(f, kvctl_phase_kvs_s(p));
+        jfield(f, "mib_s", kvctl_phase_mib_s(p));
+        jfield(f, "client_cpu_s", p->cpu_s);
+        jfield(f, "kvs_s", kvctl_phase_kvs_s(p));
         fputs(",\"lat_us\":{\"p50\":", f);
         jnum(f, p->p50_us);
-        fputs(",\"p95\":", f);
-        jnum(f, p->p95_us);
-        fputs(",\"p99\":", f);
-        jnum(f, p->p99_us);
+        jfield(f, "p95", p->p95_us);
+        jfield(f, "p99", p->p99_us);
         fprintf(f, "},\"misses\":%" PRIu64 ",\"verify_failures\":%" PRIu64 ",\"errors\":%" PRIu64
                    "}",
                 p->misses, p->verify_failures, p->errors);
@@ -402,34 +367,25 @@ static void json_trace(FILE *f, const struct kvctl_run *run)
                ",\"hits\":%" PRIu64 ",\"lookup_hits\":%" PRIu64 ",\"prefix_hit_ratio\":",
             t->requests, t->block_refs, t->hits, t->lookup_hits);
     jnum(f, t->prefix_hit_ratio);
-    fputs(",\"hit_ratio_dram\":", f);
-    jnum(f, t->hit_ratio_dram);
-    fputs(",\"hit_ratio_ssd\":", f);
-    jnum(f, t->hit_ratio_ssd);
-    fputs(",\"ideal_hit_ratio\":", f);
-    jnum(f, t->ideal_hit_ratio);
-    fputs(",\"lru_hit_ratio\":", f);
-    jnum(f, t->lru_hit_ratio);
+    jfield(f, "hit_ratio_dram", t->hit_ratio_dram);
+    jfield(f, "hit_ratio_ssd", t->hit_ratio_ssd);
+    jfield(f, "ideal_hit_ratio", t->ideal_hit_ratio);
+    jfield(f, "lru_hit_ratio", t->lru_hit_ratio);
     fputs(",\"lru_blocks\":", f);
     jcount(f, t->lru_blocks, isfinite(t->lru_hit_ratio));
     fputs(",\"lru_low_blocks\":", f);
     jcount(f, t->lru_low_blocks, isfinite(t->lru_hit_ratio));
-    fputs(",\"lru_plain_hit_ratio\":", f);
-    jnum(f, t->lru_plain_hit_ratio);
+    jfield(f, "lru_plain_hit_ratio", t->lru_plain_hit_ratio);
     fprintf(f, ",\"broken_promises\":%" PRIu64 ",\"verify_failures\":%" PRIu64
                ",\"dumps_refused\":%" PRIu64 ",\"spill_drops\":%" PRIu64 ",\"load_mib_s\":",
             t->broken_promises, t->verify_failures, t->dumps_refused, t->spill_drops);
     jnum(f, ld ? kvctl_phase_mib_s(ld) : NAN);
-    fputs(",\"dump_mib_s\":", f);
-    jnum(f, dp ? kvctl_phase_mib_s(dp) : NAN);
-    fputs(",\"seconds\":", f);
-    jnum(f, t->seconds);
-    fputs(",\"client_cpu_s\":", f);
-    jnum(f, t->cpu_s);
+    jfield(f, "dump_mib_s", dp ? kvctl_phase_mib_s(dp) : NAN);
+    jfield(f, "seconds", t->seconds);
+    jfield(f, "client_cpu_s", t->cpu_s);
     fputs(",\"lookup_load_lat_us\":{\"p50\":", f);
     jnum(f, t->p50_us);
-    fputs(",\"p99\":", f);
-    jnum(f, t->p99_us);
+    jfield(f, "p99", t->p99_us);
     fprintf(f, "},\"tokens_skipped\":%" PRIu64 ",\"prompt_tokens\":%" PRIu64
                ",\"tokens_skipped_ratio\":",
             t->tokens_skipped, t->prompt_tokens);
@@ -442,21 +398,17 @@ static void json_run_extras(FILE *f, const struct kvctl_report *r, const struct 
 {
     if (run->trace.on)
         json_trace(f, run);
-    fputs(",\"open_ms\":", f);
-    jnum(f, (double)run->info.open_ns / 1e6);
+    jfield(f, "open_ms", (double)run->info.open_ns / 1e6);
     if (run->open_error != KV_OK) {
         fputs(",\"open_error\":", f);
         jstr(f, kv_err_name(run->open_error));
     }
-    fputs(",\"index_bytes_per_shard\":", f);
-    jnum(f, run->info.shards ? (double)run->info.index_bytes / (double)run->info.shards : NAN);
-    fputs(",\"rss_mib\":", f);
-    jnum(f, (double)run->rss / MIB);
-    fputs(",\"peak_rss_mib\":", f);
-    jnum(f, (double)run->peak_rss / MIB);
+    jfield(f, "index_bytes_per_shard",
+           run->info.shards ? (double)run->info.index_bytes / (double)run->info.shards : NAN);
+    jfield(f, "rss_mib", (double)run->rss / MIB);
+    jfield(f, "peak_rss_mib", (double)run->peak_rss / MIB);
     const struct kvctl_phase *lk = find_phase(run, "lookup");
-    fputs(",\"lookup_ids_s\":", f);
-    jnum(f, lk ? kvctl_phase_kvs_s(lk) : NAN);
+    jfield(f, "lookup_ids_s", lk ? kvctl_phase_kvs_s(lk) : NAN);
     fputs(",\"memcpy_ratio\":{", f);
     int n = 0;
     for (int i = 0; i < run->nphases; i++) {
@@ -510,8 +462,7 @@ static void json_ratios(FILE *f, const struct kvctl_run *a, const struct kvctl_r
         } else {
             fputs("{\"kvs_s\":", f);
             jnum(f, ratio(kvctl_phase_kvs_s(pa), kvctl_phase_kvs_s(pb)));
-            fputs(",\"mib_s\":", f);
-            jnum(f, ratio(kvctl_phase_mib_s(pa), kvctl_phase_mib_s(pb)));
+            jfield(f, "mib_s", ratio(kvctl_phase_mib_s(pa), kvctl_phase_mib_s(pb)));
         }
         fputc('}', f);
     }
@@ -529,11 +480,9 @@ int kvctl_report_json(const char *path, const struct kvctl_report *r)
     fputc('{', f);
     jkey(f, "scenario");
     jstr(f, r->scenario);
-    fputs(",\"memcpy_mib_s\":", f);
-    jnum(f, r->memcpy_mib_s);
+    jfield(f, "memcpy_mib_s", r->memcpy_mib_s);
     if (r->tcp_mib_s > 0) {
-        fputs(",\"tcp_mib_s\":", f);
-        jnum(f, r->tcp_mib_s);
+        jfield(f, "tcp_mib_s", r->tcp_mib_s);
     }
     fprintf(f, ",\"salt\":%" PRIu64 ",", r->salt);
     json_phases(f, run);
@@ -594,57 +543,4 @@ int kvctl_report_json(const char *path, const struct kvctl_report *r)
         return KV_EIO;
     }
     return KV_OK;
-}
-
-/* ---- progress ------------------------------------------------------------ */
-
-void kvctl_progress_start(struct kvctl_progress *p, const char *phase, uint64_t total,
-                          double runtime, uint64_t value_size)
-{
-    p->on = isatty(STDERR_FILENO);
-    p->phase = phase;
-    p->t0 = p->last = kvctl_now_ns();
-    p->total = total;
-    p->runtime = runtime;
-    p->value_size = value_size;
-    p->unit = NULL;
-}
-
-void kvctl_progress_tick(struct kvctl_progress *p, uint64_t done)
-{
-    uint64_t now = kvctl_now_ns();
-    if (!p->on || now - p->last < 200000000u)
-        return;
-    p->last = now;
-    double el = (double)(now - p->t0) / 1e9;
-    double rate = el > 0 ? (double)done / el : 0;
-    double eta = p->total ? (rate > 0 ? (double)(p->total - (done < p->total ? done : p->total)) / rate : 0)
-                          : p->runtime - el;
-    char line[200], bar[24];
-    /* A 20-cell bar of the share done (of the items, or of the runtime). */
-    double frac = p->total ? (double)done / (double)p->total : p->runtime > 0 ? el / p->runtime : 0;
-    int cells = (int)(frac * 20 + 0.5);
-    cells = cells < 0 ? 0 : cells > 20 ? 20 : cells;
-    for (int i = 0; i < 20; i++)
-        bar[i] = i < cells ? '#' : '.';
-    bar[20] = '\0';
-    int n = snprintf(line, sizeof line, "\r[%s] [%s] %" PRIu64, p->phase, bar, done);
-    if (p->total)
-        n += snprintf(line + n, sizeof line - (size_t)n, "/%" PRIu64, p->total);
-    if (p->value_size)
-        n += snprintf(line + n, sizeof line - (size_t)n, "  %.1f MiB/s",
-                      rate * (double)p->value_size / MIB);
-    else
-        n += snprintf(line + n, sizeof line - (size_t)n, "  %.0f %s/s", rate,
-                      p->unit ? p->unit : "ids");
-    snprintf(line + n, sizeof line - (size_t)n, "  ETA %.1fs \033[K", eta > 0 ? eta : 0);
-    fputs(line, stderr);
-    fflush(stderr);
-}
-
-void kvctl_progress_end(struct kvctl_progress *p)
-{
-    if (p->on && p->last != p->t0)
-        fputs("\r\033[K", stderr);
-    p->on = false;
 }

@@ -1,5 +1,5 @@
 /*
- * kvctl_peers.c — the benchmark's network peers: "redis" (RESP: SET, GET,
+ * peers.c — the benchmark's network peers: "redis" (RESP: SET, GET,
  * EXISTS) and "memcached" (text protocol: set, get, and the meta command
  * mg for lookup), so `kvctl bench --compare redis=HOST:PORT` measures a
  * server beside kvengine with the same blocks, jobs and buffers.
@@ -10,7 +10,7 @@
  *   is not what it was named, fails the open with a message that says so).
  * - A batch is pipelined: all its requests go out in one writev (the
  *   job's value iovecs themselves, no copy), then the replies are read in
- *   order, each value straight into the job's buffers (kvctl_sock.c). The
+ *   order, each value straight into the job's buffers (sock.c). The
  *   latency recorded is the batch's, to the last byte of its last reply,
  *   as for kvengine's tasks. Requests go out in windows of WINDOW shards so
  *   a huge --batch-size cannot fill both socket buffers and deadlock.
@@ -19,7 +19,7 @@
  * - A key is "kv:<32 hex of the block id>:<shard index>": printable, so it
  *   is also a valid memcached key.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <inttypes.h>
 #include <stdatomic.h>

@@ -1,5 +1,5 @@
 /*
- * kvctl_posix.c — the benchmark's "posix" backend: UCM's Posix store layout,
+ * posix.c — the benchmark's "posix" backend: UCM's Posix store layout,
  * one file per block, for comparison with kvengine. It exists only here.
  *
  * The layout, reproduced exactly: block id -> 32 lowercase hex characters;
@@ -17,7 +17,7 @@
  * batch (the trace replay's --shards K) are written into one temporary
  * file renamed once, and a single-shard block is one file per write.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <fcntl.h>

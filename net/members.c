@@ -1,5 +1,5 @@
 /*
- * admin.c — kv_members: the cluster view as kvmaster holds it, for kvctl
+ * members.c — kv_members: the cluster view as kvmaster holds it, for kvctl
  * members and for kvmaster's own /metrics.
  *
  * Key design choice: the query is a LEAVE for an id that is not a member.
@@ -11,46 +11,17 @@
  * With cluster.metadata etcd the view is read from etcd instead
  * (membership.h), the same records the members read.
  */
-#include <errno.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "config.h"
 #include "membership.h"
 #include "proto.h"
+#include "sock.h"
 
 #define QUERY_TIMEOUT_MS 2000u
-
-static int connect_to(const struct sockaddr_in *sa, uint64_t deadline, int *out)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return kv__err_from_errno(errno);
-    if (connect(fd, (const struct sockaddr *)sa, sizeof *sa) != 0) {
-        if (errno != EINPROGRESS) {
-            close(fd);
-            return KV_ENET;
-        }
-        int rc = kv__sock_wait(fd, POLLOUT, deadline);
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (rc == KV_OK && (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0 || soerr))
-            rc = KV_ENET;
-        if (rc != KV_OK) {
-            close(fd);
-            return rc;
-        }
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    *out = fd;
-    return KV_OK;
-}
 
 static void to_info(const struct kv__member *m, kv_member_info *out)
 {
@@ -120,7 +91,7 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
         return blen;
 
     int fd = -1;
-    int rc = connect_to(&sa, deadline, &fd);
+    int rc = kv__sock_connect(&sa, deadline, &fd);
     if (rc != KV_OK)
         return rc;
     uint8_t h[KV_PROTO_HDR_LEN];

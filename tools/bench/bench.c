@@ -1,5 +1,5 @@
 /*
- * kvctl_bench.c — `kvctl bench`: options, the engine's config for the
+ * bench.c — `kvctl bench`: options, the engine's config for the
  * benchmark, and the scenarios (after Mooncake's store_kv_bench).
  *
  * Key design choices:
@@ -7,17 +7,17 @@
  *   left alone: unless the file or --set chose them, the pipeline is "dram",
  *   dram.capacity fits the data set (x1.3, at least 256 MiB), and an SSD
  *   tier gets a fresh temporary directory that is removed afterwards.
- * - A scenario is a list of phases run by kvctl_jobs.c against a backend
+ * - A scenario is a list of phases run by jobs.c against a backend
  *   ops table; each --compare runs the same list, with the same blocks and
  *   the same buffers, against another backend after the previous one is
- *   closed (posix, or a Redis or memcached server: kvctl_peers.c).
+ *   closed (posix, or a Redis or memcached server: peers.c).
  * - Whenever a backend is reached over the network (a cluster client, a
  *   server), the run also measures raw loopback TCP with the same number
- *   of streams and the value size as the write size (kvctl_sock.c), so
+ *   of streams and the value size as the write size (sock.c), so
  *   every figure comes with its ratio to what the wire itself moved in the
  *   same run on the same (shared, noisy) machine.
  * - --scenario trace replaces the phase list by a replay of a serving trace
- *   (kvctl_trace.c): the trace is read once, before any engine opens, and
+ *   (trace.c): the trace is read once, before any engine opens, and
  *   each run (kvengine, --compare posix, dram...) replays it and gets the
  *   infinite-cache and LRU models computed against its own DRAM tier.
  * - Block ids are a hash of (--salt, object number); the salt is random per
@@ -25,7 +25,7 @@
  *   or server does not find the first run's values (and a given salt
  *   repeats a run's ids on purpose).
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -262,15 +262,10 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
     *o = (struct bench_opts){ .scenario = SC_READ_PERF, .value_size = DEFAULT_VALUE_SIZE,
                               .numjobs = 1, .batch_size = 8, .rwmixread = 70, .runtime = -1,
                               .pattern = -1, .shards = 1 };
-    int opt;
+    int opt, rc;
     uint64_t v;
     optind = 0;
-    while ((opt = getopt_long(argc, argv, "c:s:h", longopts, NULL)) != -1) {
-        int r = kvctl_common_opt(c, opt, optarg);
-        if (r < 0)
-            return -r;
-        if (r > 0)
-            continue;
+    while ((opt = kvctl_getopt(c, argc, argv, "c:s:h", longopts, &rc)) != -1) {
         switch (opt) {
         case 'h':
             usage(stdout);
@@ -366,6 +361,8 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             return KVCTL_EXIT_USAGE;
         }
     }
+    if (rc >= 0)
+        return rc;
     if (optind < argc) {
         fprintf(stderr, "kvctl bench: unexpected argument '%s'\n\n", argv[optind]);
         usage(stderr);

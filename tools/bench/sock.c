@@ -1,5 +1,5 @@
 /*
- * kvctl_sock.c — the benchmark's client sockets for the network peers
+ * sock.c — the benchmark's client sockets for the network peers
  * (redis, memcached): connections with bounded timeouts, a small read
  * buffer for reply lines, values read straight into the job's buffers, a
  * pool of connections (one per job), and the raw loopback TCP baseline.
@@ -17,7 +17,7 @@
  * - A connection that fails mid-reply is closed (its stream can no longer
  *   be trusted) and redialed on next use.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -1,5 +1,5 @@
 /*
- * kvctl_trace.c — `kvctl bench --scenario trace`: reading a serving request
+ * trace.c — `kvctl bench --scenario trace`: reading a serving request
  * trace (Mooncake's JSONL format, ../shared/traces/README.md), the two cache
  * models it is measured against (an infinite cache and an exact LRU), and
  * its replay against a backend the way a UCM connector drives a store.
@@ -32,7 +32,7 @@
  *   read-only by all jobs, so any job verifies any value, and a dump is two
  *   iovs per shard with no per-value buffer.
  */
-#include "kvctl.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <inttypes.h>
