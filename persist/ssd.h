@@ -21,7 +21,7 @@ struct kv__ssd;
 /* Opens (creating if needed) the store at cfg->ssd.path and rebuilds the
  * in-memory key index from a scan of the pointers, re-indexing what the
  * value log holds beyond them; RocksDB files that are missing or cannot be
- * opened are set aside and the index rebuilt from the log (rocks.c,
+ * opened are set aside and the index rebuilt from the log (ssd.c,
  * open_db). KV_EBUSY when another engine (in this or another process)
  * holds the path; KV_ENOSPC on a full file system; KV_EIO with a message
  * naming the cause for a path that cannot be created. *out is NULL on

@@ -1,6 +1,6 @@
 /*
- * rocks.c — the SSD tier's block store: values in the value log (vlog.c),
- * a 40-byte pointer per value in RocksDB (C API); open and recovery,
+ * ssd.c — the SSD tier: its block store (values in the value log, vlog.c,
+ * a 40-byte pointer per value in RocksDB, C API), open and recovery,
  * read/write/remove, capacity GC, stats.
  *
  * Key design choice: RocksDB holds only where each value is (key: ns, id,
