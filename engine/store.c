@@ -19,7 +19,8 @@
  *   before the new one is stored, and a tier that cannot drop its copy
  *   fails the put, so nothing older than an acknowledged value survives.
  * No lock of the store's own: DRAM takes its table-shard locks inside
- * each call, and no tier is called with one held.
+ * each call, and no tier is called with one held (the spill alone runs
+ * under DRAM's evict_lock: engine/internal.h, lock order).
  */
 #include <stdio.h>
 #include <stdlib.h>
