@@ -1,22 +1,29 @@
 /*
  * admin.c — the public ADMIN calls on an engine's SSD tier (kv_ssd_scan,
- * kv_ssd_scrub, kv_ssd_compact, kv_ssd_recover): argument checks, then
- * persist/.
+ * kv_ssd_scrub, kv_ssd_compact, kv_ssd_recover, kv_ssd_remove) and
+ * kv_shard_size: argument checks, then the tier's ops.
  *
- * Key design choice: the engine only forwards; the walks live beside the
- * store they walk (persist/), so that RocksDB's types never leave persist/.
+ * Key design choice: the engine only forwards, through the tier interface
+ * (the tier named "ssd", and its optional admin ops); the walks live beside
+ * the store they walk (persist/), so that RocksDB's types never leave it.
  */
 #include "cluster.h"
-#include "ssd.h"
 #include "store.h"
+
+/* The open tier the kv_ssd_* calls act on; NULL when the pipeline has none. */
+static const struct kv__tier *ssd_tier(kv_engine *e)
+{
+    return kv__store_tier(e, "ssd");
+}
 
 KV__EXPORT int kv_ssd_scan(kv_engine *e, kv_ssd_cb cb, void *ctx)
 {
     if (!e || !cb)
         return KV_EINVAL;
-    if (!e->ssd)
+    const struct kv__tier *t = ssd_tier(e);
+    if (!t || !t->ops->scan)
         return KV_ENOTSUP;
-    return kv__ssd_scan(e->ssd, cb, ctx);
+    return t->ops->scan(t->ctx, cb, ctx);
 }
 
 KV__EXPORT int kv_ssd_scrub(kv_engine *e, int repair, kv_ssd_cb cb, void *ctx,
@@ -28,18 +35,20 @@ KV__EXPORT int kv_ssd_scrub(kv_engine *e, int repair, kv_ssd_cb cb, void *ctx,
         *bad = 0;
     if (!e)
         return KV_EINVAL;
-    if (!e->ssd)
+    const struct kv__tier *t = ssd_tier(e);
+    if (!t || !t->ops->scrub)
         return KV_ENOTSUP;
-    return kv__ssd_scrub(e->ssd, repair != 0, cb, ctx, checked, bad);
+    return t->ops->scrub(t->ctx, repair != 0, cb, ctx, checked, bad);
 }
 
 KV__EXPORT int kv_ssd_compact(kv_engine *e)
 {
     if (!e)
         return KV_EINVAL;
-    if (!e->ssd)
+    const struct kv__tier *t = ssd_tier(e);
+    if (!t || !t->ops->compact)
         return KV_ENOTSUP;
-    return kv__ssd_compact(e->ssd);
+    return t->ops->compact(t->ctx);
 }
 
 KV__EXPORT int kv_ssd_recover(const kv_config *cfg, uint64_t *recovered, char *err,
@@ -49,11 +58,12 @@ KV__EXPORT int kv_ssd_recover(const kv_config *cfg, uint64_t *recovered, char *e
         *recovered = 0;
     if (!cfg)
         return KV_EINVAL;
-    if (!KV_PIPE_HAS_SSD(cfg->pipeline)) {
+    const struct kv__tier_ops *ops = kv__tier_find("ssd");
+    if (!ops || !(cfg->pipeline & ops->pipe) || !ops->recover) {
         kv__errf(err, errlen, "the config has no SSD tier (pipeline dram)");
         return KV_ENOTSUP;
     }
-    return kv__ssd_recover(cfg, recovered, err, errlen);
+    return ops->recover(cfg, recovered, err, errlen);
 }
 
 KV__EXPORT int kv_shard_size(kv_engine *e, const kv_block_id *id, uint32_t index, uint64_t *len)
@@ -71,7 +81,8 @@ KV__EXPORT int kv_ssd_remove(kv_engine *e, const kv_block_id *id)
 {
     if (!e || !id)
         return KV_EINVAL;
-    if (!e->ssd)
+    const struct kv__tier *t = ssd_tier(e);
+    if (!t)
         return KV_ENOTSUP;
-    return kv__ssd_remove(e->ssd, KV_NS_BLOCK, id, UINT32_MAX);
+    return t->ops->remove(t->ctx, KV_NS_BLOCK, id, UINT32_MAX);
 }

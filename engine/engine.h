@@ -2,9 +2,10 @@
  * engine.h — the engine's local store as the other layers see it.
  *
  * The network layer (net/) serves remote requests against the local tiers
- * through these calls; they bypass tasks and placement: they act on this
- * node's DRAM (and SSD) tier only, synchronously, on the calling thread.
- * All are safe from many threads at once.
+ * through these calls (engine/store.c, the node-local store); they bypass
+ * tasks and placement: they act on this node's DRAM tier and the tiers
+ * below it only, synchronously, on the calling thread. All are safe from
+ * many threads at once.
  */
 #ifndef KV_ENGINE_ENGINE_H
 #define KV_ENGINE_ENGINE_H
@@ -26,9 +27,10 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out);
 /* Presence of shard 0 of each block in the local tiers; grants leases. */
 int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
 
-/* Copies one shard in / out of the local tiers (DRAM, falling back to SSD
- * for load). Same results as a one-shard task: KV_OK, KV_ENOTFOUND,
- * KV_ENOSPC, KV_EINVAL (iov total differs from the stored length). */
+/* Copies one shard in / out of the local tiers (DRAM, falling back to the
+ * tiers below for load). Same results as a one-shard task: KV_OK,
+ * KV_ENOTFOUND, KV_ENOSPC, KV_EINVAL (iov total differs from the stored
+ * length). */
 int kv__local_dump(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
                    const kv_iov *iov, uint32_t iovcnt);
 int kv__local_load(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
@@ -37,17 +39,19 @@ int kv__local_load(kv_engine *e, int ns, const kv_block_id *id, uint32_t index,
 /* The stored length of a shard in the local tiers; KV_ENOTFOUND. */
 int kv__local_size(kv_engine *e, int ns, const kv_block_id *id, uint32_t index, uint64_t *len);
 
-/* Calls cb for every shard the DRAM tier holds in ns: its block, index,
+/* Calls cb for every shard this node holds in ns: its block, index,
  * length, and the block's last use (ns since the engine opened; larger is
- * more recent). One table shard at a time under its lock, so cb must be
- * quick and must not call into the engine; nonzero from cb stops the walk.
- * Shards on the SSD tier only are not visited. For re-replication. */
+ * more recent; 0 for a shard held only below DRAM, whose use is not
+ * known). DRAM's shards first, one table shard at a time under its lock,
+ * then each tier's (from its index), so cb must be quick and must not call
+ * into the engine; nonzero from cb stops the walk. For re-replication and
+ * kv_remove_all. */
 typedef int (*kv__scan_cb)(void *arg, const kv_block_id *id, uint32_t index, uint64_t len,
                            uint64_t used);
 int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg);
 
 /* Deletes a plain key's value (ns KV_NS_KEY, index 0) from the local tiers
- * (engine/kv.c): KV_OK, KV_ENOTFOUND when absent, or the SSD tier's error
+ * (every tier): KV_OK, KV_ENOTFOUND when absent, or the error of a tier
  * when it holds the value and cannot delete it (the value then stays).
  * Anything else is KV_EINVAL: blocks leave by eviction only. */
 int kv__local_remove(kv_engine *e, int ns, const kv_block_id *id, uint32_t index);

@@ -20,12 +20,12 @@
  * fails with KV_ENOSPC at once.
  *
  * Victims leave the index under the shard lock and are handed to the sink
- * (the SSD tier in dram|ssd) with no lock held. Their memory counts as used
+ * (the next tier's write-back in dram|ssd) with no lock held. Their memory counts as used
  * until the sink releases it: write-back finishes before DRAM is reused.
  */
 #include <stdlib.h>
 
-#include "store.h"
+#include "dram.h"
 
 #define SAMPLE_BUDGET 64      /* entries looked at per shard per round */
 #define PER_SHARD 8           /* candidates each shard offers per round */
@@ -38,28 +38,28 @@ struct offer {
 
 static void release_victim(struct kv__victim *v)
 {
-    kv_engine *e = v->priv;
+    struct kv__dram *d = v->priv;
     for (uint32_t i = 0; i < v->nshards; i++)
-        kv__dram_free(e, (void *)v->shards[i].data, v->shards[i].len);
+        kv__dram_free(d, (void *)v->shards[i].data, v->shards[i].len);
     free(v);
 }
 
 /* Turns an unlinked entry into a victim and hands it to the sink (or frees
  * it when there is no sink, or no memory to describe it). Returns the
  * bytes it will free. */
-static uint64_t hand_off(kv_engine *e, int ns, struct kv__blk *b)
+static uint64_t hand_off(struct kv__dram *d, int ns, struct kv__blk *b)
 {
     uint64_t bytes = 0;
     struct kv__sref *r = kv__blk_srefs(b);
     for (uint32_t i = 0; i < b->nshards; i++)
-        bytes += kv__alloc_size(e->alloc, r[i].len);
-    atomic_fetch_add(&e->ct.evictions, 1);
+        bytes += kv__alloc_size(d->alloc, r[i].len);
+    atomic_fetch_add(&d->evictions, 1);
 
     struct kv__victim *v = NULL;
-    if (e->sink.accept)
+    if (d->sink.accept)
         v = malloc(sizeof *v + b->nshards * sizeof *v->shards);
     if (!v) {
-        kv__dram_free_blk(e, b);
+        kv__dram_free_blk(d, b);
         return bytes;
     }
     v->ns = ns;
@@ -68,11 +68,11 @@ static uint64_t hand_off(kv_engine *e, int ns, struct kv__blk *b)
     v->nshards = b->nshards;
     v->shards = (struct kv__victim_shard *)(v + 1);
     for (uint32_t i = 0; i < b->nshards; i++)
-        v->shards[i] = (struct kv__victim_shard){ r[i].index, r[i].len, kv__seg_ptr(e, r[i].off64) };
+        v->shards[i] = (struct kv__victim_shard){ r[i].index, r[i].len, kv__seg_ptr(d, r[i].off64) };
     v->release = release_victim;
-    v->priv = e;
+    v->priv = d;
     kv__blk_free(b);               /* the victim now describes the values */
-    e->sink.accept(e->sink.ctx, v);
+    d->sink.accept(d->sink.ctx, v);
     return bytes;
 }
 
@@ -83,12 +83,12 @@ static int by_stamp(const void *a, const void *b)
 }
 
 /* Collects every shard's offers; returns how many. */
-static size_t sample_all(kv_engine *e, uint64_t now, struct offer *o)
+static size_t sample_all(struct kv__dram *d, uint64_t now, struct offer *o)
 {
     size_t n = 0;
     struct kv__cand c[PER_SHARD];
     for (int ns = 0; ns < KV_NS_COUNT; ns++) {
-        struct kv__table *t = &e->tab[ns];
+        struct kv__table *t = &d->tab[ns];
         for (uint32_t i = 0; i < t->n; i++) {
             struct kv__tshard *ts = &t->sh[i];
             pthread_mutex_lock(&ts->lock);
@@ -102,57 +102,52 @@ static size_t sample_all(kv_engine *e, uint64_t now, struct offer *o)
 }
 
 /* Evicts one offered block if it is still as sampled; returns its bytes. */
-static uint64_t take(kv_engine *e, const struct offer *o)
+static uint64_t take(struct kv__dram *d, const struct offer *o)
 {
-    struct kv__tshard *ts = kv__table_shard(&e->tab[o->ns], o->c.hash);
-    pthread_mutex_lock(&ts->lock);
-    struct kv__blk *b = kv__blk_find(ts, o->c.hash, &o->c.id);
-    if (!b || b->pins || b->stamp != o->c.stamp) {
-        pthread_mutex_unlock(&ts->lock);
-        return 0;                           /* gone, in use, or used since */
-    }
-    kv__blk_unlink(ts, o->c.hash, b);
-    pthread_mutex_unlock(&ts->lock);
-    return hand_off(e, o->ns, b);
+    struct kv__at a = kv__dram_lock_find(d, o->ns, &o->c.id, KV__ANY_SHARD, o->c.hash);
+    struct kv__blk *b = a.b;
+    bool ok = b && !b->pins && b->stamp == o->c.stamp;   /* else gone, in use, or used since */
+    if (ok)
+        kv__blk_unlink(a.ts, a.h, b);
+    kv__dram_unlock(&a);
+    return ok ? hand_off(d, o->ns, b) : 0;
 }
 
-uint64_t kv__evict(kv_engine *e, uint64_t want)
+uint64_t kv__evict(struct kv__dram *d, uint64_t want)
 {
-    if (!e->has_dram)
-        return 0;
-    size_t max = (size_t)(e->tab[0].n + e->tab[1].n) * PER_SHARD;
+    size_t max = (size_t)(d->tab[0].n + d->tab[1].n) * PER_SHARD;
     struct offer *o = malloc(max * sizeof *o);
     if (!o)
         return 0;
     uint64_t freed = 0;
-    pthread_mutex_lock(&e->evict_lock);
+    pthread_mutex_lock(&d->evict_lock);
     for (int idle = 0; freed < want && idle < IDLE_ROUNDS;) {
-        size_t n = sample_all(e, kv__engine_now(e), o);
+        size_t n = sample_all(d, kv__dram_now(d), o);
         if (n == 0)
             break;                              /* all leased or pinned */
         qsort(o, n, sizeof *o, by_stamp);
         uint64_t round = 0;
         for (size_t i = 0; i < (n + 3) / 4 && freed + round < want; i++)
-            round += take(e, &o[i]);
+            round += take(d, &o[i]);
         freed += round;
         idle = round ? 0 : idle + 1;
     }
-    pthread_mutex_unlock(&e->evict_lock);
+    pthread_mutex_unlock(&d->evict_lock);
     free(o);
     return freed;
 }
 
-void kv__evict_maybe(kv_engine *e)
+void kv__evict_maybe(struct kv__dram *d)
 {
-    if (atomic_load(&e->used) <= e->high_wm)
+    if (atomic_load(&d->used) <= d->high_wm)
         return;
-    if (pthread_mutex_trylock(&e->evict_lock) != 0)
+    if (pthread_mutex_trylock(&d->evict_lock) != 0)
         return;                                 /* someone is on it */
-    pthread_mutex_unlock(&e->evict_lock);
+    pthread_mutex_unlock(&d->evict_lock);
     /* Free ratio x capacity (eviction.ratio), as Mooncake's master does.
      * Memory still being written back counts as freed already: evicting
      * for it again while the writer is behind would empty the cache. */
-    uint64_t used = atomic_load(&e->used), held = kv__in_flight(e);
-    if (used > held && used - held > e->high_wm)
-        kv__evict(e, e->evict_step);
+    uint64_t used = atomic_load(&d->used), held = kv__dram_in_flight(d);
+    if (used > held && used - held > d->high_wm)
+        kv__evict(d, d->evict_step);
 }

@@ -15,7 +15,14 @@
  *   once (the evictor too takes them one at a time).
  * - Eviction runs on the thread that needs room, under evict_lock; it takes
  *   table-shard locks one at a time and hands victims to the sink with no
- *   lock held. A thread holding a table-shard lock never evicts.
+ *   table-shard lock held. A thread holding a table-shard lock never
+ *   evicts. The sink is the next tier's: the SSD tier's only queues the
+ *   victim (its own qmu), a tier without a sink of its own is written to
+ *   under evict_lock (engine/store.c, spill_accept), so evict_lock comes
+ *   before any lock of a tier below.
+ * - The node-local store (store.c) has no lock of its own: DRAM's calls
+ *   (dram.c) take and drop their table-shard lock inside, and the tiers
+ *   below are called with no engine lock held.
  * - Values are freed to the allocator with no table-shard lock held.
  * - A task stripe lock is never held while taking any other lock except a
  *   task's own mutex.

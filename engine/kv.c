@@ -1,13 +1,14 @@
 /*
  * kv.c — plain keys: put / get / exists / remove.
  *
- * Plain keys live in the engine's second table (KV_NS_KEY), so they share
- * the segment, eviction and the SSD tier with block shards but can never
- * collide with a block id. A key is indexed by its 128-bit XXH3 hash, and
+ * Plain keys live in their own namespace (KV_NS_KEY), so they share the
+ * DRAM segment, eviction and the tiers below with block shards but can
+ * never collide with a block id. A key is indexed by its 128-bit XXH3 hash, and
  * the stored value carries the key itself ([klen][key][value]) so that a
  * read checks it: a hash collision reads as a miss, never as another key's
- * value. Unlike a dump, a put replaces: the old entry is unlinked, and freed
- * at once or, while a reader has it pinned, by that reader's unpin.
+ * value. Unlike a dump, a put replaces: engine/store.c drops the older copy
+ * from every tier (kv__store_put; a DRAM entry a reader has pinned is freed
+ * by that reader's unpin).
  *
  * In a cluster, plain keys are placed on owners like blocks (net/cluster.h
  * says what a replace means across replicas): a put is a dump that
@@ -20,7 +21,6 @@
 
 #include "cluster.h"
 #include "serve.h"
-#include "ssd.h"
 #include "store.h"
 
 static int check_key(kv_engine *e, const void *key, size_t klen)
@@ -60,29 +60,6 @@ static int copy_value(const uint8_t *stored, uint64_t slen, const void *key, siz
     return KV_OK;
 }
 
-/* Unlinks the key's DRAM entry, if any. Returns true when there was one. */
-static bool dram_unlink(kv_engine *e, const kv_block_id *id)
-{
-    if (!e->has_dram)
-        return false;
-    uint64_t h = kv__id_hash(id);
-    struct kv__tshard *ts = kv__table_shard(&e->tab[KV_NS_KEY], h);
-    pthread_mutex_lock(&ts->lock);
-    struct kv__blk *b = kv__blk_find(ts, h, id);
-    bool free_now = false;
-    if (b) {
-        kv__blk_unlink(ts, h, b);
-        if (b->pins)
-            b->pins |= KV_BLK_DEAD;          /* the last reader frees it */
-        else
-            free_now = true;
-    }
-    pthread_mutex_unlock(&ts->lock);
-    if (free_now)
-        kv__dram_free_blk(e, b);
-    return b != NULL;
-}
-
 /* ---- this node's tiers ---------------------------------------------------- */
 
 /* The stored form of a put: [klen][key][value] (see the top of this file). */
@@ -105,54 +82,8 @@ static int make_rec(kv_engine *e, const void *key, size_t klen, const void *val,
     return KV_OK;
 }
 
-static int local_put(kv_engine *e, const struct rec *r)
-{
-    uint64_t len = kv__iov_len(r->iov, 3);
-    void *p = NULL;
-    int rc;
-    if (e->has_dram) {
-        rc = kv__dram_alloc(e, len, &p);
-        if (rc != KV_OK)
-            return rc;
-        kv__iov_gather(p, r->iov, 3);
-    }
-    /* Replace: no older copy may survive in either tier. An SSD copy that
-     * cannot be deleted (a full disk under RocksDB's WAL) fails the put: it
-     * would come back after a restart, older than a value acknowledged. */
-    rc = kv__local_remove(e, KV_NS_KEY, &r->id, 0);
-    if (rc != KV_OK && rc != KV_ENOTFOUND) {
-        if (p)
-            kv__dram_free(e, p, len);
-        return rc;
-    }
-    rc = KV_OK;
-    if (p) {
-        rc = kv__dram_insert(e, KV_NS_KEY, &r->id, 0, p, (uint32_t)len);
-        if (rc != KV_OK)
-            return rc;
-    }
-    if (e->ssd && (!e->has_dram || e->cfg.ssd.write_through))
-        rc = kv__ssd_write(e->ssd, KV_NS_KEY, &r->id, 0, r->iov, 3);
-    return rc;
-}
-
-int kv__local_remove(kv_engine *e, int ns, const kv_block_id *id, uint32_t index)
-{
-    if (!e || !id || ns != KV_NS_KEY || index != 0)
-        return KV_EINVAL;
-    bool found = dram_unlink(e, id);
-    if (e->ssd) {
-        int rc = kv__ssd_remove(e->ssd, KV_NS_KEY, id, 0);
-        if (rc == KV_OK)
-            found = true;
-        else if (rc != KV_ENOTFOUND)
-            return rc;
-    }
-    return found ? KV_OK : KV_ENOTFOUND;
-}
-
-/* The stored record of id from the SSD tier, or from its owners in a
- * cluster, in *out (malloc'd, *len bytes); KV_ENOTFOUND. */
+/* The stored record of id from the tiers below DRAM, or from its owners in
+ * a cluster, in *out (malloc'd, *len bytes); KV_ENOTFOUND. */
 static int fetch_rec(kv_engine *e, const kv_block_id *id, uint8_t **out, uint64_t *len)
 {
     *out = NULL;
@@ -160,7 +91,7 @@ static int fetch_rec(kv_engine *e, const kv_block_id *id, uint8_t **out, uint64_
         int rc = KV_OK;
         if (e->cluster)
             rc = kv__cluster_size(e->cluster, KV_NS_KEY, id, 0, len);
-        else if (!e->ssd || kv__ssd_size(e->ssd, KV_NS_KEY, id, 0, len) != KV_OK)
+        else if (kv__store_below_size(e, KV_NS_KEY, id, 0, len) != KV_OK)
             rc = KV_ENOTFOUND;
         if (rc != KV_OK)
             return rc;
@@ -174,7 +105,7 @@ static int fetch_rec(kv_engine *e, const kv_block_id *id, uint8_t **out, uint64_
             rc = kv__cluster_load(e->cluster, KV_NS_KEY, &sh, 1, &res);
             rc = rc != KV_OK ? rc : res;
         } else {
-            rc = kv__ssd_read(e->ssd, KV_NS_KEY, id, 0, &iov, 1);
+            rc = kv__store_below_read(e, KV_NS_KEY, id, 0, &iov, 1);
         }
         if (rc == KV_OK) {
             *out = tmp;
@@ -230,7 +161,7 @@ static int exists_one(kv_engine *e, const void *key, size_t klen)
         kv__local_unpin(e, &pin);
         return same;
     }
-    return e->ssd && kv__ssd_contains(e->ssd, KV_NS_KEY, &id, 0);
+    return kv__store_below_contains(e, KV_NS_KEY, &id, 0);
 }
 
 /* ---- the public calls ------------------------------------------------------ */
@@ -242,7 +173,7 @@ KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *va
     if (rc != KV_OK)
         return rc;
     if (!e->cluster)
-        return local_put(e, &r);
+        return kv__store_put(e, KV_NS_KEY, &r.id, r.iov, 3);
     kv_shard sh = { r.id, 0, r.iov, 3 };
     int res;
     rc = kv__cluster_put(e->cluster, KV_NS_KEY, &sh, 1, &res);
@@ -326,7 +257,7 @@ KV__EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *re
         if (results[i] != KV_OK)
             continue;
         if (!e->cluster) {
-            results[i] = local_put(e, &r[i]);
+            results[i] = kv__store_put(e, KV_NS_KEY, &r[i].id, r[i].iov, 3);
             continue;
         }
         sh[m] = (kv_shard){ r[i].id, 0, r[i].iov, 3 };

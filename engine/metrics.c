@@ -183,7 +183,7 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
      * there) or missed everywhere. An SSD miss is one that missed there too. */
     tiers(&b, "misses_total", "counter",
           "Shard reads each tier could not serve (an SSD miss is a miss everywhere).",
-          s.hits_ssd + s.misses, e->ssd ? s.misses : 0);
+          s.hits_ssd + s.misses, kv__store_depth(e) ? s.misses : 0);
     one(&b, "plain_keys", "gauge", "Plain keys stored in DRAM.", s.keys);
     one(&b, "evictions_total", "counter", "Blocks evicted from DRAM.", s.evictions);
     one(&b, "spills_total", "counter", "Evicted blocks written to the SSD tier.", s.spills);

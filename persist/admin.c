@@ -1,11 +1,11 @@
 /*
  * admin.c — the SSD tier's maintenance walks: list (scan) and verify every
- * checksum (scrub), for kvctl ssd ls | scrub (compact is rocks.c's).
+ * checksum (scrub), for kvctl ssd ls | scrub (compact is ssd.c's).
  *
  * Key design choice: every walk works from a snapshot of the in-memory key
  * index, never from a RocksDB iterator: a scrub through one would hold a
  * snapshot of the whole database for its duration. A scrub reads the values
- * one at a time through rocks.c's kv__ssd_fetch (the same checks a load
+ * one at a time through ssd.c's kv__ssd_fetch (the same checks a load
  * makes: record header, key, length, XXH3), so the engine keeps serving
  * (and may delete or evict under it: a value gone by the time it is read is
  * simply skipped, unless the index still says it is stored there).

@@ -1,10 +1,13 @@
 /*
- * ssd.h — the SSD tier as the engine sees it.
+ * ssd.h — the SSD tier (persist/ssd.c and the files of persist/).
  *
- * The engine (engine/engine.c) calls only these functions; everything about
- * RocksDB stays behind them, in persist/. Keys are (namespace, block id,
- * shard index); plain keys reach here as their 16-byte hash with KV_NS_KEY
- * (their value carries the key itself, which the engine checks).
+ * The engine reaches it only through its ops table, kv__ssd_tier (ssd.c,
+ * the interface of engine/tier.h, registered in engine/tier.c); the kv__ssd_*
+ * calls below are what that table wraps, and what the tests, tools and
+ * benchmarks call by name. Everything about RocksDB stays behind them.
+ * Keys are (namespace, block id, shard index); plain keys reach here as
+ * their 16-byte hash with KV_NS_KEY (their value carries the key itself,
+ * which the engine checks).
  *
  * Threading: every function may be called from many threads at once.
  */
@@ -21,7 +24,7 @@ struct kv__ssd;
 /* Opens (creating if needed) the store at cfg->ssd.path and rebuilds the
  * in-memory key index from a scan of the pointers, re-indexing what the
  * value log holds beyond them; RocksDB files that are missing or cannot be
- * opened are set aside and the index rebuilt from the log (rocks.c,
+ * opened are set aside and the index rebuilt from the log (ssd.c,
  * open_db). KV_EBUSY when another engine (in this or another process)
  * holds the path; KV_ENOSPC on a full file system; KV_EIO with a message
  * naming the cause for a path that cannot be created. *out is NULL on

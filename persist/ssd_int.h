@@ -1,6 +1,6 @@
 /*
  * ssd_int.h — what the files of persist/ share: the tier's state, the
- * in-memory key index (index.c), the store (rocks.c), the value log
+ * in-memory key index (index.c), the store (ssd.c), the value log
  * (vlog.c) and the spill queue (spill.c). Only persist/ includes this header, and only persist/ sees
  * RocksDB's types.
  *
@@ -21,7 +21,7 @@
  * - gc_mu serialises capacity GC (which writes deletions to RocksDB).
  * - dblk (a writer-preferring rwlock) is read-held around every call that
  *   uses the RocksDB handle, and write-held only to close and reopen it
- *   after RocksDB stopped on a full disk (see recover() in rocks.c). Never
+ *   after RocksDB stopped on a full disk (see recover() in ssd.c). Never
  *   read-held twice by one thread (a waiting writer would deadlock it), and
  *   never held while taking qmu or gc_mu.
  * - amu and lk (vlog.c) are held for an offset bump, a table lookup or
@@ -297,7 +297,7 @@ struct kv__ssd {
     pthread_t writer;
 };
 
-/* rocks.c, for spill.c and admin.c (only rocks.c touches s->db) */
+/* ssd.c, for spill.c and admin.c (only ssd.c touches s->db) */
 uint64_t kv__ssd_token(struct kv__ssd *s);
 
 /* One value to store, for kv__ssd_put: the caller holds its claim. */
@@ -338,7 +338,7 @@ bool kv__ssd_drop_bad(struct kv__ssd *s, const struct kv__sent *e, const char *w
  * checks the disk has room for 'disk' bytes; KV_OK or KV_ENOSPC. */
 int  kv__ssd_make_room(struct kv__ssd *s, uint64_t extra, uint64_t disk);
 
-/* spill.c, for rocks.c */
+/* spill.c, for ssd.c */
 int  kv__spill_start(struct kv__ssd *s);
 void kv__spill_stop(struct kv__ssd *s);
 /* Copies a queued victim's shard into iov: KV_OK, or KV_ENOTFOUND when it

@@ -1,6 +1,6 @@
 /*
  * vlog.c — the SSD tier's value log: where the bytes of every stored value
- * live. RocksDB (rocks.c) keeps only a 40-byte pointer per value.
+ * live. RocksDB (ssd.c) keeps only a 40-byte pointer per value.
  *
  * Key design choice: values are appended to large files (ssd.path/vlog/
  * NNNNNNNN.vlog, a new one every tune.vlog_file_size bytes) with one
@@ -24,7 +24,7 @@
  * Records of 32 KiB or more start and end on a 4 KiB boundary, so deleting
  * one punches a hole (fallocate PUNCH_HOLE) that gives all of its space
  * back at once; smaller ones are 16-byte aligned and their space comes back
- * when their file dies or is compacted (rocks.c, compact_file). A file
+ * when their file dies or is compacted (ssd.c, compact_file). A file
  * whose live bytes drop to zero is unlinked (never one being appended to).
  * The header makes every record self-describing: a read checks magic,
  * key and length before the checksum, so a pointer to the wrong place is

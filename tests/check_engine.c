@@ -1,5 +1,8 @@
 /*
- * check_engine.c — the store semantics of DESIGN.md, one test each.
+ * check_engine.c — the store semantics of DESIGN.md, one test each; and
+ * the node-local store's tier policy (write-through, promotion, spill,
+ * replace) proved against a heap tier that reaches it through the tier
+ * interface alone (engine/tier.h), as a new tier would.
  */
 #include <fcntl.h>
 #include <pthread.h>
@@ -8,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "store.h"
 #include "testutil.h"
 
 #define DRAM_ONLY "pipeline: dram\ndram: { capacity: 64MiB, shards: 4 }\nio: { threads: 2 }\n"
@@ -433,6 +437,283 @@ START_TEST(debug_lines_follow_the_seed_shape)
 }
 END_TEST
 
+
+/* ---- a heap tier, through engine/tier.h only ---------------------------- */
+
+struct ment {
+    int ns;
+    kv_block_id id;
+    uint32_t index;
+    uint64_t len;
+    uint8_t *data;
+};
+
+/* One per test process (Check forks each test). */
+static struct {
+    pthread_mutex_t mu;
+    struct ment ent[256];
+    size_t n;
+    unsigned writes, reads, removes;
+    int remove_rc;                 /* nonzero: remove fails with it */
+    bool write_through, promote;
+} mt = { .mu = PTHREAD_MUTEX_INITIALIZER };
+
+/* The entry for (ns, id, index), or NULL; mt.mu held. */
+static struct ment *mt_find(int ns, const kv_block_id *id, uint32_t index)
+{
+    for (size_t i = 0; i < mt.n; i++)
+        if (mt.ent[i].ns == ns && mt.ent[i].index == index &&
+            memcmp(&mt.ent[i].id, id, sizeof *id) == 0)
+            return &mt.ent[i];
+    return NULL;
+}
+
+static int mt_open(const struct kv_config *cfg, struct kv__tier *t, char *err, size_t errlen)
+{
+    t->ctx = &mt;
+    t->write_through = mt.write_through;
+    t->promote = mt.promote;
+    return KV_OK;
+}
+
+static void mt_close(void *c)
+{
+    for (size_t i = 0; i < mt.n; i++)
+        free(mt.ent[i].data);
+    mt.n = 0;
+}
+
+static bool mt_contains(void *c, int ns, const kv_block_id *id, uint32_t x)
+{
+    pthread_mutex_lock(&mt.mu);
+    bool hit = mt_find(ns, id, x) != NULL;
+    pthread_mutex_unlock(&mt.mu);
+    return hit;
+}
+
+static int mt_size(void *c, int ns, const kv_block_id *id, uint32_t x, uint64_t *len)
+{
+    pthread_mutex_lock(&mt.mu);
+    struct ment *m = mt_find(ns, id, x);
+    if (m)
+        *len = m->len;
+    pthread_mutex_unlock(&mt.mu);
+    return m ? KV_OK : KV_ENOTFOUND;
+}
+
+static int mt_read(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *iov,
+                   uint32_t n)
+{
+    pthread_mutex_lock(&mt.mu);
+    struct ment *m = mt_find(ns, id, x);
+    int rc = !m ? KV_ENOTFOUND : m->len != kv__iov_len(iov, n) ? KV_EINVAL : KV_OK;
+    if (rc == KV_OK) {
+        kv__iov_scatter(iov, n, m->data);
+        mt.reads++;
+    }
+    pthread_mutex_unlock(&mt.mu);
+    return rc;
+}
+
+static int mt_write(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *iov,
+                    uint32_t n)
+{
+    pthread_mutex_lock(&mt.mu);
+    int rc = KV_OK;
+    if (!mt_find(ns, id, x)) {
+        uint64_t len = kv__iov_len(iov, n);
+        struct ment *m = &mt.ent[mt.n];
+        if (mt.n == KV__ARRAY_LEN(mt.ent) || !(m->data = malloc(len ? len : 1))) {
+            rc = KV_ENOSPC;
+        } else {
+            *m = (struct ment){ ns, *id, x, len, m->data };
+            kv__iov_gather(m->data, iov, n);
+            mt.n++;
+            mt.writes++;
+        }
+    }
+    pthread_mutex_unlock(&mt.mu);
+    return rc;
+}
+
+static int mt_remove(void *c, int ns, const kv_block_id *id, uint32_t x)
+{
+    pthread_mutex_lock(&mt.mu);
+    struct ment *m = mt_find(ns, id, x);
+    int rc = !m ? KV_ENOTFOUND : mt.remove_rc ? mt.remove_rc : KV_OK;
+    if (rc == KV_OK) {
+        free(m->data);
+        *m = mt.ent[--mt.n];
+        mt.removes++;
+    }
+    pthread_mutex_unlock(&mt.mu);
+    return rc;
+}
+
+static size_t mt_block_shards(void *c, int ns, const kv_block_id *id, uint32_t *idx, size_t cap)
+{
+    size_t k = 0;
+    pthread_mutex_lock(&mt.mu);
+    for (size_t i = 0; i < mt.n; i++)
+        if (mt.ent[i].ns == ns && memcmp(&mt.ent[i].id, id, sizeof *id) == 0 && k++ < cap)
+            idx[k - 1] = mt.ent[i].index;
+    pthread_mutex_unlock(&mt.mu);
+    return k;
+}
+
+/* The heap tier has no figures of its own to add. */
+static void mt_stats(void *c, kv_stats *out) {}
+
+/* No sink and no write_many: the store must spill and batch through write. */
+static const struct kv__tier_ops mem_tier = {
+    .name = "mem", .open = mt_open, .close = mt_close, .contains = mt_contains,
+    .size = mt_size, .read = mt_read, .write = mt_write, .remove = mt_remove,
+    .block_shards = mt_block_shards, .stats = mt_stats,
+};
+
+/* A DRAM engine with the heap tier attached below DRAM. */
+static kv_engine *open_tiered(const char *dram, bool write_through, bool promote)
+{
+    mt.writes = mt.reads = mt.removes = 0;
+    mt.remove_rc = 0;
+    mt.write_through = write_through;
+    mt.promote = promote;
+    kv_engine *e = tu_open_yamlf("pipeline: dram\ndram: { capacity: %s, shards: 4 }\n"
+                                 "io: { threads: 2 }\n", dram);
+    char err[256] = "";
+    ck_assert_msg(kv__store_attach(e, &mem_tier, err, sizeof err) == KV_OK, "attach: %s", err);
+    ck_assert_uint_eq(kv__store_depth(e), 1);
+    ck_assert_ptr_eq(kv__store_tier(e, "mem")->ops, &mem_tier);
+    return e;
+}
+
+START_TEST(the_tier_table_names_the_ssd_tier)
+{
+    ck_assert_ptr_eq(kv__tier_find("ssd"), &kv__ssd_tier);
+    ck_assert_ptr_eq(kv__tier_at(0), &kv__ssd_tier);
+    ck_assert_ptr_null(kv__tier_find("mem"));
+    /* A DRAM-only pipeline opens no tier: the kv_ssd_* calls have none. */
+    kv_engine *e = open_dram();
+    ck_assert_uint_eq(kv__store_depth(e), 0);
+    ck_assert_int_eq(kv_ssd_compact(e), KV_ENOTSUP);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(a_dump_writes_through_only_when_the_tier_asks)
+{
+    uint8_t buf[3000], out[3000];
+    tu_fill(buf, sizeof buf, 7);
+    for (int wt = 0; wt < 2; wt++) {
+        kv_engine *e = open_tiered("16MiB", wt, false);
+        kv_block_id id = tu_id(1, 80);
+        ck_assert_int_eq(tu_dump1(e, id, 0, buf, sizeof buf), KV_OK);
+        ck_assert_uint_eq(mt.writes, (unsigned)wt);
+        ck_assert_int_eq(mt_contains(NULL, KV_NS_BLOCK, &id, 0), wt);
+        /* A shard held anywhere is never rewritten. */
+        ck_assert_int_eq(tu_dump1(e, id, 0, buf, sizeof buf), KV_OK);
+        ck_assert_uint_eq(mt.writes, (unsigned)wt);
+        ck_assert_int_eq(tu_load1(e, id, 0, out, sizeof out), KV_OK);
+        ck_assert_mem_eq(out, buf, sizeof buf);
+        kv_close(e);
+    }
+}
+END_TEST
+
+START_TEST(a_read_served_below_is_promoted_only_when_the_tier_asks)
+{
+    uint8_t buf[5000], out[5000];
+    tu_fill(buf, sizeof buf, 8);
+    for (int pr = 0; pr < 2; pr++) {
+        kv_engine *e = open_tiered("16MiB", false, pr);
+        kv_block_id id = tu_id(2, 80);
+        kv_iov iov = { buf, sizeof buf };
+        ck_assert_int_eq(mt_write(NULL, KV_NS_BLOCK, &id, 3, &iov, 1), KV_OK);
+        uint8_t hit = 0;
+        ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+        ck_assert_int_eq(hit, 0);                 /* lookup is shard 0 */
+        memset(out, 0, sizeof out);
+        ck_assert_int_eq(tu_load1(e, id, 3, out, sizeof out), KV_OK);
+        ck_assert_mem_eq(out, buf, sizeof buf);
+        kv_stats st;
+        ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+        ck_assert_uint_eq(st.hits_ssd, 1);
+        ck_assert_uint_eq(st.hits_dram, 0);
+        ck_assert_uint_eq(st.promotions, (unsigned)pr);
+        ck_assert_uint_eq(st.dram_shards, (unsigned)pr);
+        /* The second read comes from DRAM only if it was promoted. */
+        ck_assert_int_eq(tu_load1(e, id, 3, out, sizeof out), KV_OK);
+        ck_assert_uint_eq(mt.reads, (pr ? 1u : 2u));
+        /* Prefetch stages what the tier holds into DRAM (shard 4 too). */
+        ck_assert_int_eq(mt_write(NULL, KV_NS_BLOCK, &id, 4, &iov, 1), KV_OK);
+        ck_assert_int_eq(kv_prefetch(e, &id, 1), KV_OK);
+        for (int i = 0; i < 200 && (kv_stats_get(e, &st), st.dram_shards < 2); i++)
+            usleep(5000);
+        ck_assert_uint_eq(st.dram_shards, 2);
+        kv_close(e);
+    }
+}
+END_TEST
+
+START_TEST(dram_victims_spill_into_the_tier_below)
+{
+    /* 24 blocks of 512 KiB into 4 MiB of DRAM: most are evicted, and each
+     * victim must land in the tier (through its write op: it has no sink). */
+    enum { N = 24, LEN = 512 << 10 };
+    kv_engine *e = open_tiered("4MiB", false, false);
+    uint8_t *buf = malloc(LEN), *out = malloc(LEN);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_ptr_nonnull(out);
+    for (uint64_t i = 0; i < N; i++) {
+        tu_fill(buf, LEN, 100 + i);
+        ck_assert_int_eq(tu_dump1(e, tu_id(i, 81), 0, buf, LEN), KV_OK);
+    }
+    kv_stats st;
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    ck_assert_uint_gt(st.evictions, N / 2);
+    ck_assert_uint_eq(mt.writes, st.evictions);
+    for (uint64_t i = 0; i < N; i++) {
+        tu_fill(buf, LEN, 100 + i);
+        memset(out, 0, LEN);
+        ck_assert_int_eq(tu_load1(e, tu_id(i, 81), 0, out, LEN), KV_OK);
+        ck_assert_mem_eq(out, buf, LEN);
+    }
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    ck_assert_uint_eq(st.misses, 0);
+    ck_assert_uint_gt(st.hits_ssd, 0);
+    kv_close(e);
+    free(buf);
+    free(out);
+}
+END_TEST
+
+START_TEST(a_put_fails_when_a_tier_cannot_drop_the_older_copy)
+{
+    kv_engine *e = open_tiered("16MiB", true, false);
+    char v[16];
+    size_t vl = 0;
+    ck_assert_int_eq(kv_put(e, "k", 1, "old", 3), KV_OK);
+    ck_assert_uint_eq(mt.writes, 1);              /* written through */
+    mt.remove_rc = KV_ENOSPC;
+    ck_assert_int_eq(kv_put(e, "k", 1, "newer", 5), KV_ENOSPC);
+    /* Not acknowledged, so nothing newer is visible: the old value is what
+     * a read (and a restart) finds. */
+    ck_assert_int_eq(kv_get(e, "k", 1, v, sizeof v, &vl), KV_OK);
+    ck_assert_uint_eq(vl, 3);
+    ck_assert_mem_eq(v, "old", 3);
+    mt.remove_rc = 0;
+    ck_assert_int_eq(kv_put(e, "k", 1, "newer", 5), KV_OK);
+    ck_assert_int_eq(kv_get(e, "k", 1, v, sizeof v, &vl), KV_OK);
+    ck_assert_uint_eq(vl, 5);
+    ck_assert_mem_eq(v, "newer", 5);
+    ck_assert_uint_eq(mt.n, 1);                   /* one copy below, the new one */
+    ck_assert_int_eq(kv_remove(e, "k", 1), KV_OK);
+    ck_assert_uint_eq(mt.n, 0);
+    ck_assert_int_eq(kv_exists(e, "k", 1), 0);
+    kv_close(e);
+}
+END_TEST
+
 Suite *engine_suite(void)
 {
     Suite *s = suite_create("engine");
@@ -456,6 +737,14 @@ Suite *engine_suite(void)
     tcase_add_test(tc, close_finishes_tasks_in_flight);
     tcase_add_test(tc, stats_count_what_is_stored);
     tcase_add_test(tc, debug_lines_follow_the_seed_shape);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("tiers");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, the_tier_table_names_the_ssd_tier);
+    tcase_add_test(tc, a_dump_writes_through_only_when_the_tier_asks);
+    tcase_add_test(tc, a_read_served_below_is_promoted_only_when_the_tier_asks);
+    tcase_add_test(tc, dram_victims_spill_into_the_tier_below);
+    tcase_add_test(tc, a_put_fails_when_a_tier_cannot_drop_the_older_copy);
     suite_add_tcase(s, tc);
     return s;
 }

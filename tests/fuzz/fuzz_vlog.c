@@ -5,7 +5,7 @@
  * Each input is the contents of a value-log file. It is written as
  * ssd.path/vlog/00000001.vlog of a fresh store that has no RocksDB files,
  * so kv_open (pipeline ssd) must rebuild the index from the log alone
- * (persist/rocks.c, open_db; persist/vlog.c, kv__vlog_settle). Then:
+ * (persist/ssd.c, open_db; persist/vlog.c, kv__vlog_settle). Then:
  *   - what the tier lists (kv_ssd_scan) must be exactly the keys of the
  *     intact live records this harness finds with its own reading of the
  *     format (rec_walk below, written from vlog.c's header comment), each

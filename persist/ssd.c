@@ -1,7 +1,8 @@
 /*
- * rocks.c — the SSD tier's block store: values in the value log (vlog.c),
- * a 40-byte pointer per value in RocksDB (C API); open and recovery,
- * read/write/remove, capacity GC, stats.
+ * ssd.c — the SSD tier: its block store (values in the value log, vlog.c,
+ * a 40-byte pointer per value in RocksDB, C API), open and recovery,
+ * read/write/remove, capacity GC, stats, and the ops table through which
+ * the engine's store uses it (kv__ssd_tier, engine/tier.h).
  *
  * Key design choice: RocksDB holds only where each value is (key: ns, id,
  * big-endian shard index; value: length, stored length, loc, coldness
@@ -63,6 +64,7 @@
 #include <unistd.h>
 
 #include "ssd_int.h"
+#include "tier.h"
 
 #define PTR_LEN 40
 #define PTR_MAGIC 0x3150564bu    /* "KVP1" little-endian */
@@ -1531,3 +1533,58 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out)
     out->queued_bytes = s->qbytes;
     pthread_mutex_unlock(&s->qmu);
 }
+
+/* ---- the tier interface (engine/tier.h) ----------------------------------
+ * The kv__ssd_* calls as the store's ops table; the tests, tools and
+ * benchmarks keep calling them by name. */
+
+static int t_open(const struct kv_config *cfg, struct kv__tier *t, char *err, size_t errlen)
+{
+    struct kv__ssd *s;
+    int rc = kv__ssd_open(cfg, &s, err, errlen);
+    t->ctx = s;
+    t->write_through = cfg->ssd.write_through;
+    t->promote = cfg->ssd.promote;
+    return rc;
+}
+static void t_close(void *c) { kv__ssd_close(c); }
+static bool t_contains(void *c, int ns, const kv_block_id *id, uint32_t x)
+{ return kv__ssd_contains(c, ns, id, x); }
+static int t_size(void *c, int ns, const kv_block_id *id, uint32_t x, uint64_t *len)
+{ return kv__ssd_size(c, ns, id, x, len); }
+static int t_read(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *v, uint32_t n)
+{ return kv__ssd_read(c, ns, id, x, v, n); }
+static int t_write(void *c, int ns, const kv_block_id *id, uint32_t x, const kv_iov *v, uint32_t n)
+{ return kv__ssd_write(c, ns, id, x, v, n); }
+static int t_write_many(void *c, int ns, const kv_shard *sh, size_t n, int *results)
+{ return kv__ssd_write_many(c, ns, sh, n, results); }
+static int t_remove(void *c, int ns, const kv_block_id *id, uint32_t x)
+{ return kv__ssd_remove(c, ns, id, x); }
+static size_t t_block_shards(void *c, int ns, const kv_block_id *id, uint32_t *idx, size_t cap)
+{ return kv__ssd_block_shards(c, ns, id, idx, cap); }
+static void t_stats(void *c, kv_stats *out) { kv__ssd_stats(c, out); }
+static struct kv__sink t_sink(void *c) { return kv__ssd_sink(c); }
+static int t_scan(void *c, kv_ssd_cb cb, void *arg) { return kv__ssd_scan(c, cb, arg); }
+static int t_scrub(void *c, bool repair, kv_ssd_cb cb, void *arg, uint64_t *checked, uint64_t *bad)
+{ return kv__ssd_scrub(c, repair, cb, arg, checked, bad); }
+static int t_compact(void *c) { return kv__ssd_compact(c); }
+
+const struct kv__tier_ops kv__ssd_tier = {
+    .name = "ssd",
+    .pipe = KV_PIPE_SSD,
+    .open = t_open,
+    .close = t_close,
+    .contains = t_contains,
+    .size = t_size,
+    .read = t_read,
+    .write = t_write,
+    .write_many = t_write_many,
+    .remove = t_remove,
+    .block_shards = t_block_shards,
+    .stats = t_stats,
+    .sink = t_sink,
+    .scan = t_scan,
+    .scrub = t_scrub,
+    .compact = t_compact,
+    .recover = kv__ssd_recover,
+};
