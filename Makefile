@@ -35,7 +35,7 @@ comma := ,
 
 WARN     := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wmissing-prototypes \
             -Wno-unused-parameter
-CPPFLAGS += -Iinclude -Iengine -Ipersist -Inet -Itests -D_GNU_SOURCE
+CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE
 CFLAGS   += -std=gnu11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
 # No -lrdmacm: net/rdma.c connects queue pairs over its own TCP handshake,
 # and librdmacm needs libibverbs symbol versions the test stand-in lacks.

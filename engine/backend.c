@@ -8,7 +8,7 @@
  * (scripts/layers.sh checks it on every make test).
  */
 #include "engine.h"
-#include "transport.h"
+#include "net/transport.h"
 
 static int e_lookup(void *c, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
 { return kv__local_lookup(c, ns, ids, n, hit); }

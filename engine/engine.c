@@ -12,10 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cluster.h"
+#include "net/cluster.h"
 #include "metrics.h"
 #include "store.h"
-#include "transport.h"
+#include "net/transport.h"
 
 enum { TASK_DUMP = 1, TASK_LOAD, TASK_PREFETCH, TASK_PUT };
 

@@ -19,8 +19,8 @@
 #include <stdlib.h>
 #include <xxhash.h>
 
-#include "cluster.h"
-#include "serve.h"
+#include "net/cluster.h"
+#include "net/serve.h"
 #include "store.h"
 
 static int check_key(kv_engine *e, const void *key, size_t klen)

@@ -28,7 +28,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "cluster.h"
+#include "net/cluster.h"
 #include "metrics.h"
 #include "store.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "engine/config.h"
 #include "membership.h"
 #include "proto.h"
 #include "sock.h"

@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "config.h"
+#include "engine/config.h"
 #include "proto.h"
 
 struct kv__membership;

@@ -20,8 +20,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "internal.h"
+#include "engine/config.h"
+#include "engine/internal.h"
 #include "sock.h"
 
 int kv__net_parse_addr(const char *addr, struct sockaddr_in *out)

@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "engine/engine.h"
 
 /* Remote calls without io.timeout_ms (0) get this deadline: a dead peer must
  * never hang a task, and 5 s is far above any healthy batch on a LAN. */

@@ -64,7 +64,7 @@
 #include <unistd.h>
 
 #include "ssd_int.h"
-#include "tier.h"
+#include "engine/tier.h"
 
 #define PTR_LEN 40
 #define PTR_MAGIC 0x3150564bu    /* "KVP1" little-endian */

@@ -17,7 +17,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "internal.h"
+#include "engine/internal.h"
 
 struct kv__ssd;
 
@@ -114,7 +114,7 @@ void kv__ssd_info(struct kv__ssd *s, struct kv__ssd_info *out);
  * does; for the tests. */
 int  kv__ssd_gc_now(struct kv__ssd *s);
 
-/* ---- admin (persist/admin.c): what kvctl ssd ls | scrub | compact run ----
+/* ---- admin (persist/walk.c): what kvctl ssd ls | scrub | compact run ----
  * Same contracts as kv_ssd_scan / kv_ssd_scrub / kv_ssd_compact in
  * kvengine.h, on the tier itself. */
 int kv__ssd_scan(struct kv__ssd *s, kv_ssd_cb cb, void *ctx);

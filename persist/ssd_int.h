@@ -297,7 +297,7 @@ struct kv__ssd {
     pthread_t writer;
 };
 
-/* ssd.c, for spill.c and admin.c (only ssd.c touches s->db) */
+/* ssd.c, for spill.c and walk.c (only ssd.c touches s->db) */
 uint64_t kv__ssd_token(struct kv__ssd *s);
 
 /* One value to store, for kv__ssd_put: the caller holds its claim. */

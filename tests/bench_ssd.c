@@ -33,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ssd.h"
+#include "persist/ssd.h"
 
 static double now_s(void)
 {

@@ -4,9 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "alloc.h"
-#include "internal.h"
-#include "segment.h"
+#include "engine/alloc.h"
+#include "engine/internal.h"
+#include "engine/segment.h"
 #include "testutil.h"
 
 static struct kv__segment seg;

@@ -23,14 +23,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "cluster.h"
+#include "net/cluster.h"
 #include "etcd_fixture.h"
-#include "membership.h"
-#include "proto.h"
-#include "sock.h"
+#include "net/membership.h"
+#include "net/proto.h"
+#include "net/sock.h"
 #include "testutil.h"
 #include "testutil_int.h"
-#include "transport.h"
+#include "net/transport.h"
 
 #define TOKEN "ctok"
 #define TTL_MS 1000

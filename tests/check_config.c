@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "config.h"
+#include "engine/config.h"
 #include "testutil.h"
 
 #define KiB (1ull << 10)

@@ -33,7 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ssd.h"
+#include "persist/ssd.h"
 #include "testutil.h"
 
 enum { W_DIRECT, W_SPILL, W_ENGINE, W_EVICT, W_NONE, W_KINDS };

@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "store.h"
+#include "engine/store.h"
 #include "testutil.h"
 
 #define DRAM_ONLY "pipeline: dram\ndram: { capacity: 64MiB, shards: 4 }\nio: { threads: 2 }\n"

@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "etcd_fixture.h"
-#include "membership.h"
+#include "net/membership.h"
 #include "testutil.h"
 
 #define TOKEN "etok"

@@ -4,7 +4,7 @@
  */
 #include <stdlib.h>
 
-#include "index.h"
+#include "engine/index.h"
 #include "testutil.h"
 
 static struct kv__table t;

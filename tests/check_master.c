@@ -22,9 +22,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "master.h"
-#include "serve.h"
-#include "sock.h"
+#include "net/master.h"
+#include "net/serve.h"
+#include "net/sock.h"
 #include "testutil.h"
 
 static pid_t master_pid;

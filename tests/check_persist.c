@@ -19,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ssd_int.h"
+#include "persist/ssd_int.h"
 #include "testutil.h"
 #include "testutil_int.h"
 

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "placement.h"
-#include "proto.h"
+#include "net/placement.h"
+#include "net/proto.h"
 #include "testutil.h"
 
 static void hdr_bytes(uint8_t *b, uint8_t type, uint32_t body, uint64_t data)
@@ -115,6 +115,12 @@ START_TEST(batch_round_trip)
     item[0] = 9;
     n = N;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    item[0] = KV_OP_CLEAR + 1;   /* the first kind past the last */
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    item[0] = KV_OP_CLEAR;
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_OK);
     item[0] = save;
     item[1] = KV_NS_COUNT;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);

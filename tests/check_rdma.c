@@ -33,9 +33,9 @@
 
 #include "testutil.h"
 #include "testutil_int.h"
-#include "transport.h"
-#include "proto.h"
-#include "sock.h"
+#include "net/transport.h"
+#include "net/proto.h"
+#include "net/sock.h"
 
 /* ---- fixtures ------------------------------------------------------------ */
 

@@ -20,8 +20,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "ssd_int.h"
+#include "engine/config.h"
+#include "persist/ssd_int.h"
 #include "testutil.h"
 
 static kv_config *cfg_for(const char *dir, const char *pipeline)

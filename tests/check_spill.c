@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "engine/engine.h"
 #include "testutil.h"
 
 static kv_stats stats(kv_engine *e)

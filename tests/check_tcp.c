@@ -19,12 +19,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "proto.h"
-#include "serve.h"
-#include "sock.h"
+#include "net/proto.h"
+#include "net/serve.h"
+#include "net/sock.h"
 #include "testutil.h"
 #include "testutil_int.h"
-#include "transport.h"
+#include "net/transport.h"
 
 static struct kv__backend *be;
 static struct kv__transport *srv, *cli;

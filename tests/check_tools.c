@@ -33,7 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ssd.h"
+#include "persist/ssd.h"
 #include "testutil.h"
 #include "testutil_int.h"
 #include "testutil_kvctl.h"

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "membership.h"
+#include "net/membership.h"
 #include "testutil.h"
 
 #define TU_ETCD_MAX 3

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "testutil_int.h"
-#include "transport.h"
+#include "net/transport.h"
 
 struct mval {
     struct mval *next;

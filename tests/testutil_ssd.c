@@ -6,7 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "ssd_int.h"
+#include "persist/ssd_int.h"
 #include "testutil_int.h"
 
 int kv__ssd_write_corrupt(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t index,

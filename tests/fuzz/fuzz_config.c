@@ -12,7 +12,7 @@
  */
 #include <string.h>
 
-#include "config.h"
+#include "engine/config.h"
 #include "fuzzutil.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);

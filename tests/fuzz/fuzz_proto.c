@@ -10,7 +10,7 @@
  */
 #include <string.h>
 
-#include "proto.h"
+#include "net/proto.h"
 #include "fuzzutil.h"
 
 enum { SEL_HDR, SEL_BATCH, SEL_BATCH_R, SEL_HELLO, SEL_JOIN, SEL_VIEW, SEL_COUNT,
@@ -83,7 +83,7 @@ static void batch_case(const uint8_t *in, size_t n)
     if (kv__batch_decode(in, n, a, &got) == KV_OK) {
         FZ_CHECK(got == cnt);
         for (size_t i = 0; i < cnt; i++) {
-            FZ_CHECK(a[i].kind >= KV_OP_LOOKUP && a[i].kind <= KV_OP_REMOVE);
+            FZ_CHECK(a[i].kind >= KV_OP_LOOKUP && a[i].kind <= KV_OP_CLEAR);
             FZ_CHECK(a[i].ns < KV_NS_COUNT);
             FZ_CHECK(!(a[i].flags & ~KV_WIRE_REPLACE) &&
                      (!a[i].flags || a[i].kind == KV_OP_DUMP));
@@ -348,11 +348,12 @@ static void write_seeds(const char *dir)
         { .kind = KV_OP_LOAD, .ns = 1, .index = 2, .id.bytes = { 5 }, .len = 100 },
     };
     seed(dir, "batch", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 3, buf, sizeof buf));
-    struct kv__wire_req kq[2] = {
+    struct kv__wire_req kq[3] = {
         { .kind = KV_OP_DUMP, .ns = 1, .flags = KV_WIRE_REPLACE, .id.bytes = { 6 }, .len = 9 },
         { .kind = KV_OP_REMOVE, .ns = 1, .id.bytes = { 6 } },
+        { .kind = KV_OP_CLEAR, .ns = 1 },
     };
-    seed(dir, "batch-keys", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 2, buf, sizeof buf));
+    seed(dir, "batch-keys", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 3, buf, sizeof buf));
     seed(dir, "batch-empty", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 0, buf, sizeof buf));
     struct kv__wire_resp rs[2] = {
         { .status = KV_OK, .hit = 1, .len = 4096, .addr = 0x7f00, .rkey = 9, .handle = 3 },

@@ -25,9 +25,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "proto.h"
-#include "sock.h"
+#include "engine/config.h"
+#include "net/proto.h"
+#include "net/sock.h"
 #include "fuzzutil.h"
 
 #define TOKEN "fuzz-token"

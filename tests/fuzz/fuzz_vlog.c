@@ -42,8 +42,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "engine.h"
-#include "internal.h"
+#include "engine/engine.h"
+#include "engine/internal.h"
 #include "fuzzutil.h"
 
 #define HDR 48

@@ -10,8 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "internal.h"
+#include "engine/config.h"
+#include "engine/internal.h"
 #include "fuzzutil.h"
 
 void fz_quiet(void)

@@ -1,5 +1,5 @@
 /*
- * admin.c — the SSD tier's maintenance walks: list (scan) and verify every
+ * walk.c — the SSD tier's maintenance walks: list (scan) and verify every
  * checksum (scrub), for kvctl ssd ls | scrub (compact is ssd.c's).
  *
  * Key design choice: every walk works from a snapshot of the in-memory key

@@ -1,5 +1,5 @@
 /*
- * admin.c — the public ADMIN calls on an engine's SSD tier (kv_ssd_scan,
+ * ssd_calls.c — the public ADMIN calls on an engine's SSD tier (kv_ssd_scan,
  * kv_ssd_scrub, kv_ssd_compact, kv_ssd_recover, kv_ssd_remove) and
  * kv_shard_size: argument checks, then the tier's ops.
  *
@@ -7,7 +7,7 @@
  * (the tier named "ssd", and its optional admin ops); the walks live beside
  * the store they walk (persist/), so that RocksDB's types never leave it.
  */
-#include "cluster.h"
+#include "net/cluster.h"
 #include "store.h"
 
 /* The open tier the kv_ssd_* calls act on; NULL when the pipeline has none. */
