@@ -1177,11 +1177,17 @@ int kvctl_trace_replay(const struct kvctl_trace *t, const struct kvctl_trace_opt
     while (atomic_load(&rp.finished) < o->numjobs) {
         usleep(10000);
         kvctl_progress_tick(&prog, atomic_load_explicit(&rp.done, memory_order_relaxed));
-        /* Every tick: the first ones see the tier before write-back starts. */
+        /* Every tick: the first ones see the tier before write-back starts.
+         * Only a reading taken twice alike counts: bytes and shards are read
+         * one after the other, and a store or an eviction between the two
+         * (common on a loaded machine) gives a per-shard size that no shard
+         * has. */
         if (o->tiers == KVCTL_TIERS_ENGINE) {
-            struct kvctl_backend_info now;
+            struct kvctl_backend_info now, again;
             be->info(st, &now);
-            note_shard_bytes(ts, &now);
+            be->info(st, &again);
+            if (now.dram_used == again.dram_used && now.shards == again.shards)
+                note_shard_bytes(ts, &now);
         }
     }
     for (unsigned i = 0; i < o->numjobs; i++)
