@@ -39,7 +39,7 @@ CPPFLAGS += -Iinclude -I. -D_GNU_SOURCE
 CFLAGS   += -std=gnu11 $(OPT) -g -fPIC -fvisibility=hidden -pthread $(WARN) -MMD -MP
 # No -lrdmacm: net/rdma.c connects queue pairs over its own TCP handshake,
 # and librdmacm needs libibverbs symbol versions the test stand-in lacks.
-LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs -lcurl -ljson-c \
+LDLIBS   := -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs -lcurl -ljson-c -lcrypto \
             -lpthread -lm
 # Pulls net/rdma.o out of the static library, which only a weak reference
 # (transport.h) names; it must come before the archive on the link line.

@@ -128,6 +128,19 @@ static const char *check_prefix(const char *s)
     return NULL;
 }
 
+/* store.name: a name processes agree on, which becomes part of a file name. */
+static const char *check_store_name(const char *s)
+{
+    if (strlen(s) > 64)
+        return "must be at most 64 bytes";
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("-_.", *p))
+            return "may hold letters, digits and - _ . only";
+    if (s[0] == '.')
+        return "must not start with '.'";
+    return NULL;
+}
+
 static const struct name levels[] = {
     { "error", KV_LOG_ERROR }, { "warn", KV_LOG_WARN }, { "info", KV_LOG_INFO },
     { "debug", KV_LOG_DEBUG }, { "warning", KV_LOG_WARN }, { 0 },
@@ -198,6 +211,11 @@ static const struct key keys[] = {
     STR("cluster.etcd_password", cluster.etcd_password, "", "password of cluster.etcd_user"),
     U32("cluster.rereplicate_mib_s", cluster.rereplicate_mib_s, 0, 100000, "64",
         "MiB/s a node may spend copying blocks to their new owners after a view change; 0 = off"),
+
+    SECTION("store", "one store per host: processes that name the same store share it"),
+    STRC("store.name", store.name, check_store_name, "",
+         "processes of one user on one host that open the same name (or, with an SSD tier, the "
+         "same ssd.path) share one store; empty = share by ssd.path only"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",

@@ -77,6 +77,9 @@ struct kv_config {
         uint32_t rereplicate_mib_s;     /* 0 = no re-replication */
     } cluster;
     struct {
+        char name[KV_CFG_STR];          /* "" = shared by ssd.path alone (or not at all) */
+    } store;
+    struct {
         char listen[KV_CFG_STR];        /* "" = off */
     } metrics;
     struct {

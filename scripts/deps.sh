@@ -6,7 +6,7 @@ set -eu
 PKGS="build-essential pkg-config librocksdb-dev libibverbs-dev librdmacm-dev \
 liblz4-dev libyaml-dev check libsubunit-dev libjemalloc-dev libxxhash-dev \
 python3-pytest python3-numpy \
-libmicrohttpd-dev gnuplot-nox libcurl4-openssl-dev libjson-c-dev etcd-server"
+libmicrohttpd-dev gnuplot-nox libcurl4-openssl-dev libjson-c-dev libssl-dev etcd-server"
 [ $# -gt 0 ] && PKGS="$PKGS $*"
 # clang and its sanitizer and libFuzzer runtimes: make fuzz (tests/fuzz/).
 PKGS="$PKGS clang libclang-rt-14-dev"

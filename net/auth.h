@@ -1,0 +1,66 @@
+/*
+ * auth.h — proving the cluster token without sending it: a mutual
+ * challenge-response that every connection runs before anything else (tcp,
+ * rdma, kvmaster, the host store's socket).
+ *
+ * Key design choice: both sides pick a fresh 32-byte nonce and prove the
+ * token with HMAC-SHA256 over both nonces, each side under its own label,
+ * so a reply can be neither replayed (the peer's nonce is new) nor
+ * reflected (the labels differ). The server proves itself first: a client
+ * that reached a forged address finds out before it sends a proof of its
+ * own, and what it does send (a MAC over nonces the forger chose) is worth
+ * nothing on any other connection. The token never appears in a frame or
+ * a log line. An empty token runs the same exchange with an empty key:
+ * nothing is special-cased.
+ *
+ * The exchange, for a transport that frames it itself (tcp's HELLO):
+ *   client -> server  Nc
+ *   server -> client  Ns, Ms = HMAC(token, "kvengine/server" | Nc | Ns)
+ *   client -> server  Mc = HMAC(token, "kvengine/client" | Nc | Ns)
+ *   server -> client  accepted or refused
+ * kv__auth_client / kv__auth_server run it on a blocking-with-deadline
+ * stream (sock.h) for transports that have one; the primitives below are
+ * for those with a state machine of their own.
+ */
+#ifndef KV_NET_AUTH_H
+#define KV_NET_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV__AUTH_NONCE 32
+#define KV__AUTH_MAC   32
+
+enum kv__auth_role { KV__AUTH_SERVER = 0, KV__AUTH_CLIENT = 1 };
+
+/* A fresh nonce from the kernel's random source: KV_OK or KV_EIO. */
+int kv__auth_nonce(uint8_t nonce[KV__AUTH_NONCE]);
+
+/* mac = HMAC-SHA256(token, label(role) | nc | ns). KV_OK or KV_EIO. */
+int kv__auth_mac(const char *token, int role, const uint8_t nc[KV__AUTH_NONCE],
+                 const uint8_t ns[KV__AUTH_NONCE], uint8_t mac[KV__AUTH_MAC]);
+
+/* 1 when mac is role's proof of token over (nc, ns); constant time. */
+int kv__auth_verify(const char *token, int role, const uint8_t nc[KV__AUTH_NONCE],
+                    const uint8_t ns[KV__AUTH_NONCE], const uint8_t mac[KV__AUTH_MAC]);
+
+/* HMAC-SHA256(token, msg) for records the token authenticates (membership
+ * records, ...); label separates the uses. KV_OK or KV_EIO. */
+int kv__auth_sign(const char *token, const char *label, const void *msg, size_t len,
+                  uint8_t mac[KV__AUTH_MAC]);
+/* 1 when mac is kv__auth_sign's for (token, label, msg); constant time. */
+int kv__auth_check(const char *token, const char *label, const void *msg, size_t len,
+                   const uint8_t mac[KV__AUTH_MAC]);
+
+/* Constant-time equality of n bytes: 1 when equal. */
+int kv__auth_eq(const void *a, const void *b, size_t n);
+
+/* The whole exchange on a connected nonblocking stream socket (sock.h's
+ * deadline I/O), by deadline (kv__now_ms() scale). KV_OK when both sides
+ * proved the token; KV_EPERM when the peer did not prove it, or (client)
+ * the server refused our proof; KV_ETIMEDOUT, KV_ENET, KV_EPROTO (not this
+ * exchange). Nothing else is read or written. */
+int kv__auth_client(int fd, const char *token, uint64_t deadline);
+int kv__auth_server(int fd, const char *token, uint64_t deadline);
+
+#endif
