@@ -680,6 +680,12 @@ START_TEST(set_and_get)
     ck_assert_str_eq(err, "eviction.rato: unknown key (did you mean eviction.ratio?)");
     ck_assert_int_eq(kv__config_set(c, "eviction.ratio", "2", err, sizeof err), KV_ECONFIG);
     ck_assert_str_eq(err, "eviction.ratio: must be in (0,1), got 2");
+    /* store.name becomes part of a file name: no path, no hidden file. */
+    ck_assert_int_eq(kv_config_set(c, "store.name", "ucm-0_a.b"), KV_OK);
+    ck_assert_int_eq(kv__config_set(c, "store.name", "../x", err, sizeof err), KV_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(err, "store.name: may hold letters, digits and - _ . only"));
+    ck_assert_int_eq(kv_config_set(c, "store.name", ".x"), KV_ECONFIG);
+    ck_assert_int_eq(kv_config_set(c, "store.name", "x/y"), KV_ECONFIG);
 
     char buf[64];
     ck_assert_int_eq(kv_config_get(c, "nope.key", buf, sizeof buf), KV_ECONFIG);
