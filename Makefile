@@ -270,6 +270,24 @@ SOAK_SECONDS ?= 600
 soak: all
 	KV_BUILD=$(BUILD) bash scripts/soak.sh $(SOAK_SECONDS)
 
+# The references generated from the code's tables (scripts/gendoc.c):
+# `make doc` rewrites them, `make doccheck` fails while a checked-in one
+# differs (make test checks the same in the ops suite; .ci/run calls
+# doccheck). After merging a branch that adds config keys or metrics: make doc.
+GENDOC_OUT := config-md:doc/config.md config-man:man/kvengine.yaml.5 metrics-md:doc/metrics.md
+.PHONY: doc doccheck
+$(BUILD)/gendoc: $(BUILD)/obj/scripts/gendoc.o $(STATIC)
+	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
+doc: $(BUILD)/gendoc
+	@set -e; for p in $(GENDOC_OUT); do $(BUILD)/gendoc $${p%%:*} > $${p#*:}.tmp; \
+	    mv $${p#*:}.tmp $${p#*:}; echo "doc: $${p#*:}"; done
+doccheck: $(BUILD)/gendoc
+	@set -e; rc=0; for p in $(GENDOC_OUT); do \
+	    if ! $(BUILD)/gendoc $${p%%:*} | cmp -s - $${p#*:}; then \
+	        echo "doccheck: $${p#*:} differs from the code (make doc)"; rc=1; fi; done; \
+	    [ $$rc = 0 ] && echo "doccheck: doc/config.md, man/kvengine.yaml.5, doc/metrics.md match the code"; exit $$rc
+test check: $(BUILD)/gendoc
+
 clean:
 	rm -rf build
 

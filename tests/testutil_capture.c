@@ -159,6 +159,10 @@ void tu_capture_end(SRunner *sr)
         qsort(names, nn, sizeof *names, cap_cmp);
     TestResult **res = srunner_results(sr);
     size_t nres = (size_t)srunner_ntests_run(sr);
+    /* Check's summary is on stdout and may lack its last newline yet. */
+    fflush(stdout);
+    if (srunner_ntests_failed(sr))
+        dprintf(cap_saved_fd, "\n");
     for (size_t i = 0; res && i < nres; i++) {
         if (tr_rtype(res[i]) == CK_PASS)
             continue;
