@@ -139,7 +139,8 @@ PYTEST_RUN := $(PY_SAN_ENV) PYTHONDONTWRITEBYTECODE=1 KV_BUILD=$(abspath $(BUILD
 test check: all $(BUILD)/tests/check_kvengine $(SV_LIB) $(EXAMPLES)
 	sh scripts/layers.sh $(BUILD)
 	$(TSAN_ENV) KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine
-	$(BUILD)/examples/quickstart | grep -q 'hit=1 load=success same=1'
+	@$(BUILD)/examples/quickstart > $(BUILD)/quickstart.out 2>&1 && grep -q 'hit=1 load=success same=1' \
+	    $(BUILD)/quickstart.out && echo "quickstart: hit=1 load=success same=1" || { cat $(BUILD)/quickstart.out; exit 1; }
 	$(if $(findstring thread,$(SANITIZE)),@echo "pytest: skipped under ThreadSanitizer",$(PYTEST_RUN))
 
 # The Python package's suite alone.
@@ -287,6 +288,21 @@ doccheck: $(BUILD)/gendoc
 	        echo "doccheck: $${p#*:} differs from the code (make doc)"; rc=1; fi; done; \
 	    [ $$rc = 0 ] && echo "doccheck: doc/config.md, man/kvengine.yaml.5, doc/metrics.md match the code"; exit $$rc
 test check: $(BUILD)/gendoc
+
+# Debian packages from this tree (debian/, dpkg-buildpackage, no network):
+# the tree is copied into $(DEB_DIR)/kvengine-$(VERSION) so the build and
+# its results (the .deb files, in $(DEB_DIR)) stay out of the way of this
+# checkout. scripts/debcheck.sh installs and smoke-tests them.
+DEB_DIR ?= $(BUILD)/deb
+.PHONY: deb
+deb:
+	@command -v dpkg-buildpackage >/dev/null && test -f /usr/share/perl5/Debian/Debhelper/Dh_Lib.pm || \
+	    { echo "make deb: needs dpkg-dev and debhelper (sh scripts/deps.sh debhelper)"; exit 1; }
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/kvengine-$(VERSION)
+	tar -cf - --exclude=./build --exclude=./.git . | tar -xf - -C $(DEB_DIR)/kvengine-$(VERSION)
+	cd $(DEB_DIR)/kvengine-$(VERSION) && DEB_BUILD_OPTIONS="parallel=2 $$DEB_BUILD_OPTIONS" \
+	    dpkg-buildpackage -us -uc -b
+	@ls $(DEB_DIR)/*.deb
 
 clean:
 	rm -rf build
