@@ -406,6 +406,40 @@ START_TEST(beyond_loopback_needs_a_token)
 }
 END_TEST
 
+/* kvmaster and kvnode follow the same rule for their own servers. */
+START_TEST(daemons_refuse_open_metrics_without_a_token)
+{
+    char *dir = tu_mkdtemp();
+    const char *progs[] = { "kvmaster", "kvnode" };
+    for (int i = 0; i < 2; i++) {
+        char bin[512], log[512], s_m[96], s_master[96];
+        snprintf(bin, sizeof bin, "%s/%s", tu_build_dir(), progs[i]);
+        snprintf(log, sizeof log, "%s/%s.log", dir, progs[i]);
+        snprintf(s_m, sizeof s_m, "metrics.listen=0.0.0.0:%u", tu_free_port());
+        snprintf(s_master, sizeof s_master, "cluster.master=127.0.0.1:%u", tu_free_port());
+        char *argv[] = { bin, "--set", s_m, "--set", s_master, "--set", "pipeline=dram",
+                         "--set", "dram.capacity=16MiB", NULL };
+        pid_t pid = spawn(argv, log);
+        int st = 0;
+        uint64_t t0 = tu_now_ms();
+        while (waitpid(pid, &st, WNOHANG) == 0 && tu_now_ms() - t0 < 20000)
+            usleep(20000);
+        bool exited = WIFEXITED(st) && WEXITSTATUS(st) != 0;
+        if (!exited)
+            stop_one(pid);
+        else
+            for (int j = 0; j < ndaemons; j++)
+                if (daemons[j] == pid)
+                    daemons[j] = daemons[--ndaemons];
+        char *text = slurp(log);
+        ck_assert_msg(exited, "%s served 0.0.0.0 without a token; log:\n%s", progs[i], text);
+        CK_HAS(text, "metrics.token");
+        free(text);
+    }
+    tu_rmdir(dir);
+}
+END_TEST
+
 /* ---- the generated references match the code ----------------------------------- */
 
 /* Runs build/gendoc WHAT and compares its output with the checked-in file. */
@@ -466,6 +500,7 @@ Suite *ops_suite(void)
     tcase_add_test(m, metric_names_in_the_table);
     tcase_add_test(m, idle_connections_do_not_lock_scrapers_out);
     tcase_add_test(m, beyond_loopback_needs_a_token);
+    tcase_add_test(m, daemons_refuse_open_metrics_without_a_token);
     suite_add_tcase(s, m);
     TCase *d = tcase_create("docs");
     tcase_add_test(d, references_match_the_code);
