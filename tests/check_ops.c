@@ -142,6 +142,8 @@ static char *health_until(unsigned port, const char *want, const char *log)
     return NULL;
 }
 
+static int check_names(const char *text);
+
 /* ---- /health ------------------------------------------------------------------ */
 
 START_TEST(kvnode_health_from_start)
@@ -173,10 +175,24 @@ START_TEST(kvnode_health_from_start)
     out_free(&r);
 
     /* The master comes up: the node joins and serves. */
-    char *margv[] = { mbin, "--set", s_master, "--set", "cluster.token=t0k", NULL };
+    unsigned mmetrics = tu_free_port();
+    char s_mm[96];
+    snprintf(s_mm, sizeof s_mm, "metrics.listen=127.0.0.1:%u", mmetrics);
+    char *margv[] = { mbin, "--set", s_master, "--set", "cluster.token=t0k", "--set", s_mm, NULL };
     pid_t master = spawn(margv, mlog);
     h = health_until(nmetrics, " 200 ", nlog);
     CK_HAS(h, "\r\n\r\nok\n");
+    free(h);
+    /* a member's and the master's metrics are all in the table, by the rule */
+    h = http_get(nmetrics, "/metrics", NULL);
+    ck_assert_ptr_nonnull(h);
+    CK_HAS(h, "kvengine_members{role=\"owner\"} 1\n");
+    ck_assert_int_ge(check_names(h), 25);
+    free(h);
+    h = http_get(mmetrics, "/metrics", NULL);
+    ck_assert_ptr_nonnull(h);
+    CK_HAS(h, "kvengine_master_up 1\n");
+    ck_assert_int_ge(check_names(h), 3);
     free(h);
     r = run_kvctl(dir, 10, "stats", "--node", node, "--health", "--json", NULL);
     CK_STATUS(r, 0);
