@@ -490,7 +490,7 @@ KV_EXPORT int kv_ssd_remove(kv_engine *e, const kv_block_id *id);
  *   members of the view. *text is malloc'd and NUL-terminated (free() it),
  *   *len its length without the NUL. KV_ENOMEM.
  * An engine whose config sets `metrics.listen` serves this at
- *   http://LISTEN/metrics, and "ok" at /health, from kv_open to kv_close
+ *   http://LISTEN/metrics, and kv_health's answer at /health, from kv_open to kv_close
  *   (kv_open fails with KV_ENET when it cannot listen there).
  *
  * kv_metrics_serve: serves whatever fn renders at /metrics, and /health,
