@@ -139,7 +139,8 @@ PYTEST_RUN := $(PY_SAN_ENV) PYTHONDONTWRITEBYTECODE=1 KV_BUILD=$(abspath $(BUILD
 test check: all $(BUILD)/tests/check_kvengine $(SV_LIB) $(EXAMPLES)
 	sh scripts/layers.sh $(BUILD)
 	$(TSAN_ENV) KV_BUILD=$(abspath $(BUILD)) $(BUILD)/tests/check_kvengine
-	$(BUILD)/examples/quickstart | grep -q 'hit=1 load=success same=1'
+	@$(BUILD)/examples/quickstart > $(BUILD)/quickstart.out 2>&1 && grep -q 'hit=1 load=success same=1' \
+	    $(BUILD)/quickstart.out && echo "quickstart: hit=1 load=success same=1" || { cat $(BUILD)/quickstart.out; exit 1; }
 	$(if $(findstring thread,$(SANITIZE)),@echo "pytest: skipped under ThreadSanitizer",$(PYTEST_RUN))
 
 # The Python package's suite alone.
@@ -269,6 +270,39 @@ fuzz-corpus: fuzz-build
 SOAK_SECONDS ?= 600
 soak: all
 	KV_BUILD=$(BUILD) bash scripts/soak.sh $(SOAK_SECONDS)
+
+# The references generated from the code's tables (scripts/gendoc.c):
+# `make doc` rewrites them, `make doccheck` fails while a checked-in one
+# differs (make test checks the same in the ops suite; .ci/run calls
+# doccheck). After merging a branch that adds config keys or metrics: make doc.
+GENDOC_OUT := config-md:doc/config.md config-man:man/kvengine.yaml.5 metrics-md:doc/metrics.md
+.PHONY: doc doccheck
+$(BUILD)/gendoc: $(BUILD)/obj/scripts/gendoc.o $(STATIC)
+	$(CC) $(LDFLAGS) -pthread -o $@ $^ $(LDLIBS)
+doc: $(BUILD)/gendoc
+	@set -e; for p in $(GENDOC_OUT); do $(BUILD)/gendoc $${p%%:*} > $${p#*:}.tmp; \
+	    mv $${p#*:}.tmp $${p#*:}; echo "doc: $${p#*:}"; done
+doccheck: $(BUILD)/gendoc
+	@set -e; rc=0; for p in $(GENDOC_OUT); do \
+	    if ! $(BUILD)/gendoc $${p%%:*} | cmp -s - $${p#*:}; then \
+	        echo "doccheck: $${p#*:} differs from the code (make doc)"; rc=1; fi; done; \
+	    [ $$rc = 0 ] && echo "doccheck: doc/config.md, man/kvengine.yaml.5, doc/metrics.md match the code"; exit $$rc
+test check: $(BUILD)/gendoc
+
+# Debian packages from this tree (debian/, dpkg-buildpackage, no network):
+# the tree is copied into $(DEB_DIR)/kvengine-$(VERSION) so the build and
+# its results (the .deb files, in $(DEB_DIR)) stay out of the way of this
+# checkout. scripts/debcheck.sh installs and smoke-tests them.
+DEB_DIR ?= $(BUILD)/deb
+.PHONY: deb
+deb:
+	@command -v dpkg-buildpackage >/dev/null && test -f /usr/share/perl5/Debian/Debhelper/Dh_Lib.pm || \
+	    { echo "make deb: needs dpkg-dev and debhelper (sh scripts/deps.sh debhelper)"; exit 1; }
+	rm -rf $(DEB_DIR) && mkdir -p $(DEB_DIR)/kvengine-$(VERSION)
+	tar -cf - --exclude=./build --exclude=./.git . | tar -xf - -C $(DEB_DIR)/kvengine-$(VERSION)
+	cd $(DEB_DIR)/kvengine-$(VERSION) && DEB_BUILD_OPTIONS="parallel=2 $$DEB_BUILD_OPTIONS" \
+	    dpkg-buildpackage -us -uc -b
+	@ls $(DEB_DIR)/*.deb
 
 clean:
 	rm -rf build

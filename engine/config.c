@@ -220,6 +220,10 @@ static const struct key keys[] = {
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",
            "host:port to serve on, e.g. 127.0.0.1:9300; empty = off"),
+    STR("metrics.token", metrics.token, "",
+        "bearer token /metrics asks for (Authorization: Bearer TOKEN); empty = none"),
+    BOOL("metrics.insecure", metrics.insecure, "false",
+         "allow metrics.listen beyond loopback with an empty metrics.token"),
 
     SECTION("log", "logging to stderr"),
     ENUM("log.level", log.level, levels, "info",
@@ -1195,6 +1199,67 @@ int kv__config_validate(const struct kv_config *cfg, char *err, size_t errlen)
         kv__errf(err, errlen, "eviction.ratio (%g) must be at most eviction.high_watermark_ratio (%g)",
                  cfg->eviction.ratio, cfg->eviction.high_watermark_ratio);
         return KV_ECONFIG;
+    }
+    return KV_OK;
+}
+
+/* The schema for the generated references (doc/config.md, kvengine.yaml(5);
+ * scripts/gendoc.c): entry i of keys[], sections included, with its type,
+ * unit, range and values spelled out from the same fields apply() checks. */
+int kv__config_schema(size_t i, struct kv__config_entry *out)
+{
+    if (i >= NKEYS || !out)
+        return KV_ENOTFOUND;
+    const struct key *k = &keys[i];
+    static const char *const types[] = {
+        [T_SECTION] = "section", [T_ENUM] = "enum", [T_SIZE] = "size", [T_MS] = "duration",
+        [T_U32] = "integer", [T_RATIO] = "ratio", [T_BOOL] = "bool", [T_STR] = "string",
+        [T_ADDR] = "address",
+    };
+    memset(out, 0, sizeof *out);
+    out->name = k->name;
+    out->section = k->type == T_SECTION;
+    out->type = types[k->type];
+    out->def = k->def ? k->def : "";
+    out->doc = k->doc;
+    struct out o = { out->range, sizeof out->range, 0 };
+    switch (k->type) {
+    case T_SECTION: case T_BOOL:
+        break;
+    case T_ENUM:
+        /* Only a value's own (first) name: aliases (true, warning) are accepted but not shown. */
+        for (const struct name *n = k->names; n->name; n++) {
+            bool first = true;
+            for (const struct name *m = k->names; m < n; m++)
+                first &= m->value != n->value;
+            if (first)
+                put(&o, "%s%s", o.len ? ", " : "", n->name);
+        }
+        break;
+    case T_SIZE: {
+        out->unit = "bytes";
+        char mx[64];
+        kv__format_size(k->max, mx, sizeof mx);
+        if (k->max != UINT64_MAX)
+            put(&o, "0..%s", mx);
+        break;
+    }
+    case T_MS:
+        out->unit = "ms";
+        put(&o, "0..%llu", (unsigned long long)k->max);
+        break;
+    case T_U32:
+        put(&o, "%llu..%llu", (unsigned long long)k->min, (unsigned long long)k->max);
+        break;
+    case T_RATIO:
+        put(&o, "(0,1%c", k->closed ? ']' : ')');
+        break;
+    case T_STR:
+        break;
+    case T_ADDR:
+        put(&o, "%s%s%s", k->list ? "host:port[,host:port...]" : "host:port",
+            k->any_port ? " (port 0: any free port)" : "", k->empty_ok ? "; empty = off" : "");
+        break;
     }
     return KV_OK;
 }

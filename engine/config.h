@@ -81,6 +81,8 @@ struct kv_config {
     } store;
     struct {
         char listen[KV_CFG_STR];        /* "" = off */
+        char token[KV_CFG_STR];         /* bearer token /metrics asks for; "" = none */
+        bool insecure;                  /* allow beyond loopback without a token */
     } metrics;
     struct {
         int level;                      /* enum kv__loglevel */
@@ -121,5 +123,19 @@ int kv__format_size(uint64_t bytes, char *buf, size_t cap);
 
 /* "dram", "dram|ssd", "ssd", or "invalid". */
 const char *kv__pipeline_name(int pipeline);
+
+/* One entry of the config schema, for the generated references
+ * (scripts/gendoc.c): the strings point into the table (range is filled in). */
+struct kv__config_entry {
+    const char *name;      /* dotted; a section's own name */
+    bool section;          /* a section heading, not a key */
+    const char *type;      /* section, enum, size, duration, integer, ratio, bool, string, address */
+    const char *def;       /* the default as text ("" for sections) */
+    const char *doc;
+    const char *unit;      /* "bytes", "ms" or NULL */
+    char range[256];       /* "1..4096", "(0,1]", the enum's values, or "" */
+};
+/* Entry i of the table, sections included, in table order; KV_ENOTFOUND past the last. */
+int kv__config_schema(size_t i, struct kv__config_entry *out);
 
 #endif

@@ -29,4 +29,14 @@ void kv__metrics_close(struct kv__metrics *m);
  * done. Lock-free: a few relaxed atomic adds. m NULL is a no-op. */
 void kv__metrics_task(struct kv__metrics *m, int op, uint64_t ns, bool ok);
 
+/* One exported metric, for the generated table (doc/metrics.md,
+ * scripts/gendoc.c) and the naming test: the full name (kvengine_...), its
+ * Prometheus type, its labels ("" or "tier", "op, result"...), which
+ * programs export it, and its help line. */
+struct kv__metric_doc {
+    const char *name, *type, *labels, *who, *help;
+};
+/* Entry i of the table; KV_ENOTFOUND past the last. */
+int kv__metrics_doc(size_t i, struct kv__metric_doc *out);
+
 #endif

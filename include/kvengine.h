@@ -490,7 +490,7 @@ KV_EXPORT int kv_ssd_remove(kv_engine *e, const kv_block_id *id);
  *   members of the view. *text is malloc'd and NUL-terminated (free() it),
  *   *len its length without the NUL. KV_ENOMEM.
  * An engine whose config sets `metrics.listen` serves this at
- *   http://LISTEN/metrics, and "ok" at /health, from kv_open to kv_close
+ *   http://LISTEN/metrics, and kv_health's answer at /health, from kv_open to kv_close
  *   (kv_open fails with KV_ENET when it cannot listen there).
  *
  * kv_metrics_serve: serves whatever fn renders at /metrics, and /health,
@@ -512,6 +512,34 @@ KV_EXPORT int  kv_metrics_serve(const char *addr, kv_metrics_fn fn, void *ctx,
                                 kv_metrics_server **out, char *err, size_t errlen);
 KV_EXPORT int  kv_metrics_port(const kv_metrics_server *s);
 KV_EXPORT void kv_metrics_stop(kv_metrics_server *s);
+
+/*
+ * Health and the metrics endpoint's access rule (issue 19).
+ *
+ * kv_health: whether e serves: KV_OK (why = "ok") once kv_open returned it
+ *   and, for a cluster member, while the membership store answers and lists
+ *   this node; else KV_EBUSY (joining: not in the view yet), KV_ENET (the
+ *   membership store unreachable), KV_EPERM (it refuses the token) or KV_EIO
+ *   (a tier's figures are unavailable), with why saying so (NUL-terminated,
+ *   at most cap bytes). Asks the membership store at most once a second.
+ *   What /health answers: 200 "ok", or 503 "unavailable: WHY".
+ * kv_health_fn: a /health source for kv_metrics_retarget, same contract.
+ * kv_metrics_serve_config: kv_metrics_serve on cfg's metrics.listen with
+ *   its access rule: beyond 127.0.0.0/8 it needs metrics.token (then
+ *   /metrics answers 401 without "Authorization: Bearer TOKEN"; /health
+ *   stays open) or metrics.insecure: true, else KV_ECONFIG. fn may be NULL
+ *   (/metrics answers 503 until retargeted); a fn returning KV_EBUSY is
+ *   answered 503 too. Every server keeps at most 64 connections, 8 from one
+ *   address, and closes one idle for 5 s.
+ * kv_metrics_retarget: swaps what s serves (NULL health: always "ok"), e.g.
+ *   from "starting" to an engine once kv_open returned; safe while serving.
+ */
+typedef int (*kv_health_fn)(void *ctx, char *why, size_t cap);
+KV_EXPORT int  kv_health(kv_engine *e, char *why, size_t cap);
+KV_EXPORT int  kv_metrics_serve_config(const kv_config *cfg, kv_metrics_fn fn, void *ctx,
+                                       kv_metrics_server **out, char *err, size_t errlen);
+KV_EXPORT void kv_metrics_retarget(kv_metrics_server *s, kv_metrics_fn fn, void *ctx,
+                                   kv_health_fn health, void *hctx);
 
 /*
  * Cluster view.

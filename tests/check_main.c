@@ -6,6 +6,8 @@
  * declared weak so that a suite
  * is run exactly when its file is built in. CK_RUN_SUITE / CK_RUN_CASE
  * (Check's own variables) select a part; CK_FORK=no runs in one process.
+ * Tests run quiet: each one's stderr is captured (testutil_capture.c) and
+ * printed after the summary only for the tests that failed.
  */
 #include <check.h>
 #include <stdio.h>
@@ -29,7 +31,9 @@ int main(void)
         srunner_free(sr);
         return EXIT_FAILURE;
     }
+    tu_capture_begin();
     srunner_run_all(sr, CK_NORMAL);
+    tu_capture_end(sr);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;

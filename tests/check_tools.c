@@ -386,13 +386,17 @@ static void stop_all(void)
     ndaemons = 0;
 }
 
-/* Waits for /health on port to answer (3 s at most). */
+/* Waits for /health on port to answer 200 (10 s at most): a kvnode serves
+ * it from its start, 503 until it has joined. */
 static void wait_health(unsigned port, const char *what, const char *log)
 {
     uint64_t t0 = tu_now_ms();
     char *h = NULL;
-    while (tu_now_ms() - t0 < 3000 && !(h = http_get(port, "/health")))
+    while (tu_now_ms() - t0 < 10000 && (!(h = http_get(port, "/health")) || !strstr(h, " 200 "))) {
+        free(h);
+        h = NULL;
         usleep(20000);
+    }
     ck_assert_msg(h != NULL, "%s never served /health; its log:\n%s", what, slurp(log));
     CK_HAS(h, "200 OK");
     CK_HAS(h, "\r\n\r\nok\n");

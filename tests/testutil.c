@@ -155,6 +155,8 @@ unsigned tu_free_port(void)
 
 pid_t tu_spawn(char *const argv[], const char *log)
 {
+    /* The capture names the child's log, so a failed test shows it too. */
+    fprintf(stderr, "tu_spawn: %s log %s\n", argv[0], log);
     pid_t pid = fork();
     ck_assert_int_ge(pid, 0);
     if (pid == 0) {

@@ -18,7 +18,8 @@
  * Declared weak so the runner runs exactly the suites that are built in. */
 #define TU_SUITES(X) X(errors) X(config) X(alloc) X(index) X(engine) X(evict)  \
     X(kv) X(concurrency) X(persist) X(spill) X(crash) X(proto) X(tcp) X(rdma) \
-    X(master) X(cluster) X(tools) X(etcd) X(trace) X(recover) X(auth)
+    X(master) X(cluster) X(tools) X(etcd) X(trace) X(recover) X(auth) \
+    X(ops)
 #define TU_DECLARE_SUITE(name) Suite *name##_suite(void) __attribute__((weak));
 TU_SUITES(TU_DECLARE_SUITE)
 
@@ -70,5 +71,20 @@ struct tu_set tu_set_new(size_t n, size_t len, uint64_t salt);
 void tu_set_free(struct tu_set *s);
 /* Dumps (dump nonzero) or loads sh[0..n) as one task and waits (10 s). */
 int tu_task(kv_engine *e, int dump, const kv_shard *sh, size_t n);
+
+/* Quiet tests (testutil_capture.c): every TCase gets, first, a checked
+ * fixture that sends the test's stderr (the engine's log, the children that
+ * inherit it) to a file of its own; the runner prints the files of the
+ * tests that failed, and KV_TEST_LOUD=1 turns the capture off. */
+#include <stdbool.h>
+TCase *tu_tcase_create(const char *name);
+#define tcase_create(name) tu_tcase_create(name)
+void tu_capture_begin(void);          /* the runner, before it runs */
+void tu_capture_end(SRunner *sr);     /* the runner, after: prints failures' logs */
+/* What this test has written to stderr so far (malloc'd, NUL-terminated),
+ * so a test asserts on a warning it expects instead of printing it. */
+char *tu_capture_text(void);
+/* Whether the capture holds needle (true when not capturing). */
+bool tu_capture_has(const char *needle);
 
 #endif

@@ -105,8 +105,10 @@ void kvctl_jnum(FILE *f, double v);
  * free() it), *status the HTTP status. On failure why says what happened in
  * words (an address that is not HOST:PORT, a node that does not answer...):
  * KV_EINVAL, KV_ENET (refused), KV_ETIMEDOUT, KV_EPROTO (not HTTP). */
-int kvctl_http_get(const char *hostport, const char *path, unsigned timeout_ms, char **body,
-                   size_t *len, int *status, char *why, size_t whylen);
+/* token, when non-empty, is sent as "Authorization: Bearer TOKEN". */
+int kvctl_http_get(const char *hostport, const char *path, const char *token,
+                   unsigned timeout_ms, char **body, size_t *len, int *status, char *why,
+                   size_t whylen);
 
 /* ---- commands ------------------------------------------------------------ */
 

@@ -50,7 +50,7 @@
 /* ---- commands: what a handler is given ------------------------------------ */
 
 struct aopts {
-    bool json, repair, key, block, prom;
+    bool json, repair, key, block, prom, health;
     const char *node, *output;
     uint64_t index, timeout_ms;
 };
@@ -128,6 +128,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, const struct adm
         { "block", no_argument, NULL, 'b' },
         { "index", required_argument, NULL, 'i' },
         { "prometheus", no_argument, NULL, 'p' },
+        { "health", no_argument, NULL, 'H' },
         { NULL, 0, NULL, 0 },
     };
     *o = (struct aopts){ .timeout_ms = NODE_TIMEOUT_MS };
@@ -135,7 +136,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, const struct adm
     int opt, rc;
     optind = 0;
     opterr = 1;
-    while ((opt = kvctl_getopt(c, argc, argv, "c:s:hjn:t:o:rkbi:p", longopts, &rc)) != -1) {
+    while ((opt = kvctl_getopt(c, argc, argv, "c:s:hjn:t:o:rkbi:pH", longopts, &rc)) != -1) {
         if (opt == 'h') {
             usage(a, stdout);
             return KVCTL_EXIT_OK;
@@ -155,6 +156,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, const struct adm
         case 'k': o->key = true; break;
         case 'b': o->block = true; break;
         case 'p': o->prom = true; break;
+        case 'H': o->health = true; break;
         case 't':
             if (kvctl_parse_u64(optarg, 1, 3600000, &o->timeout_ms) != KV_OK) {
                 fprintf(stderr, "kvctl %s: --timeout '%s': want milliseconds, 1..3600000\n",
@@ -398,21 +400,54 @@ static int print_node_metrics(const char *node, char *body, bool json)
     return KVCTL_EXIT_OK;
 }
 
-/* stats --node asks the node, not a store. */
+/* stats --node asks the node, not a store (the config only for
+ * metrics.token). */
 static int stats_prep(struct actx *x)
 {
+    if (x->o.health && !x->o.node) {
+        fprintf(stderr, "kvctl stats: --health asks a running process: give --node HOST:PORT\n");
+        return KVCTL_EXIT_USAGE;
+    }
     if (x->o.node)
-        x->need = NEED_NOTHING;
+        x->need = NEED_CONFIG;
     return -1;
 }
 
-static int node_stats(const struct aopts *o)
+/* stats --node --health: /health's answer, and 0 only for 200. */
+static int node_health(const struct aopts *o, const char *token)
 {
     char *body = NULL, why[512] = "";
     size_t len = 0;
     int status = 0;
-    int err = kvctl_http_get(o->node, "/metrics", (unsigned)o->timeout_ms, &body, &len, &status,
-                             why, sizeof why);
+    int err = kvctl_http_get(o->node, "/health", token, (unsigned)o->timeout_ms, &body, &len,
+                             &status, why, sizeof why);
+    if (err != KV_OK) {
+        fprintf(stderr, "kvctl stats: %s\n", why);
+        return err == KV_EINVAL ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
+    }
+    body[strcspn(body, "\n")] = '\0';
+    if (o->json) {
+        printf("{\"node\":");
+        kvctl_jstr(stdout, o->node);
+        printf(",\"status\":%d,\"healthy\":%s,\"answer\":", status, status == 200 ? "true" : "false");
+        kvctl_jstr(stdout, body);
+        printf("}\n");
+    } else {
+        printf("%s: %s (HTTP %d)\n", o->node, body, status);
+    }
+    free(body);
+    return status == 200 ? KVCTL_EXIT_OK : KVCTL_EXIT_FAIL;
+}
+
+static int node_stats(const struct aopts *o, const char *token)
+{
+    if (o->health)
+        return node_health(o, token);
+    char *body = NULL, why[512] = "";
+    size_t len = 0;
+    int status = 0;
+    int err = kvctl_http_get(o->node, "/metrics", token, (unsigned)o->timeout_ms, &body, &len,
+                             &status, why, sizeof why);
     if (err != KV_OK) {
         fprintf(stderr, "kvctl stats: %s\n", why);
         return err == KV_EINVAL ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
@@ -429,8 +464,12 @@ static int node_stats(const struct aopts *o)
 
 static int stats_run(struct actx *x)
 {
-    if (x->o.node)
-        return node_stats(&x->o);
+    if (x->o.node) {
+        char token[256] = "";
+        if (x->cfg)
+            kv_config_get(x->cfg, "metrics.token", token, sizeof token);
+        return node_stats(&x->o, token);
+    }
     kv_stats s;
     int err;
     if (x->o.prom) {
@@ -878,20 +917,25 @@ static int ssd_run(struct actx *x)
 static const struct admin admins[] = {
     { "stats",
       "usage: kvctl [--config FILE] [--set KEY=VALUE]... stats [--json] [--prometheus]\n"
-      "       kvctl stats --node HOST:PORT [--json] [--timeout MS]\n"
+      "       kvctl stats --node HOST:PORT [--json] [--timeout MS] [--health]\n"
       "\n"
       "Without --node: opens the store the config describes (offline: no running\n"
       "engine may hold it) and prints its figures: capacity, used bytes and blocks\n"
       "per tier, hits, misses, evictions, spills, checksum failures.\n"
       "With --node: fetches http://HOST:PORT/metrics from a running kvnode, kvmaster\n"
-      "or engine (its metrics.listen) and prints its samples.\n"
+      "or engine (its metrics.listen) and prints its samples, sending metrics.token\n"
+      "as a bearer token when the config sets one. With --health: asks /health\n"
+      "instead, prints its answer, and exits 0 when it is 200 (serving), 1 when\n"
+      "not (503 and the reason: joining, a tier failed, the membership store\n"
+      "unreachable) or when nothing answers.\n"
       "\n"
       "  -j, --json             one JSON object on stdout\n"
       "      --prometheus       the offline store's figures in the Prometheus text\n"
       "                         format, as /metrics would serve them\n"
       "  -n, --node HOST:PORT   a running process's metrics.listen address\n"
-      "  -t, --timeout MS       how long to wait for the node (default: 3000)\n",
-      "jnpt", 0, 0, 0, NEED_STORE, stats_prep, stats_run },
+      "  -t, --timeout MS       how long to wait for the node (default: 3000)\n"
+      "      --health           the node's /health instead of its /metrics\n",
+      "jnptH", 0, 0, 0, NEED_STORE, stats_prep, stats_run },
     { "members",
       "usage: kvctl [--config FILE] [--set KEY=VALUE]... members [--json]\n"
       "\n"

@@ -32,8 +32,9 @@ static int wait_fd(int fd, short ev, uint64_t deadline_ns)
     }
 }
 
-int kvctl_http_get(const char *hostport, const char *path, unsigned timeout_ms, char **body,
-                   size_t *len, int *status, char *why, size_t whylen)
+int kvctl_http_get(const char *hostport, const char *path, const char *token,
+                   unsigned timeout_ms, char **body, size_t *len, int *status, char *why,
+                   size_t whylen)
 {
     *body = NULL;
     *len = 0;
@@ -75,9 +76,13 @@ int kvctl_http_get(const char *hostport, const char *path, unsigned timeout_ms, 
             close(fd);
         return rc;
     }
-    char req[512];
-    int rl = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n\r\n",
-                      path, hostport);
+    /* The token (metrics.token) goes only to the address the user named. */
+    char req[1024];
+    int rl = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\nConnection: close\r\n"
+                      "%s%s%s\r\n", path, hostport, token && *token ? "Authorization: Bearer " : "",
+                      token && *token ? token : "", token && *token ? "\r\n" : "");
+    if (rl < 0 || (size_t)rl >= sizeof req)
+        rc = KV_EINVAL;
     for (int off = 0; off < rl && rc == KV_OK;) {
         ssize_t w = send(fd, req + off, (size_t)(rl - off), MSG_NOSIGNAL);
         if (w > 0)

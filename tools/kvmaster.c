@@ -92,7 +92,7 @@ int main(int argc, char **argv)
     char listen[256] = "";
     kv_metrics_server *ms = NULL;
     if (kv_config_get(cfg, "metrics.listen", listen, sizeof listen) == KV_OK && listen[0] &&
-        (rc = kv_metrics_serve(listen, render, cfg, &ms, err, sizeof err)) != KV_OK) {
+        (rc = kv_metrics_serve_config(cfg, render, cfg, &ms, err, sizeof err)) != KV_OK) {
         fprintf(stderr, "kvmaster: %s\n", err[0] ? err : kv_strerror(rc));
         kv_config_free(cfg);
         return 1;

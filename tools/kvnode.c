@@ -6,6 +6,12 @@
  * DRAM (and SSD) tier to the pool; serves until SIGTERM/SIGINT, then closes
  * the engine (which leaves the view). Waits for an unreachable master
  * (retrying each second) instead of exiting. Uses only the public header.
+ *
+ * With metrics.listen set, /health and /metrics are served from process
+ * start by the node itself (kv_metrics_serve_config), not by the engine:
+ * while it waits for its master or opens its tiers /health answers 503 and
+ * says which, and once kv_open returned the server is retargeted at the
+ * engine (kv_health, kv_metrics_render).
  */
 #include <getopt.h>
 #include <signal.h>
@@ -18,6 +24,30 @@
 #include "kvengine.h"
 
 static volatile sig_atomic_t stop_flag;
+
+/* What the node is doing before its engine serves, for /health. */
+static _Atomic int phase;   /* 0 waiting for the membership store, 1 opening */
+static char where[300];
+
+static int starting_health(void *ctx, char *why, size_t cap)
+{
+    (void)ctx;
+    if (phase == 0)
+        snprintf(why, cap, "joining: waiting for the membership store (%s)", where);
+    else
+        snprintf(why, cap, "joining: opening the tiers and joining the view");
+    return KV_EBUSY;
+}
+
+static int engine_metrics(void *ctx, char **text, size_t *len)
+{
+    return kv_metrics_render(ctx, text, len);
+}
+
+static int engine_health(void *ctx, char *why, size_t cap)
+{
+    return kv_health(ctx, why, cap);
+}
 
 static void usage(FILE *f, const kv_config *cfg)
 {
@@ -54,6 +84,23 @@ int main(int argc, char **argv)
         return 2;
     }
     kvtool_daemon_signals(&stop_flag);
+    char meta[16] = "", listen[300] = "";
+    kv_config_get(cfg, "cluster.metadata", meta, sizeof meta);
+    kv_config_get(cfg, strcmp(meta, "etcd") == 0 ? "cluster.etcd_endpoints" : "cluster.master",
+                  where, sizeof where);
+    kv_config_get(cfg, "metrics.listen", listen, sizeof listen);
+    kv_metrics_server *ms = NULL;
+    if (listen[0]) {
+        char err[512] = "";
+        if ((rc = kv_metrics_serve_config(cfg, NULL, NULL, &ms, err, sizeof err)) != KV_OK) {
+            fprintf(stderr, "kvnode: %s\n", err[0] ? err : kv_strerror(rc));
+            kv_config_free(cfg);
+            return rc == KV_ECONFIG ? 2 : 1;
+        }
+        kv_metrics_retarget(ms, NULL, NULL, starting_health, NULL);
+        /* The engine must not listen there too: this server is the node's. */
+        kv_config_set(cfg, "metrics.listen", "");
+    }
     kv_engine *e = NULL;
     /* A node may well start before its master (a deployment brings both up
      * at once): while the master cannot be reached, try again every second
@@ -68,6 +115,7 @@ int main(int argc, char **argv)
         size_t n = 0;
         rc = kv_members(cfg, &version, &m, &n);
         free(m);
+        phase = rc == KV_ENET || rc == KV_ETIMEDOUT ? 0 : 1;
         if (rc != KV_ENET && rc != KV_ETIMEDOUT &&
             ((rc = kv_open(cfg, &e)) != KV_ENET && rc != KV_ETIMEDOUT))
             break;
@@ -76,18 +124,23 @@ int main(int argc, char **argv)
         for (int i = 0; i < 50 && !stop_flag; i++)
             usleep(20000);
         if (stop_flag) {
+            kv_metrics_stop(ms);
             kv_config_free(cfg);
             return 0;
         }
     }
     kv_config_free(cfg);
     if (rc != KV_OK) {
+        kv_metrics_stop(ms);
         fprintf(stderr, "kvnode: kv_open: %s (details in the log above)\n", kv_strerror(rc));
         return 1;
     }
+    kv_metrics_retarget(ms, engine_metrics, e, engine_health, e);
     /* The engine's threads do the work; this one only waits for a signal. */
     while (!stop_flag)
         usleep(20000);
+    /* Stop serving first: the server's callbacks read the engine. */
+    kv_metrics_stop(ms);
     kv_close(e);
     return 0;
 }
