@@ -135,12 +135,10 @@ def test_setup_dummy_opens_the_named_host_store():
     s = mc.MooncakeDistributedStore()
     assert s.setup_dummy("16MB", "16MB", "127.0.0.1:50052") == 0, s.last_error
     assert s.dummy and s.get_hostname() == "127.0.0.1:50052"
-    assert kvengine.Engine  # the engine's store.name is the server's
-    name = ctypes.create_string_buffer(256)
     assert s.put("d", b"dummy") == 0 and s.get("d") == b"dummy"
     s.close()
     assert s.setup_dummy("16MB", "16MB", "") == BAD
-    del name
+    assert mc.MooncakeDistributedStore().setup_dummy("16MB", "16MB", "h:1\0") == BAD
 
 
 # -- ReplicateConfig --------------------------------------------------------------
