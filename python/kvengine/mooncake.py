@@ -32,9 +32,18 @@ Mapping (what Mooncake's arguments mean here):
   kv_exists_many each: one round per owner, not one per key (a library
   without those calls gets a loop).
 - A put replaces an existing object (Mooncake's put of an existing key
-  succeeds too). ReplicateConfig is accepted and checked, but replication
-  is the engine's cluster.replica_num, and there is no per-object pinning:
-  replica_num, pins and preferred segments of one call are ignored.
+  succeeds too), so the upsert family is the put family. ReplicateConfig
+  is checked as Mooncake's C++ checks it; replication is the engine's
+  cluster.replica_num, so replica counts and preferred segments of one
+  call are unused. Reads lease an object (DEFAULT_KV_LEASE_TTL ms) and soft
+  pins keep one for their TTL; remove refuses a leased object (-706) unless
+  forced. The leases are this process's (kvengine's plain keys have none).
+- The rest of setup's arguments: engine (a TransferEngine) is unused,
+  enable_ssd_offload opens the SSD tier at ssd_offload_path, tenant_id
+  prefixes keys (none for "default"), enable_client_http_server serves
+  kvengine's /metrics and /health on client_http_port; a port in
+  local_hostname is the member's name, never bound. setup_dummy opens the
+  host's store named after its server_address (store.name).
 - Return conventions are Mooncake's: 0 or a negative code, bytes read for
   get_into, b"" from get when the object is missing, 1/0/-1 from is_exist.
   Codes are Mooncake's numbers (ErrorCode below) mapped from kvengine's:
