@@ -339,6 +339,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         self._prefix = b""
         self._leases = {}
         self._llock = threading.Lock()
+        self._regs = {}          # registered buffers: address -> size (get_into_ranges)
         self.dummy = False
         # Mooncake's master grants a read lease of default_kv_lease_ttl
         # (5 s); its tests read the same DEFAULT_KV_LEASE_TTL to know it.
@@ -570,12 +571,15 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
 
     def _put_raw(self, h, k, addr, n):
         rc = _lib.kv_put(h, k, len(k), addr, n)
-        if rc == 0 and self._keys is not None:
-            self._keys.add(k)
+        if rc == 0:
+            self._lease(k)
+            if self._keys is not None:
+                self._keys.add(k)
         return rc
 
-    # Leases: Mooncake's master leases an object to every reader for
-    # default_kv_lease_ttl, and a soft pin keeps it for its TTL; remove()
+    # Leases: Mooncake's master leases an object for default_kv_lease_ttl
+    # when it is written and to every reader, and a soft pin keeps it for
+    # its TTL; remove() and batch_replica_clear()
     # refuses an object under lease (OBJECT_HAS_LEASE) unless forced. They
     # are kept here, by this process, for the objects it read or pinned:
     # kvengine's plain keys have no leases of their own, so another
@@ -607,16 +611,36 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         with self._llock:
             self._leases.pop(k, None)
 
+    @staticmethod
+    def _pinning(config):
+        """True (pin), False (unpin: soft_pin_action DISABLE) or None."""
+        if config is None:
+            return None
+        if getattr(config, "with_soft_pin", False) or \
+                getattr(config, "soft_pin_action", 0) == SoftPinAction.ENABLE:
+            return True
+        return False if getattr(config, "soft_pin_action", 0) == SoftPinAction.DISABLE else None
+
     def _pin(self, k, config):
-        """A soft pin (config.with_soft_pin) is kept as a lease of its TTL."""
-        if config is not None and getattr(config, "with_soft_pin", False):
+        """A soft pin (with_soft_pin, or soft_pin_action ENABLE) is kept as a
+        lease of its TTL; soft_pin_action DISABLE drops it."""
+        how = self._pinning(config)
+        if how:
             ttl = config.soft_pin_ttl_ms
             self._lease(k, self.kv_soft_pin_ttl_ms if ttl is None else ttl)
+        elif how is False:
+            self._drop_lease(k)
 
-    @staticmethod
-    def _check_group_ids(config, n):
-        g = getattr(config, "group_ids", None) if config is not None else None
-        return g is None or len(g) == n
+    @classmethod
+    def _check_group_ids(cls, config, n):
+        """False for a config Mooncake refuses: group_ids not one per key,
+        or a soft-pin TTL without a soft pin to apply it to."""
+        if config is None:
+            return True
+        g = getattr(config, "group_ids", None)
+        if g is not None and len(g) != n:
+            return False
+        return getattr(config, "soft_pin_ttl_ms", None) is None or bool(cls._pinning(config))
 
     # -- copying calls -----------------------------------------------------------
 
@@ -628,7 +652,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         if self._eng is None:
             return _NOT_SET_UP
         k = self._key(key)
-        if k is None:
+        if k is None or not self._check_group_ids(config, 1):
             return _BAD
         try:
             if len(parts) == 1:
@@ -689,6 +713,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
             if rc == 0:
                 if self._keys is not None:
                     self._keys.add(k)
+                self._lease(k)
                 self._pin(k, config)
             elif not first:
                 first = to_mooncake(rc)
@@ -789,7 +814,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
 
     def put_from(self, key, buffer_ptr, size, config=None):
         k = self._key(key)
-        if k is None or not self._ptr_ok(buffer_ptr, size):
+        if k is None or not self._ptr_ok(buffer_ptr, size) or \
+                not self._check_group_ids(config, 1):
             return _BAD
         eng, h = self._enter()
         if h is None:
@@ -854,6 +880,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
                 if rc == 0:
                     if self._keys is not None:
                         self._keys.add(item[0])
+                    self._lease(item[0])
                     self._pin(item[0], config)
         return out
 
@@ -966,8 +993,11 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         copies all_sizes[i][j][r] bytes from offset all_src_offsets[i][j][r]
         of object all_keys[i][j] to buffer_ptrs[i] + all_dst_offsets[i][j][r].
         Returns [[[bytes copied or a negative code per range]]]; a range past
-        the object's end is INVALID_PARAMS (a size the caller could not mean).
-        Each object is read whole once (into a staging buffer)."""
+        the object's end, or past the end of the registered buffer (or
+        BufferPool lease) buffer_ptrs[i] lies in, is INVALID_PARAMS: the
+        buffers must be registered, as Mooncake's transfers need them to be,
+        which is also what lets a destination range be checked before it is
+        written. Each object is read whole once (into a staging buffer)."""
         out = []
         nb = len(buffer_ptrs)
         if not (len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) ==
@@ -975,6 +1005,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
             return [[[_BAD]] for _ in range(nb)]
         for i in range(nb):
             base = buffer_ptrs[i]
+            reg = self._region(base) if _is_u64(base) else None
+            room = reg[0] + reg[1] - base if reg else -1
             row = []
             for j, key in enumerate(all_keys[i]):
                 try:
@@ -995,7 +1027,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
                     continue
                 rr = []
                 for d, sft, z in zip(dsts, srcs, lens):
-                    if sft + z > len(v):
+                    if sft + z > len(v) or d + z > room:
                         rr.append(_BAD)
                         continue
                     ctypes.memmove(base + d, _buffers.span(v, False)[0] + sft, z)
@@ -1038,9 +1070,21 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         if h is None:
             return _NOT_SET_UP
         try:
-            return to_mooncake(_lib.kv_register_buffer(h, buffer_ptr, size))
+            rc = to_mooncake(_lib.kv_register_buffer(h, buffer_ptr, size))
         finally:
             eng._leave()
+        if rc == 0:
+            with self._llock:
+                self._regs[buffer_ptr] = size
+        return rc
+
+    def _region(self, ptr):
+        """(start, size) of the registered buffer holding ptr, or None."""
+        with self._llock:
+            for a, n in self._regs.items():
+                if a <= ptr < a + n:
+                    return a, n
+        return None
 
     def unregister_buffer(self, buffer_ptr):
         if not self._ptr_ok(buffer_ptr, 1) or buffer_ptr <= 0:
@@ -1049,9 +1093,12 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         if h is None:
             return _NOT_SET_UP
         try:
-            return to_mooncake(_lib.kv_unregister_buffer(h, buffer_ptr))
+            rc = to_mooncake(_lib.kv_unregister_buffer(h, buffer_ptr))
         finally:
             eng._leave()
+        with self._llock:
+            self._regs.pop(buffer_ptr, None)
+        return rc
 
     # -- the upsert family: a put here replaces what is there already -------------
 

@@ -138,6 +138,8 @@ class BufferPool:
             finally:
                 eng._leave()
             if rc == 0 and out.value:
+                with self._store._llock:
+                    self._store._regs[out.value] = n
                 return (out.value, n, None)
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
@@ -151,6 +153,8 @@ class BufferPool:
         addr, n, m = region
         eng = self._store._eng
         if m is None:
+            with self._store._llock:
+                self._store._regs.pop(addr, None)
             if eng is not None:
                 h = eng._enter()
                 try:

@@ -37,6 +37,7 @@ def _store(**kw):
 @pytest.fixture
 def store():
     s = _store()
+    s.kv_lease_ttl_ms = 0      # leases where a test sets them
     yield s
     s.close()
 
@@ -175,8 +176,12 @@ def test_group_ids_must_match_the_keys(store):
 def test_a_read_leases_the_object_against_remove(store):
     store.kv_lease_ttl_ms = 300
     assert store.put("l", b"data") == 0
-    assert store.remove("l") == 0                          # not read: no lease
+    assert store.remove("l") == HAS_LEASE                  # a put leases it too
+    assert store.batch_replica_clear(["l"]) == []
+    time.sleep(0.35)
+    assert store.batch_replica_clear(["l"]) == ["l"]
     assert store.put("l", b"data") == 0
+    time.sleep(0.35)
     assert store.get("l") == b"data"
     assert store.remove("l") == HAS_LEASE
     assert store.is_exist("l") == 1
@@ -202,10 +207,23 @@ def test_a_soft_pin_is_a_lease_of_its_ttl(store):
     assert store.remove("q") == 0
 
 
+def test_soft_pin_action_and_its_ttl(store):
+    store.kv_lease_ttl_ms = 0
+    on = mc.ReplicateConfig(soft_pin_action=mc.SoftPinAction.ENABLE, soft_pin_ttl_ms=60000)
+    assert store.put("sp", b"x", on) == 0 and store.remove("sp") == HAS_LEASE
+    # a TTL without a pin to apply it to is refused, as Mooncake does
+    assert store.upsert("sp", b"x", mc.ReplicateConfig(soft_pin_ttl_ms=1000)) == BAD
+    assert store.upsert("sp", b"x", mc.ReplicateConfig(
+        soft_pin_action=mc.SoftPinAction.DISABLE, soft_pin_ttl_ms=1000)) == BAD
+    assert store.upsert("sp", b"x", mc.ReplicateConfig(
+        soft_pin_action=mc.SoftPinAction.DISABLE)) == 0          # unpinned
+    assert store.remove("sp") == 0
+
+
 def test_remove_all_keeps_leased_objects_unless_forced(store):
-    store.kv_lease_ttl_ms = 60000
     for i in range(4):
         assert store.put("r%d" % i, b"v%d" % i) == 0
+    store.kv_lease_ttl_ms = 60000
     assert store.get("r0") == b"v0"
     assert store.remove_all() == 3
     assert store.get("r0") == b"v0" and store.is_exist("r1") == 0
@@ -242,14 +260,23 @@ def test_get_into_ranges(store):
     assert store.put("a", bytes(range(100))) == 0
     assert store.put("b", b"B" * 50) == 0
     dst, base = _cbuf(64)
+    # an unregistered destination is refused: its end cannot be checked
+    assert store.get_into_ranges([base], [["a"]], [[[0]]], [[[0]]], [[[4]]]) == [[[BAD]]]
+    assert store.register_buffer(base, 64) == 0
     got = store.get_into_ranges([base], [["a", "b", "nope"]],
                                 [[[0, 10], [20], [30]]], [[[5, 90], [40], [0]]],
                                 [[[4, 10], [10], [1]]])
     assert got == [[[4, 10], [10], [NOT_FOUND]]]
     assert bytes(dst[0:4]) == bytes(range(5, 9)) and bytes(dst[10:20]) == bytes(range(90, 100))
     assert bytes(dst[20:30]) == b"B" * 10
-    # past the object's end
+    # past the object's end, past the registered buffer's end (nothing written)
     assert store.get_into_ranges([base], [["b"]], [[[0]]], [[[45]]], [[[10]]]) == [[[BAD]]]
+    guard, gp = _cbuf(64)
+    assert store.register_buffer(gp, 32) == 0
+    assert store.get_into_ranges([gp], [["a"]], [[[30]]], [[[0]]], [[[4]]]) == [[[BAD]]]
+    assert bytes(guard) == bytes(64)
+    assert store.get_into_ranges([gp + 8], [["a"]], [[[20]]], [[[0]]], [[[4]]]) == [[[4]]]
+    assert store.unregister_buffer(gp) == 0 and store.unregister_buffer(base) == 0
 
 
 def test_upserts_replace(store):
