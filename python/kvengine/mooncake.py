@@ -514,6 +514,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
 
     def close(self):
         """Closes the engine (in-process objects go with it); 0."""
+        for pool, region in getattr(self, "_mem_regions", ()):
+            pool._free(region)
+        self._mem_regions = []
         with self._lock:
             eng, self._eng = self._eng, None
         if eng is not None:
@@ -1318,8 +1321,26 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
                                   "opens its transport in setup()")
 
     def alloc_from_mem_pool(self, size):
-        raise NotImplementedError("alloc_from_mem_pool: use BufferPool (kvengine's shared "
-                                  "buffers) for memory the store reads and writes")
+        """The address of size bytes of registered memory the store can read
+        and write with the zero-copy calls (a dummy client's shared pool in
+        Mooncake): kvengine's shared buffers when the library has them,
+        else a page-aligned mapping registered with the store. It lives
+        until close(). 0 when nothing can be had."""
+        if self._eng is None or not _is_u64(size) or size <= 0:
+            return 0
+        from .mooncake_pool import BufferPool
+        try:
+            pool = self._mem_pool
+        except AttributeError:
+            pool = self._mem_pool = BufferPool.__new__(BufferPool)
+            pool._store = self
+            self._mem_regions = []
+        try:
+            region = pool._alloc(size)
+        except (RuntimeError, OSError, ValueError):
+            return 0
+        self._mem_regions.append((pool, region))
+        return region[0]
 
     def get_tensor_into_cuda(self, key, tensor):
         raise NotImplementedError("get_tensor_into_cuda: CUDA IPC reads need Mooncake's dummy "

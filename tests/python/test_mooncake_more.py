@@ -311,6 +311,17 @@ def test_replica_descriptors_and_clear(store):
     assert store.is_exist("rd") == 0
 
 
+def test_alloc_from_mem_pool_gives_registered_memory(store):
+    p = store.alloc_from_mem_pool(1 << 20)
+    assert p and p % 4096 == 0
+    ctypes.memmove(p, b"pool!", 5)
+    assert store.put_from("mp", p, 5) == 0 and store.get("mp") == b"pool!"
+    # registered: a ranged read into it is checked against its end
+    assert store.get_into_ranges([p], [["mp"]], [[[(1 << 20) - 2]]], [[[0]]], [[[5]]]) == [[[BAD]]]
+    assert store.get_into_ranges([p], [["mp"]], [[[8]]], [[[0]]], [[[5]]]) == [[[5]]]
+    assert store.alloc_from_mem_pool(0) == 0
+
+
 def test_sizes_past_64_bits_do_not_wrap(store):
     src, p = _cbuf(8, b"12345678")
     assert store.put_from("w", p, 1 << 64) == BAD
@@ -340,7 +351,7 @@ def test_calls_without_meaning_here_say_why(store):
                        (store.create_copy_task, ("k", ["seg"])),
                        (store.create_move_task, ("k", "a", "b")),
                        (store.query_task, (1,)), (store.remove_by_regex, ("k.*",)),
-                       (store.init_all, ("tcp", "")), (store.alloc_from_mem_pool, (4096,))):
+                       (store.init_all, ("tcp", ""))):
         with pytest.raises(NotImplementedError) as ei:
             call(*args)
         assert len(str(ei.value)) > 20
@@ -574,3 +585,27 @@ def test_bench_runs_the_zcopy_path():
     res = json.loads(out.getvalue())
     assert res["io_api"] == "zcopy" and len(res["rounds"]) == 1
     assert res["rounds"][0]["py_read_mib_s"] > 0
+
+
+def test_mooncake_config_sizes_and_protocols(caplog):
+    from mooncake.mooncake_config import MooncakeConfig, _parse_segment_size
+    assert _parse_segment_size("1e9") == 10 ** 9 and _parse_segment_size(1.5) == 1
+    assert _parse_segment_size("  2048  ") == 2048 and _parse_segment_size("512 mb") == 512 << 20
+    for bad in ("", "inf", "lots", True):
+        with pytest.raises(ValueError):
+            _parse_segment_size(bad)
+    base = dict(local_hostname="h", metadata_server="m", global_segment_size=0,
+                local_buffer_size=0, protocol="tcp", device_name="",
+                master_server_address="127.0.0.1:50051")
+    with pytest.raises(ValueError, match="global_segment_size"):
+        MooncakeConfig(**dict(base, global_segment_size=-1))
+    for bad in ("", "  ", None):
+        with pytest.raises(ValueError, match="Invalid protocol"):
+            MooncakeConfig(**dict(base, protocol=bad))
+    assert MooncakeConfig(**dict(base, protocol="  RDMA ")).protocol == "rdma"
+    with caplog.at_level("WARNING"):
+        assert MooncakeConfig(**dict(base, protocol="Foo")).protocol == "foo"
+    assert "Unrecognised protocol" in caplog.text
+    c = MooncakeConfig(**dict(base, tenant_id=None, ssd_offload_path=None,
+                              enable_client_http_server="enable"))
+    assert c.tenant_id == "default" and c.ssd_offload_path == "" and c.enable_client_http_server

@@ -38,17 +38,37 @@ def _bool(v):
         return v
     if isinstance(v, int) and v in (0, 1):
         return bool(v)
-    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on", "enable",
+                                                    "enabled"):
         return True
-    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", ""):
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off", "", "disable",
+                                                    "disabled"):
         return False
     raise ValueError("Invalid boolean value: %r" % (v,))
 
 
 def _size(v):
-    if isinstance(v, str) and not v.strip():
-        raise ValueError("Invalid segment size: empty string")
-    return parse_size(v.strip().lower().replace(" ", "") if isinstance(v, str) else v)
+    """Bytes from an int, a float (truncated), or a string: a number
+    ("1024", "1e9", "1.5") or one with a binary unit ("4GB", "512 mb")."""
+    if isinstance(v, bool):
+        raise ValueError("Invalid segment size: %r" % (v,))
+    if isinstance(v, float):
+        return int(v)
+    if isinstance(v, str):
+        t = v.strip()
+        if not t:
+            raise ValueError("Invalid segment size: empty string")
+        try:
+            return int(float(t))          # "1024", "1e9", "1.5"
+        except OverflowError:
+            raise ValueError("Invalid segment size: %r" % (v,)) from None
+        except ValueError:
+            pass
+        try:
+            return parse_size(t.lower().replace(" ", ""))
+        except ValueError:
+            raise ValueError("Invalid segment size: %r" % (v,)) from None
+    return parse_size(v)
 
 
 @dataclasses.dataclass
@@ -67,11 +87,24 @@ class MooncakeConfig:
     client_http_port: int = 9300
 
     def __post_init__(self):
-        self.global_segment_size = _size(self.global_segment_size)
-        self.local_buffer_size = _size(self.local_buffer_size)
-        self.protocol = str(self.protocol or "tcp").lower()
+        for f in ("global_segment_size", "local_buffer_size"):
+            try:
+                n = _size(getattr(self, f))
+            except ValueError as exc:
+                raise ValueError("%s: %s" % (f, exc)) from None
+            if n < 0:
+                raise ValueError("%s must not be negative, got %d" % (f, n))
+            setattr(self, f, n)
+        if not isinstance(self.protocol, str) or not self.protocol.strip():
+            raise ValueError("Invalid protocol: %r" % (self.protocol,))
+        self.protocol = self.protocol.strip().lower()
         if self.protocol not in _KNOWN:
-            logger.warning("protocol %r is not one Mooncake is known to accept", self.protocol)
+            logger.warning("Unrecognised protocol %r: passed through (Mooncake's C++ layer "
+                           "decides what it supports)", self.protocol)
+        if self.tenant_id is None:
+            self.tenant_id = "default"
+        if self.ssd_offload_path is None:
+            self.ssd_offload_path = ""
         self.enable_ssd_offload = _bool(self.enable_ssd_offload)
         self.enable_client_http_server = _bool(self.enable_client_http_server)
         self.client_http_port = int(self.client_http_port)
@@ -123,3 +156,8 @@ class MooncakeConfig:
             tenant_id=e("MOONCAKE_TENANT_ID", "default"),
             enable_client_http_server=e("MOONCAKE_ENABLE_CLIENT_HTTP_SERVER", "false"),
             client_http_port=int(e("MOONCAKE_CLIENT_HTTP_PORT", 9300)))
+
+
+# The names Mooncake's own module has for its two parsers.
+_parse_segment_size = _size
+_parse_bool = _bool
