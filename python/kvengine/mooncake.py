@@ -1328,7 +1328,6 @@ class MooncakeDistributedStore(_tensor.TensorCalls):
         until close(). 0 when nothing can be had."""
         if self._eng is None or not _is_u64(size) or size <= 0:
             return 0
-        from .mooncake_pool import BufferPool
         try:
             pool = self._mem_pool
         except AttributeError:

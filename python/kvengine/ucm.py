@@ -26,7 +26,6 @@ Key design choices:
 import ctypes
 import threading
 
-from . import engine as _engine
 from .engine import Engine, KvError
 
 try:   # UCM's stores return numpy arrays from lookup; numpy is optional here

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-import kvengine
+
 from kvengine.ucm import KvEngineStore
 
 QUIET = {"dram.hugepages": "off", "log.level": "warn", "dram.capacity": "64MiB",
@@ -169,4 +169,3 @@ def test_kvengine_settings_win(tmp_path):
         assert s.engine.stats()["ssd_capacity"] == 0
     finally:
         s.close()
-    assert kvengine.Engine
