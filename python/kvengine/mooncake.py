@@ -326,7 +326,7 @@ _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
 
-class MooncakeDistributedStore(_tensor.TensorCalls):
+class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
     """Mooncake's MooncakeDistributedStore, backed by a kvengine engine."""
 
     def __init__(self):

@@ -374,3 +374,116 @@ def deserialize_tensor(data):
     """A tensor from tensor-object bytes (Mooncake's _deserialize_tensor), or None."""
     meta = parse(data)
     return None if meta is None else to_tensor(_torch(), bytearray(data), meta)
+
+
+# -- safetensors files ---------------------------------------------------------
+# The format (huggingface/safetensors' documented layout): an 8-byte
+# little-endian header length N, N bytes of JSON {name: {"dtype", "shape",
+# "data_offsets": [begin, end]}, "__metadata__": {...}} (padded with spaces),
+# then the tensors' bytes, offsets counted from the end of the header.
+# Written here so that no safetensors package is needed; the
+# safetensors.torch package is used instead when it is installed.
+
+_ST_NAMES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
+             "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8",
+             "uint16": "U16", "uint32": "U32", "uint64": "U64", "bool": "BOOL",
+             "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
+_ST_DTYPES = {v: k for k, v in _ST_NAMES.items()}
+
+
+def save_safetensors(tensors, path):
+    """Writes {name: CPU tensor} to path in the safetensors format."""
+    import json
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        save_file = None
+    if save_file is not None:
+        save_file(tensors, path)
+        return
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        code = _ST_NAMES.get(str(t.dtype).replace("torch.", ""))
+        if code is None:
+            raise ValueError("dtype %s has no safetensors name" % t.dtype)
+        t = t.detach().contiguous()
+        raw = t.view(-1).view(_torch().uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        for b in blobs:
+            f.write(b)
+
+
+def load_safetensors(path):
+    """{name: tensor} from a safetensors file; ValueError when it is not one."""
+    import json
+    try:
+        from safetensors.torch import load_file
+    except ImportError:
+        load_file = None
+    if load_file is not None:
+        return load_file(path)
+    torch = _torch()
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ValueError("%s: not a safetensors file" % path)
+    (n,) = struct.unpack_from("<Q", data)
+    if n > len(data) - 8:
+        raise ValueError("%s: header length %d past the file's end" % (path, n))
+    header = json.loads(data[8:8 + n])
+    body = 8 + n
+    out = {}
+    for name, d in header.items():
+        if name == "__metadata__":
+            continue
+        dt = getattr(torch, _ST_DTYPES.get(d.get("dtype"), ""), None)
+        b, e = d["data_offsets"]
+        shape = [int(x) for x in d["shape"]]
+        if dt is None or not 0 <= b <= e <= len(data) - body:
+            raise ValueError("%s: tensor %r is not readable" % (path, name))
+        raw = bytearray(data[body + b:body + e])
+        t = torch.frombuffer(raw, dtype=torch.uint8).view(dt) if raw else \
+            torch.empty(0, dtype=dt)
+        out[name] = t.reshape(shape)
+    return out
+
+
+class SafetensorCalls:
+    """save_tensor_to_safetensor / load_tensor_from_safetensor, as Mooncake
+    documents them."""
+
+    def save_tensor_to_safetensor(self, key, file_name=None):
+        """Writes the tensor stored under key to file_name (default: key); 0,
+        or FILE_NOT_FOUND (-1100) when no tensor is stored there, or
+        INVALID_PARAMS when the file cannot be written."""
+        t = self.get_tensor(key)
+        if t is None:
+            return -1100
+        try:
+            save_safetensors({key: t}, key if file_name is None else file_name)
+        except (OSError, ValueError, TypeError):
+            return -600
+        return 0
+
+    def load_tensor_from_safetensor(self, key=None, file_name=None):
+        """Reads a tensor from a safetensors file and stores it under key
+        (default: file_name); the tensor named key in the file, else its
+        first. Returns the tensor, or None."""
+        if file_name is None:
+            return None
+        try:
+            loaded = load_safetensors(file_name)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not loaded:
+            return None
+        target = file_name if key is None else key
+        name = key if key is not None and key in loaded else next(iter(loaded))
+        t = loaded[name]
+        return t if self.put_tensor(target, t) == 0 else None

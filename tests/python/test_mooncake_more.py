@@ -609,3 +609,21 @@ def test_mooncake_config_sizes_and_protocols(caplog):
     c = MooncakeConfig(**dict(base, tenant_id=None, ssd_offload_path=None,
                               enable_client_http_server="enable"))
     assert c.tenant_id == "default" and c.ssd_offload_path == "" and c.enable_client_http_server
+
+
+def test_safetensor_files(store, tmp_path):
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)
+    assert store.put_tensor("st", t) == 0
+    path = str(tmp_path / "t.safetensors")
+    assert store.save_tensor_to_safetensor("st", path) == 0
+    raw = open(path, "rb").read()
+    n = struct.unpack_from("<Q", raw)[0]
+    header = json.loads(raw[8:8 + n])
+    assert header["st"] == {"dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 12]}
+    assert raw[8 + n:] == t.view(torch.uint8).numpy().tobytes()
+    got = store.load_tensor_from_safetensor("copy", path)       # not in the file: its first
+    assert torch.equal(got, t) and torch.equal(store.get_tensor("copy"), t)
+    assert store.save_tensor_to_safetensor("absent", path) == -1100
+    assert store.load_tensor_from_safetensor("x", str(tmp_path / "none.safetensors")) is None
+    open(str(tmp_path / "bad"), "wb").write(b"\xff" * 16)
+    assert store.load_tensor_from_safetensor("x", str(tmp_path / "bad")) is None
