@@ -1039,6 +1039,151 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             out.append(row)
         return out
 
+    # Sessions (layerwise KV load and save): Mooncake resolves an object's
+    # replica once and then moves byte ranges per layer. Here a get session
+    # reads each object whole at its start (one kv_get_many) and the range
+    # calls copy out of that copy; a put session gathers the ranges in a
+    # buffer of the object's size and stores it whole at its end. So the
+    # bytes are copied once more than by batch_put_from / batch_get_into;
+    # a range call itself never reaches the engine. Every buffer must lie
+    # in registered memory (register_buffer, a BufferPool lease,
+    # alloc_from_mem_pool), as Mooncake requires, which also bounds it.
+
+    def _sessions(self):
+        try:
+            return self._gets, self._puts
+        except AttributeError:
+            self._gets, self._puts = {}, {}
+            return self._gets, self._puts
+
+    def _ranges_ok(self, ptrs, sizes, offs):
+        if not (len(ptrs) == len(sizes) == len(offs)):
+            return False
+        for p, z, o in zip(ptrs, sizes, offs):
+            if not (_is_u64(p) and _is_u64(z) and _is_u64(o)) or not p:
+                return False
+            reg = self._region(p)
+            if reg is None or p + z > reg[0] + reg[1]:
+                return False
+        return True
+
+    def batch_get_session_start(self, keys):
+        """Opens a get session per key: 0, or a negative code (OBJECT_NOT_FOUND)."""
+        if self._eng is None:
+            return []
+        gets, _ = self._sessions()
+        out = []
+        for key, v in zip(keys, self.get_batch(list(keys))):
+            k = self._key(key)
+            if k is None:
+                out.append(_BAD)
+            elif not v and self.get_size(key) != 0:
+                out.append(int(ErrorCode.OBJECT_NOT_FOUND))
+            else:
+                gets[k] = v
+                out.append(0)
+        return out
+
+    def batch_get_into_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_src_offsets):
+        """Bytes copied per key from its session's object, or a negative code."""
+        if self._eng is None:
+            return []
+        gets, _ = self._sessions()
+        n = len(keys)
+        if not (len(all_buffer_ptrs) == len(all_sizes) == len(all_src_offsets) == n):
+            return [_BAD] * n
+        out = []
+        for key, ptrs, sizes, offs in zip(keys, all_buffer_ptrs, all_sizes, all_src_offsets):
+            k = self._key(key)
+            v = gets.get(k) if k is not None else None
+            if v is None:
+                out.append(_BAD)          # no session for it
+                continue
+            if not self._ranges_ok(ptrs, sizes, offs) or \
+                    any(o + z > len(v) for z, o in zip(sizes, offs)):
+                out.append(_BAD)
+                continue
+            base = _buffers.span(v, False)[0] if v else 0
+            for p, z, o in zip(ptrs, sizes, offs):
+                if z:
+                    ctypes.memmove(p, base + o, z)
+            out.append(sum(sizes))
+        return out
+
+    def batch_get_session_end(self, keys):
+        if self._eng is None:
+            return -1
+        gets, _ = self._sessions()
+        for key in keys:
+            gets.pop(self._key(key), None)
+        return 0
+
+    def batch_put_session_start(self, keys, sizes, config=None):
+        """Opens a put session per key for an object of sizes[i] bytes: 0, or
+        a negative code. A key that has one already is left as it is."""
+        if self._eng is None:
+            return []
+        n = len(keys)
+        if len(sizes) != n or not self._check_group_ids(config, n):
+            return [_BAD] * n
+        _, puts = self._sessions()
+        out = []
+        for key, z in zip(keys, sizes):
+            k = self._key(key)
+            if k is None or not _is_u64(z):
+                out.append(_BAD)
+            elif z > self._local_buffer:
+                out.append(int(ErrorCode.BUFFER_OVERFLOW))
+            else:
+                if k not in puts:
+                    puts[k] = (key, (ctypes.c_char * max(z, 1))(), z, config)
+                out.append(0)
+        return out
+
+    def batch_put_from_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_dst_offsets):
+        """Bytes copied per key into its session's object, or a negative code."""
+        if self._eng is None:
+            return []
+        _, puts = self._sessions()
+        n = len(keys)
+        if not (len(all_buffer_ptrs) == len(all_sizes) == len(all_dst_offsets) == n):
+            return [_BAD] * n
+        out = []
+        for key, ptrs, sizes, offs in zip(keys, all_buffer_ptrs, all_sizes, all_dst_offsets):
+            sess = puts.get(self._key(key))
+            if sess is None or not self._ranges_ok(ptrs, sizes, offs) or \
+                    any(o + z > sess[2] for z, o in zip(sizes, offs)):
+                out.append(_BAD)
+                continue
+            base = ctypes.addressof(sess[1])
+            for p, z, o in zip(ptrs, sizes, offs):
+                if z:
+                    ctypes.memmove(base + o, p, z)
+            out.append(sum(sizes))
+        return out
+
+    def batch_put_session_end(self, keys):
+        """Stores each session's object (readable from then on); a code per key."""
+        if self._eng is None:
+            return []
+        _, puts = self._sessions()
+        out = []
+        for key in keys:
+            sess = puts.pop(self._key(key), None)
+            if sess is None:
+                out.append(_BAD)
+                continue
+            out.append(self.put_from(sess[0], ctypes.addressof(sess[1]), sess[2], sess[3]))
+        return out
+
+    def batch_put_session_revoke(self, keys):
+        if self._eng is None:
+            return []
+        _, puts = self._sessions()
+        return [0 if puts.pop(self._key(key), None) is not None else _BAD for key in keys]
+
     def _many(self, fn, items):
         """Runs kv_put_many / kv_get_many / kv_exists_many over items, a list
         of (key bytes, value address, length). (results, lengths after the

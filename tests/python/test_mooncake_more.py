@@ -627,3 +627,35 @@ def test_safetensor_files(store, tmp_path):
     assert store.load_tensor_from_safetensor("x", str(tmp_path / "none.safetensors")) is None
     open(str(tmp_path / "bad"), "wb").write(b"\xff" * 16)
     assert store.load_tensor_from_safetensor("x", str(tmp_path / "bad")) is None
+
+
+def test_sessions_move_layers_by_ranges(store):
+    page, layers = 1024, 4
+    keys = ["block0", "block1"]
+    src = [_cbuf(page, bytes([i]) * page) for i in range(layers)]
+    dst = [_cbuf(page) for _ in range(layers)]
+    for _, p in src + dst:
+        assert store.register_buffer(p, page) == 0
+    assert store.batch_put_session_start(keys, [page * layers] * 2) == [0, 0]
+    assert store.is_exist("block0") == 0                    # not readable before the end
+    for layer in range(layers):
+        rcs = store.batch_put_from_multi_buffer_ranges(
+            keys, [[src[layer][1]]] * 2, [[page]] * 2, [[layer * page]] * 2)
+        assert rcs == [page, page]
+    assert store.batch_put_from_multi_buffer_ranges(["block0"], [[src[0][1]]], [[page]],
+                                                    [[layers * page]]) == [BAD]   # past the end
+    assert store.batch_put_session_end(keys) == [0, 0]
+    assert store.get("block1") == b"".join(bytes([i]) * page for i in range(layers))
+    assert store.batch_get_session_start(keys + ["nope"]) == [0, 0, NOT_FOUND]
+    for layer in reversed(range(layers)):
+        rcs = store.batch_get_into_multi_buffer_ranges(
+            keys[:1], [[dst[layer][1]]], [[page]], [[layer * page]])
+        assert rcs == [page] and bytes(dst[layer][0]) == bytes([layer]) * page
+    unreg, up = _cbuf(page)
+    assert store.batch_get_into_multi_buffer_ranges(keys[:1], [[up]], [[page]], [[0]]) == [BAD]
+    assert store.batch_get_session_end(keys) == 0
+    assert store.batch_get_into_multi_buffer_ranges(keys[:1], [[dst[0][1]]], [[page]],
+                                                    [[0]]) == [BAD]   # session over
+    assert store.batch_put_session_start(["rv"], [10]) == [0]
+    assert store.batch_put_session_revoke(["rv", "none"]) == [0, BAD]
+    assert store.batch_put_session_end(["rv"]) == [BAD] and store.is_exist("rv") == 0
