@@ -297,7 +297,8 @@ class Engine:
     # -- blocks -----------------------------------------------------------
 
     def lookup(self, ids):
-        """[bool] per block id: shard 0 is stored in some tier (leases hits)."""
+        """[bool] per block id: the block is complete (shards 0..store.block_shards-1
+        each stored in some tier); hits are leased."""
         blob, n = _id_blob(ids)
         hit = ctypes.create_string_buffer(n or 1)
         h = self._enter()
