@@ -216,6 +216,9 @@ static const struct key keys[] = {
     STRC("store.name", store.name, check_store_name, "",
          "processes of one user on one host that open the same name (or, with an SSD tier, the "
          "same ssd.path) share one store; empty = share by ssd.path only"),
+    U32("store.block_shards", store.block_shards, 1, 65536, "1",
+        "shards of a complete block: lookup hits a block only once shards 0..N-1 are all "
+        "stored (UCM's block_size / shard_size)"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",

@@ -278,6 +278,25 @@ int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg)
     return rc;
 }
 
+/* Shard index held in some tier (DRAM first: no I/O anywhere). */
+static bool shard_held(kv_engine *e, int ns, const kv_block_id *id, uint32_t index)
+{
+    return (e->dram && kv__dram_has(e->dram, ns, id, index)) ||
+           kv__store_below_contains(e, ns, id, index);
+}
+
+/*
+ * A hit is a promise that a load finds every shard, so a block hits only
+ * once it is complete: shards 0..store.block_shards-1 each in some tier
+ * (UCM's Posix store commits a block after its last shard). The shard count
+ * comes from the config rather than from the dumps because a dump says
+ * nothing of the shards still to come: with 4 writers each dumping one
+ * shard, whichever finishes first cannot know it is not the last. With the
+ * default of one shard this is today's single probe per id; the lease goes
+ * with DRAM's probe of shard 0 (the whole block is one entry there), and a
+ * block that turns out incomplete keeps it until its TTL, which only delays
+ * its eviction. Plain keys are one value each.
+ */
 int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
 {
     if (e->dram)
@@ -287,6 +306,10 @@ int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uin
     for (size_t i = 0; e->ntiers && i < n; i++)
         if (!hit[i])
             hit[i] = kv__store_below_contains(e, ns, &ids[i], 0);
+    uint32_t shards = ns == KV_NS_BLOCK ? e->cfg.store.block_shards : 1;
+    for (size_t i = 0; shards > 1 && i < n; i++)
+        for (uint32_t s = 1; hit[i] && s < shards; s++)
+            hit[i] = shard_held(e, ns, &ids[i], s);
     return KV_OK;
 }
 

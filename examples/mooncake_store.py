@@ -44,6 +44,6 @@ store.unregister_buffer(src_ptr)
 store.unregister_buffer(dst_ptr)
 
 print("missing key reads as", store.get("missing"), "and removes as", store.remove("missing"))
-print("removed", store.remove_all(), "objects; hostname", store.get_hostname(),
+print("removed", store.remove_all(force=True), "objects; hostname", store.get_hostname(),
       "health", store.health_check())
 store.close()

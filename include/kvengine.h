@@ -207,8 +207,9 @@ KV_EXPORT void kv_close(kv_engine *e);                           /* finishes in-
 /*
  * BLOCK STORE (UCM v1 semantics)
  *
- * kv_lookup: hit[i] = 1 when block ids[i] has its shard 0 in any tier, else
- *   0. Never reads a value and never blocks on a task: on one node it is
+ * kv_lookup: hit[i] = 1 when block ids[i] is complete: each of its shards
+ *   0..store.block_shards-1 (1 by default: shard 0 alone) is in some tier;
+ *   else 0. Never reads a value and never blocks on a task: on one node it is
  *   answered from memory; in a cluster it asks each block's owners, one
  *   batch per owner (bounded by the cluster's timeout). A hit grants the block a
  *   lease of `eviction.lease_ttl_ms` so that a load that follows is not

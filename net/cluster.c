@@ -1601,6 +1601,55 @@ out:
     return rc;
 }
 
+/*
+ * A hit promises a complete block (store.block_shards shards: see
+ * kv__local_lookup), and an owner answers KV_OP_LOOKUP with its own config,
+ * which may count one shard. So each hit's other shards are asked for by
+ * KV_OP_SIZE, one batch per owner as the lookup itself: a shard counts when
+ * any current owner holds it. (The wire stays as it is; the move window's
+ * previous owners are not asked for them, so a block mid-move may miss.)
+ */
+static int complete_blocks(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                           uint8_t *hit)
+{
+    uint32_t rest = c->cfg.store.block_shards - 1;
+    size_t nhit = 0;
+    for (size_t i = 0; i < n; i++)
+        nhit += hit[i] != 0;
+    if (!nhit)
+        return KV_OK;
+    size_t *at = malloc(nhit * sizeof *at);
+    uint8_t *got = calloc(nhit * rest, 1);
+    struct fan f;
+    int rc = at && got ? fan_init(c, &f, nhit * rest, false) : KV_ENOMEM;
+    if (rc != KV_OK) {
+        free(at);
+        free(got);
+        return rc;
+    }
+    for (size_t i = 0, h = 0; i < n; i++) {
+        if (!hit[i])
+            continue;
+        at[h] = i;
+        for (uint32_t s = 0; s < rest; s++)
+            fan_add(c, &f, h * rest + s, &(struct kv__op){ .kind = KV_OP_SIZE, .ns = (uint8_t)ns,
+                                                           .index = s + 1, .id = ids[i] });
+        h++;
+    }
+    rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
+    for (size_t j = 0; rc == KV_OK && j < f.k; j++)
+        if (f.ops[j].result == KV_OK)
+            got[f.item[j]] = 1;
+    for (size_t h = 0; rc == KV_OK && h < nhit; h++)
+        for (uint32_t s = 0; s < rest; s++)
+            if (!got[h * rest + s])
+                hit[at[h]] = 0;
+    fan_free(&f);
+    free(at);
+    free(got);
+    return rc;
+}
+
 int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
                        uint8_t *hit)
 {
@@ -1631,6 +1680,8 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
                 hit[f.item[j]] = 1;
     }
     fan_free(&f);
+    if (rc == KV_OK && ns == KV_NS_BLOCK && c->cfg.store.block_shards > 1)
+        rc = complete_blocks(c, ns, ids, n, hit);
     return rc;
 }
 

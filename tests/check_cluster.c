@@ -47,6 +47,7 @@ static struct tu_etcd etcd;
 static int with_metrics;                /* nodes started now serve /metrics */
 static unsigned node_mport[MAXP];
 static unsigned node_rr_mib = 64;       /* the nodes' cluster.rereplicate_mib_s */
+static const char *engine_block_shards; /* store.block_shards of engines opened now; NULL = default */
 #define ETCD_PREFIX "/kvtest/cluster"
 
 static const char *protocol(void)
@@ -235,6 +236,8 @@ static int open_engine_t(const char *cap, unsigned r, const char *token, const c
         ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_endpoints", etcd.endpoints), KV_OK);
         ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_prefix", ETCD_PREFIX), KV_OK);
     }
+    if (engine_block_shards)
+        ck_assert_int_eq(kv_config_set(cfg, "store.block_shards", engine_block_shards), KV_OK);
     *out = NULL;
     int rc = kv_open(cfg, out);
     kv_config_free(cfg);
@@ -259,6 +262,7 @@ static void setup(void)
 {
     with_metrics = 0;
     node_rr_mib = 64;
+    engine_block_shards = NULL;
     /* SIGPIPE is left at its default on purpose: the library must never
      * raise it (peers are killed mid-transfer here). */
     dir = tu_mkdtemp();
@@ -324,6 +328,39 @@ START_TEST(three_nodes_two_engines)
     miss.block = none;
     ck_assert_int_eq(tu_task(client, 0, &miss, 1), KV_ENOTFOUND);
     tu_set_free(&s);
+}
+END_TEST
+
+/* The nodes count one shard a block (their default); a client that counts
+ * four is promised a block only once all four are on its owners. (Before,
+ * the owner's shard-0 answer was the hit.) */
+START_TEST(cluster_lookup_promises_complete_blocks)
+{
+    for (int i = 0; i < 2; i++)
+        start_node("32MiB", 1);
+    wait_owners(2);
+    engine_block_shards = "4";
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    uint8_t buf[4096];
+    tu_fill(buf, sizeof buf, 5);
+    kv_block_id ids[8];
+    uint8_t hit[8];
+    for (int i = 0; i < 8; i++) {
+        ids[i] = tu_id((uint64_t)i, 77);
+        for (uint32_t s = 0; s < 3; s++)
+            ck_assert_int_eq(tu_dump1(client, ids[i], s, buf, sizeof buf), KV_OK);
+    }
+    ck_assert_int_eq(kv_lookup(client, ids, 8, hit), KV_OK);
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(hit[i] == 0, "block %d of 3 shards hit", i);
+    ck_assert_int_eq(kv_lookup_prefix(client, ids, 8), -1);
+    for (int i = 0; i < 8; i += 2)
+        ck_assert_int_eq(tu_dump1(client, ids[i], 3, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(kv_lookup(client, ids, 8, hit), KV_OK);
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(hit[i] == (i % 2 == 0), "block %d: hit %d", i, hit[i]);
+    ck_assert_int_eq(kv_lookup_prefix(client, ids, 8), 0);
 }
 END_TEST
 
@@ -1381,6 +1418,7 @@ Suite *cluster_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, net_layer_without_engine);
     tcase_add_test(tc, three_nodes_two_engines);
+    tcase_add_test(tc, cluster_lookup_promises_complete_blocks);
     tcase_add_test(tc, replica_failover);
     tcase_add_test(tc, wrong_token_refused);
     tcase_add_test(tc, hostile_peer);

@@ -187,6 +187,49 @@ START_TEST(lookup_is_a_per_block_mask_on_shard_zero)
 }
 END_TEST
 
+/* UCM's Posix store commits a block after its last shard: with
+ * store.block_shards 4, shards 0..2 are a miss, the fourth makes the hit.
+ * (Before store.block_shards, lookup said hit once shard 0 was in.) */
+START_TEST(a_block_hits_only_once_every_shard_is_stored)
+{
+    kv_engine *e = tu_open_yaml(DRAM_ONLY "store: { block_shards: 4 }\n");
+    uint8_t buf[100] = { 0 };
+    kv_block_id ids[2] = { tu_id(20, 0), tu_id(21, 0) };
+    for (uint32_t s = 0; s < 3; s++)
+        ck_assert_int_eq(tu_dump1(e, ids[0], s, buf, sizeof buf), KV_OK);
+    for (uint32_t s = 1; s < 4; s++)                      /* all but shard 0 */
+        ck_assert_int_eq(tu_dump1(e, ids[1], s, buf, sizeof buf), KV_OK);
+    uint8_t hit[2] = { 9, 9 };
+    ck_assert_int_eq(kv_lookup(e, ids, 2, hit), KV_OK);
+    ck_assert_uint_eq(hit[0], 0);
+    ck_assert_uint_eq(hit[1], 0);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids, 2), -1);
+    ck_assert_int_eq(tu_dump1(e, ids[0], 3, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, ids[1], 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(kv_lookup(e, ids, 2, hit), KV_OK);
+    ck_assert_uint_eq(hit[0], 1);
+    ck_assert_uint_eq(hit[1], 1);
+    ck_assert_int_eq(kv_lookup_prefix(e, ids, 2), 1);
+    kv_close(e);
+}
+END_TEST
+
+START_TEST(block_shards_is_configured_and_checked)
+{
+    kv_config *cfg;
+    char v[32];
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_get(cfg, "store.block_shards", v, sizeof v), KV_OK);
+    ck_assert_str_eq(v, "1");
+    ck_assert_int_eq(kv_config_set(cfg, "store.block_shards", "0"), KV_ECONFIG);
+    ck_assert_int_eq(kv_config_set(cfg, "store.block_shards", "65537"), KV_ECONFIG);
+    ck_assert_int_eq(kv_config_set(cfg, "store.block_shards", "8"), KV_OK);
+    ck_assert_int_eq(kv_config_get(cfg, "store.block_shards", v, sizeof v), KV_OK);
+    ck_assert_str_eq(v, "8");
+    kv_config_free(cfg);
+}
+END_TEST
+
 START_TEST(lookup_prefix_is_the_last_hit_of_the_leading_run)
 {
     kv_engine *e = open_dram();
@@ -587,6 +630,32 @@ static kv_engine *open_tiered(const char *dram, bool write_through, bool promote
     return e;
 }
 
+/* A block whose shards sit in different tiers is complete too: shards 0
+ * and 1 in DRAM, 2 and 3 only in the tier below. */
+START_TEST(a_complete_block_may_span_the_tiers)
+{
+    mt.writes = mt.reads = mt.removes = 0;
+    mt.remove_rc = 0;
+    mt.write_through = mt.promote = false;
+    kv_engine *e = tu_open_yaml(DRAM_ONLY "store: { block_shards: 4 }\n");
+    char err[256] = "";
+    ck_assert_msg(kv__store_attach(e, &mem_tier, err, sizeof err) == KV_OK, "attach: %s", err);
+    uint8_t buf[300] = { 0 };
+    kv_iov iov = { buf, sizeof buf };
+    kv_block_id id = tu_id(3, 81);
+    ck_assert_int_eq(tu_dump1(e, id, 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, id, 1, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(mt_write(NULL, KV_NS_BLOCK, &id, 2, &iov, 1), KV_OK);
+    uint8_t hit = 9;
+    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_uint_eq(hit, 0);
+    ck_assert_int_eq(mt_write(NULL, KV_NS_BLOCK, &id, 3, &iov, 1), KV_OK);
+    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_uint_eq(hit, 1);
+    kv_close(e);
+}
+END_TEST
+
 START_TEST(the_tier_table_names_the_ssd_tier)
 {
     ck_assert_ptr_eq(kv__tier_find("ssd"), &kv__ssd_tier);
@@ -729,6 +798,8 @@ Suite *engine_suite(void)
     tcase_add_test(tc, any_failed_shard_fails_the_task);
     tcase_add_test(tc, lookup_is_a_per_block_mask_on_shard_zero);
     tcase_add_test(tc, lookup_prefix_is_the_last_hit_of_the_leading_run);
+    tcase_add_test(tc, a_block_hits_only_once_every_shard_is_stored);
+    tcase_add_test(tc, block_shards_is_configured_and_checked);
     tcase_add_test(tc, two_dumps_of_one_shard_both_succeed_and_one_copy_is_kept);
     tcase_add_test(tc, wait_timeout_cancels_and_drains);
     tcase_add_test(tc, io_timeout_fails_tasks_that_cannot_start_in_time);
@@ -744,6 +815,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, a_dump_writes_through_only_when_the_tier_asks);
     tcase_add_test(tc, a_read_served_below_is_promoted_only_when_the_tier_asks);
     tcase_add_test(tc, dram_victims_spill_into_the_tier_below);
+    tcase_add_test(tc, a_complete_block_may_span_the_tiers);
     tcase_add_test(tc, a_put_fails_when_a_tier_cannot_drop_the_older_copy);
     suite_add_tcase(s, tc);
     return s;

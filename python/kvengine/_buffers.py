@@ -103,6 +103,17 @@ def tensor_span(t, writable):
 
 _C = ctypes.c_char
 _addressof = ctypes.addressof
+U64_MAX = (1 << 64) - 1
+
+
+def check_u64(what, v):
+    """v itself when it is an int that a C size_t / uint64_t holds; ctypes
+    would keep only the low 64 bits of a larger one, so that is refused."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%s is an int, got %s" % (what, type(v).__name__))
+    if not 0 <= v <= U64_MAX:
+        raise ValueError("%s %d does not fit in 64 bits (0..2^64-1)" % (what, v))
+    return v
 
 
 def span(buf, writable):
@@ -133,6 +144,9 @@ def span(buf, writable):
             raise TypeError("an (address, size) pair takes two ints")
         if size < 0:
             raise ValueError("size %d is negative" % size)
+        check_u64("size", size)
+        if addr > 0:
+            check_u64("address", addr)
         if addr <= 0 and size > 0:
             raise ValueError("address %r is not a valid pointer" % (addr,))
         return addr, size, None

@@ -172,3 +172,12 @@ _libc = ctypes.CDLL(None)
 free = _libc.free
 free.restype = None
 free.argtypes = [_p]
+
+# Shared buffers of the host store (kv_buffer_alloc / kv_buffer_free) came
+# with it; a library without them leaves BufferPool on page-aligned mmap
+# memory registered with kv_register_buffer.
+if hasattr(lib, "kv_buffer_alloc") and hasattr(lib, "kv_buffer_free"):
+    kv_buffer_alloc = _proto("kv_buffer_alloc", _i, _p, _sz, ctypes.POINTER(_p))
+    kv_buffer_free = _proto("kv_buffer_free", _i, _p, _p)
+else:   # pragma: no cover - depends on the library loaded
+    kv_buffer_alloc = kv_buffer_free = None

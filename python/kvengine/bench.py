@@ -3,6 +3,7 @@
     PYTHONPATH=python python3 -m kvengine.bench                       # 1 MiB x 512, batch 8
     PYTHONPATH=python python3 -m kvengine.bench --value-size 4KiB --nr-objects 20000
     PYTHONPATH=python python3 -m kvengine.bench --cluster   # Mooncake batches, 2 kvnodes
+    PYTHONPATH=python python3 -m kvengine.bench --io-api zcopy   # Mooncake store on BufferPool
 
 Each round runs `kvctl bench --scenario read_perf` (a subprocess) and then
 the same workload through kvengine.Engine in this process, with the same
@@ -129,24 +130,42 @@ def run_python(settings, a):
     return {"write_s": write_s, "read_s": read_s, "write_cpu": write_cpu, "read_cpu": read_cpu}
 
 
-def run_mooncake(cluster, a, rnd):
+def run_mooncake(cluster, a, rnd, settings=None):
     """batch_put_from / batch_get_into of the same objects through the
-    Mooncake store, a pure client of the cluster kvctl's client talks to."""
-    from .mooncake import MooncakeDistributedStore
+    Mooncake store: a pure client of the cluster kvctl's client talks to
+    (--cluster), or a single-process store with kvctl's settings. With
+    --io-api zcopy the buffers are leases of a BufferPool (what Mooncake's
+    store_kv_bench.py --io-api zcopy uses), else mmap'ed and registered."""
+    from .mooncake import BufferPool, MooncakeDistributedStore
     vs, n, bs = a.value_size, a.nr_objects, a.batch_size
     st = MooncakeDistributedStore()
-    rc = st.setup("127.0.0.1", "", 0, 0, "tcp", "", cluster.master,
-                  kvengine_settings=cluster.client_settings())
+    st.kv_lease_ttl_ms = 0          # batch_remove at the end: no read leases in the way
+    if cluster:
+        rc = st.setup("127.0.0.1", "", 0, 2 * vs * bs, "tcp", "", cluster.master,
+                      kvengine_settings=cluster.client_settings())
+    else:
+        rc = st.setup("localhost", "", settings["dram.capacity"], 2 * vs * bs, "tcp", "", "",
+                      kvengine_settings=settings)
     if rc:
         raise SystemExit("mooncake store setup failed (%d): %s" % (rc, st.last_error))
-    src = mmap.mmap(-1, vs * bs)
-    src.write(os.urandom(vs * bs))
-    dst = mmap.mmap(-1, vs * bs)
-    dst.write(bytes(vs * bs))
-    sbase = ctypes.addressof(ctypes.c_char.from_buffer(src))
-    dbase = ctypes.addressof(ctypes.c_char.from_buffer(dst))
-    st.register_buffer(sbase, vs * bs)
-    st.register_buffer(dbase, vs * bs)
+    pool = leases = None
+    if a.io_api == "zcopy":
+        pool = BufferPool(st)
+        leases = [pool.acquire(vs * bs), pool.acquire(vs * bs)]
+        sbase, dbase = leases[0].ptr, leases[1].ptr
+        src = (ctypes.c_char * (vs * bs)).from_address(sbase)
+        dst = (ctypes.c_char * (vs * bs)).from_address(dbase)
+        ctypes.memmove(sbase, os.urandom(vs * bs), vs * bs)
+        ctypes.memset(dbase, 0, vs * bs)
+    else:
+        src = mmap.mmap(-1, vs * bs)
+        src.write(os.urandom(vs * bs))
+        dst = mmap.mmap(-1, vs * bs)
+        dst.write(bytes(vs * bs))
+        sbase = ctypes.addressof(ctypes.c_char.from_buffer(src))
+        dbase = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+        st.register_buffer(sbase, vs * bs)
+        st.register_buffer(dbase, vs * bs)
     keys = ["bench-%d-%d-%d" % (os.getpid(), rnd, k) for k in range(n)]
     sptr = [sbase + j * vs for j in range(bs)]
     dptr = [dbase + j * vs for j in range(bs)]
@@ -174,9 +193,16 @@ def run_mooncake(cluster, a, rnd):
             raise SystemExit("the last batch read back wrong")
         st.batch_remove(keys)
     finally:
+        if pool is not None:
+            del src, dst
+            for lease in leases:
+                lease.release()
+            pool.close()
+        else:
+            del sbase, dbase
+            src.close()
+            dst.close()
         st.close()
-        src.close()
-        dst.close()
     return {"write_s": write_s, "read_s": read_s, "write_cpu": write_cpu, "read_cpu": read_cpu}
 
 
@@ -277,6 +303,10 @@ def main(argv=None):
                     help="start kvmaster + two kvnodes on loopback and compare kvctl bench as "
                     "a pure client with the Mooncake store's batch_put_from / batch_get_into "
                     "as one (default objects: 256)")
+    ap.add_argument("--io-api", choices=("engine", "zcopy"), default="engine",
+                    help="the Python side: engine (kvengine.Engine dump/load; with --cluster "
+                    "the Mooncake store's batch calls) or zcopy (the Mooncake store's "
+                    "batch_put_from / batch_get_into on BufferPool leases)")
     a = ap.parse_args(argv)
     if a.nr_objects is None:
         a.nr_objects = max(1, ((256 if a.cluster else 512) << 20) // a.value_size)
@@ -298,13 +328,17 @@ def main(argv=None):
     try:
         for r in range(a.rounds):
             c = run_kvctl(kvctl, settings, a)
-            p = run_mooncake(cluster, a, r) if cluster else run_python(settings, a)
+            if cluster or a.io_api == "zcopy":
+                p = run_mooncake(cluster, a, r, settings)
+            else:
+                p = run_python(settings, a)
             rows.append((c, p))
     finally:
         if cluster:
             cluster.stop()
     mib = data / (1 << 20)
     out = {"value_size": a.value_size, "nr_objects": a.nr_objects, "batch_size": a.batch_size,
+           "io_api": a.io_api,
            "settings": settings, "rounds": [], "pack_us_per_shard": pack_only(a) * 1e6}
     for c, p in rows:
         out["rounds"].append({
@@ -332,9 +366,12 @@ def main(argv=None):
         json.dump(out, sys.stdout, indent=1)
         print()
         return 0
-    print("kvengine.bench%s: %d x %d B, batch %d, %d rounds, settings %s"
-          % (" --cluster (python = Mooncake store batch_put_from/batch_get_into)"
-             if a.cluster else "", a.nr_objects, a.value_size, a.batch_size, a.rounds,
+    print("kvengine.bench%s%s: %d x %d B, batch %d, %d rounds, settings %s"
+          % (" --cluster" if a.cluster else "",
+             " --io-api zcopy (python = Mooncake store batch_put_from/batch_get_into on "
+             "BufferPool leases)" if a.io_api == "zcopy" else
+             " (python = Mooncake store batch_put_from/batch_get_into)" if a.cluster else "",
+             a.nr_objects, a.value_size, a.batch_size, a.rounds,
              " ".join("%s=%s" % kv for kv in settings.items())))
     print("round  write MiB/s kvctl / python (ratio)   read MiB/s kvctl / python (ratio)"
           "   us/shard write kvctl/python   read kvctl/python")

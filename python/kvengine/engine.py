@@ -97,7 +97,11 @@ def _settings_items(settings):
     for k, v in settings.items():
         if isinstance(v, bool):
             v = "true" if v else "false"
-        out.append((str(k), str(v)))
+        k, v = str(k), str(v)
+        # C strings end at a NUL: "ssd.path=/a\0b" would quietly become /a.
+        if "\0" in k or "\0" in v:
+            raise ValueError("setting %r: a key or value must not contain NUL" % (k,))
+        out.append((k, v))
     return out
 
 
@@ -111,6 +115,8 @@ def make_config(config_file=None, settings=None):
         raise KvError(rc, "kv_config_new")
     try:
         if config_file is not None:
+            if "\0" in str(config_file):
+                raise ValueError("config file %r: a path must not contain NUL" % (config_file,))
             err = ctypes.create_string_buffer(512)
             rc = _lib.kv_config_load(cfg, str(config_file).encode(), err, len(err))
             if rc:
@@ -195,8 +201,9 @@ class Task:
     def wait(self, timeout_ms=0):
         """Blocks until done (timeout_ms 0 = forever); raises KvError for a
         failed task, KV_ETIMEDOUT (the task is then cancelled) on timeout."""
-        if not isinstance(timeout_ms, int) or timeout_ms < 0:
-            raise ValueError("timeout_ms is a non-negative int, got %r" % (timeout_ms,))
+        if not isinstance(timeout_ms, int) or not 0 <= timeout_ms <= _U32_MAX:
+            # (kv_wait takes an unsigned int: a larger one would wrap to a short wait)
+            raise ValueError("timeout_ms is an int in 0..2^32-1, got %r" % (timeout_ms,))
         with self._lock:
             rc = self._result
             if rc is None:
@@ -290,7 +297,8 @@ class Engine:
     # -- blocks -----------------------------------------------------------
 
     def lookup(self, ids):
-        """[bool] per block id: shard 0 is stored in some tier (leases hits)."""
+        """[bool] per block id: the block is complete (shards 0..store.block_shards-1
+        each stored in some tier); hits are leased."""
         blob, n = _id_blob(ids)
         hit = ctypes.create_string_buffer(n or 1)
         h = self._enter()
@@ -570,6 +578,8 @@ class Engine:
             addr = buf
         if not isinstance(addr, int) or not isinstance(size, int) or addr <= 0 or size <= 0:
             raise ValueError("register_buffer takes a buffer, or an address and a size > 0")
+        _buffers.check_u64("address", addr)
+        _buffers.check_u64("size", size)
         h = self._enter()
         try:
             rc = _lib.kv_register_buffer(h, addr, size)

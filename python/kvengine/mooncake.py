@@ -32,9 +32,18 @@ Mapping (what Mooncake's arguments mean here):
   kv_exists_many each: one round per owner, not one per key (a library
   without those calls gets a loop).
 - A put replaces an existing object (Mooncake's put of an existing key
-  succeeds too). ReplicateConfig is accepted and checked, but replication
-  is the engine's cluster.replica_num, and there is no per-object pinning:
-  replica_num, pins and preferred segments of one call are ignored.
+  succeeds too), so the upsert family is the put family. ReplicateConfig
+  is checked as Mooncake's C++ checks it; replication is the engine's
+  cluster.replica_num, so replica counts and preferred segments of one
+  call are unused. Reads lease an object (DEFAULT_KV_LEASE_TTL ms) and soft
+  pins keep one for their TTL; remove refuses a leased object (-706) unless
+  forced. The leases are this process's (kvengine's plain keys have none).
+- The rest of setup's arguments: engine (a TransferEngine) is unused,
+  enable_ssd_offload opens the SSD tier at ssd_offload_path, tenant_id
+  prefixes keys (none for "default"), enable_client_http_server serves
+  kvengine's /metrics and /health on client_http_port; a port in
+  local_hostname is the member's name, never bound. setup_dummy opens the
+  host's store named after its server_address (store.name).
 - Return conventions are Mooncake's: 0 or a negative code, bytes read for
   get_into, b"" from get when the object is missing, 1/0/-1 from is_exist.
   Codes are Mooncake's numbers (ErrorCode below) mapped from kvengine's:
@@ -60,10 +69,15 @@ import shlex
 import socket
 import struct
 import threading
+import time
 
 from . import _buffers
 from . import _lib
 from . import engine as _engine
+from . import mooncake_tensor as _tensor
+from .mooncake_pool import (BufferLease, BufferLeaseView, BufferPool,  # noqa: F401
+                            RegisteredBufferLease, RegisteredBufferLeaseView,
+                            RegisteredBufferPool)
 
 log = logging.getLogger("kvengine.mooncake")
 
@@ -80,9 +94,12 @@ class ErrorCode(enum.IntEnum):
     INVALID_PARAMS = -600
     ILLEGAL_CLIENT = -601
     OBJECT_NOT_FOUND = -704
+    OBJECT_ALREADY_EXISTS = -705
+    OBJECT_HAS_LEASE = -706
     TRANSFER_FAIL = -800
     RPC_FAIL = -900
     RPC_TIMEOUT = -901
+    NOT_SUPPORTED = -1012
 
 
 _E = _engine
@@ -115,27 +132,83 @@ class SoftPinAction(enum.IntEnum):
     DISABLE = 2
 
 
+_U64_MAX = (1 << 64) - 1
+
+
+def _check_u64(name, v, optional=False):
+    """Mooncake's fields are C++ integers: pybind11 refuses anything that
+    does not fit with TypeError, and so does this."""
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _U64_MAX:
+        raise TypeError("ReplicateConfig.%s: incompatible value %r (an int in 0..2**64-1%s)"
+                        % (name, v, " or None" if optional else ""))
+    return v
+
+
 class ReplicateConfig:
-    """Mooncake's per-put replication settings. Accepted for compatibility:
-    kvengine replicates by its cluster.replica_num (see the module's top)."""
+    """Mooncake's per-put replication settings.
+
+    Mapped here: with_soft_pin / soft_pin_ttl_ms (a soft pin is kept as a
+    lease of soft_pin_ttl_ms, Mooncake's 30 minutes when None, during which
+    remove() refuses the object with OBJECT_HAS_LEASE unless forced);
+    group_ids (checked: one per key in a batch). Accepted and not used,
+    because kvengine places objects by rendezvous hashing over
+    cluster.replica_num owners: replica_num, nof_replica_num,
+    dfs_replica_num, with_hard_pin, preferred_segment(s),
+    preferred_nof_segments, prefer_alloc_in_same_node, data_type."""
+
+    __slots__ = ("replica_num", "nof_replica_num", "dfs_replica_num", "with_soft_pin",
+                 "with_hard_pin", "preferred_segment", "preferred_segments",
+                 "preferred_nof_segments", "prefer_alloc_in_same_node", "soft_pin_action",
+                 "_soft_pin_ttl_ms", "data_type", "_group_ids")
 
     def __init__(self, replica_num=1, with_soft_pin=False, with_hard_pin=False,
                  preferred_segment="", preferred_segments=None, prefer_alloc_in_same_node=False,
-                 soft_pin_action=SoftPinAction.PRESERVE, soft_pin_ttl_ms=0):
+                 soft_pin_action=SoftPinAction.PRESERVE, soft_pin_ttl_ms=None,
+                 nof_replica_num=0, dfs_replica_num=0, preferred_nof_segments=None,
+                 data_type=0, group_ids=None):
         self.replica_num = replica_num
+        self.nof_replica_num = nof_replica_num
+        self.dfs_replica_num = dfs_replica_num
         self.with_soft_pin = with_soft_pin
         self.with_hard_pin = with_hard_pin
         self.preferred_segment = preferred_segment
         self.preferred_segments = list(preferred_segments or [])
+        self.preferred_nof_segments = list(preferred_nof_segments or [])
         self.prefer_alloc_in_same_node = prefer_alloc_in_same_node
         self.soft_pin_action = soft_pin_action
         self.soft_pin_ttl_ms = soft_pin_ttl_ms
+        self.data_type = data_type
+        self.group_ids = group_ids
+
+    @property
+    def soft_pin_ttl_ms(self):
+        """None (the default: Mooncake's master default applies) or ms."""
+        return self._soft_pin_ttl_ms
+
+    @soft_pin_ttl_ms.setter
+    def soft_pin_ttl_ms(self, v):
+        self._soft_pin_ttl_ms = _check_u64("soft_pin_ttl_ms", v, optional=True)
+
+    @property
+    def group_ids(self):
+        return self._group_ids
+
+    @group_ids.setter
+    def group_ids(self, v):
+        if v is not None:
+            if isinstance(v, (str, bytes)) or not all(isinstance(x, str) for x in v):
+                raise TypeError("ReplicateConfig.group_ids: a list of str or None, got %r" % (v,))
+            v = list(v)
+        self._group_ids = v
 
     def __repr__(self):
-        return ("ReplicateConfig(replica_num=%d, with_soft_pin=%s, with_hard_pin=%s, "
-                "preferred_segment=%r, soft_pin_action=%s)"
+        return ("ReplicateConfig(replica_num=%s, with_soft_pin=%s, with_hard_pin=%s, "
+                "preferred_segment=%r, soft_pin_action=%s, soft_pin_ttl_ms=%s, group_ids=%r)"
                 % (self.replica_num, self.with_soft_pin, self.with_hard_pin,
-                   self.preferred_segment, SoftPinAction(self.soft_pin_action).name))
+                   self.preferred_segment, SoftPinAction(self.soft_pin_action).name,
+                   self.soft_pin_ttl_ms, self.group_ids))
 
     __str__ = __repr__
 
@@ -209,12 +282,51 @@ def _pick_port(host):
     raise OSError(errno.EADDRINUSE, "no free port in %d..%d" % (_PORT_LO, _PORT_HI))
 
 
+def _is_u64(v):
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
+
+
+def _env_int(name, default):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _flag(v):
+    """A bool from Mooncake's dict form, where values may be strings."""
+    if isinstance(v, str):
+        if v.strip().lower() in ("1", "true", "yes", "on"):
+            return True
+        if v.strip().lower() in ("", "0", "false", "no", "off"):
+            return False
+        raise ValueError("not a boolean: %r" % v)
+    return bool(v)
+
+
+def _tenant_prefix(tenant_id):
+    """The key prefix of a tenant: none for Mooncake's "default" tenant (so
+    those objects are the same as an untenanted store's), else NUL, the
+    name, NUL: no tenant's key can spell another's, since a tenant name
+    may not hold a NUL."""
+    if tenant_id is None or tenant_id in ("", "default"):
+        return b""
+    if not isinstance(tenant_id, str):
+        raise TypeError("tenant_id is a str, got %s" % type(tenant_id).__name__)
+    if "\0" in tenant_id:
+        raise ValueError("tenant_id must not contain NUL")
+    t = tenant_id.encode()
+    if len(t) > 64:
+        raise ValueError("tenant_id is at most 64 bytes, got %d" % len(t))
+    return b"\0" + t + b"\0"
+
+
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
 
-class MooncakeDistributedStore:
+class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
     """Mooncake's MooncakeDistributedStore, backed by a kvengine engine."""
 
     def __init__(self):
@@ -224,14 +336,28 @@ class MooncakeDistributedStore:
         self._hostname = ""
         self._local_buffer = 0
         self._cluster_settings = None
+        self._prefix = b""
+        self._leases = {}
+        self._llock = threading.Lock()
+        self._regs = {}          # registered buffers: address -> size (get_into_ranges)
+        self.dummy = False
+        # Mooncake's master grants a read lease of default_kv_lease_ttl
+        # (5 s); its tests read the same DEFAULT_KV_LEASE_TTL to know it.
+        self.kv_lease_ttl_ms = _env_int("DEFAULT_KV_LEASE_TTL", 5000)
+        self.kv_soft_pin_ttl_ms = _env_int("DEFAULT_KV_SOFT_PIN_TTL", 30 * 60 * 1000)
         self.last_error = ""
 
     # -- setup / teardown ------------------------------------------------------
 
     def setup(self, local_hostname, metadata_server=None, global_segment_size=16 << 20,
               local_buffer_size=1 << 30, protocol="tcp", rdma_devices="",
-              master_server_addr="", *, kvengine_config=None, kvengine_settings=None):
-        """0 on success, else a negative code (self.last_error says why)."""
+              master_server_addr="", engine=None, enable_ssd_offload=False,
+              ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+              client_http_port=9300, *, kvengine_config=None, kvengine_settings=None):
+        """Mooncake's setup, positionally or by keyword, or setup(dict) with
+        the same keys (values may be strings, as Mooncake's dict form takes
+        them). 0 on success, else a negative code (self.last_error says why).
+        See the module's top for what each argument means here."""
         if isinstance(local_hostname, dict):
             d = dict(local_hostname)
             try:
@@ -240,9 +366,13 @@ class MooncakeDistributedStore:
                     d.get("global_segment_size", 16 << 20), d.get("local_buffer_size", 1 << 30),
                     d.get("protocol", "tcp"), d.get("rdma_devices", d.get("device_name", "")),
                     d.get("master_server_addr", d.get("master_server_address", "")),
+                    d.get("engine"), _flag(d.get("enable_ssd_offload", False)),
+                    d.get("ssd_offload_path", ""), d.get("tenant_id", "default"),
+                    _flag(d.get("enable_client_http_server", False)),
+                    int(d.get("client_http_port", 9300)),
                     kvengine_config=d.get("kvengine_config", kvengine_config),
                     kvengine_settings=d.get("kvengine_settings", kvengine_settings))
-            except TypeError as exc:
+            except (TypeError, ValueError) as exc:
                 return self._fail(_BAD, "setup: %s" % exc)
         with self._lock:
             if self._eng is not None:
@@ -250,20 +380,38 @@ class MooncakeDistributedStore:
             try:
                 seg = parse_size(global_segment_size)
                 buf = parse_size(local_buffer_size)
-            except ValueError as exc:
+                _buffers.check_u64("global_segment_size", seg)
+                _buffers.check_u64("local_buffer_size", buf)
+                prefix = _tenant_prefix(tenant_id)
+            except (ValueError, TypeError) as exc:
                 return self._fail(_BAD, "setup: %s" % exc)
             if protocol not in ("tcp", "rdma"):
                 return self._fail(_BAD, "setup: protocol is tcp or rdma, got %r" % (protocol,))
+            if engine is not None:
+                # A Mooncake TransferEngine moves Mooncake's bytes; kvengine
+                # has its own transports (cluster.protocol), so it is unused.
+                log.warning("setup: the TransferEngine passed as engine= is not used: kvengine "
+                            "moves data over its own transport (cluster.protocol)")
             host = str(local_hostname or "localhost")
-            port = None
+            named_port = None
             if host.count(":") == 1:
                 host, p = host.split(":")
                 try:
-                    port = int(p)
+                    named_port = int(p)
                 except ValueError:
                     return self._fail(_BAD, "setup: bad port in local_hostname %r"
                                       % local_hostname)
             settings = {"pipeline": "dram", "dram.capacity": str(seg)}
+            if enable_ssd_offload:
+                path = ssd_offload_path or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
+                if not path:
+                    return self._fail(_BAD, "setup: enable_ssd_offload needs ssd_offload_path "
+                                      "(or $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)")
+                settings.update({"pipeline": "dram|ssd", "ssd.path": str(path)})
+            if enable_client_http_server:
+                # Mooncake's client HTTP server serves its metrics; kvengine's
+                # metrics endpoint serves /metrics and /health.
+                settings["metrics.listen"] = "%s:%d" % (host, int(client_http_port))
             clustered = bool(master_server_addr)
             if clustered:
                 settings.update({"cluster.enabled": "true",
@@ -279,36 +427,84 @@ class MooncakeDistributedStore:
                 settings.update(kvengine_settings)
             if kvengine_config is None:
                 kvengine_config = os.environ.get("KVENGINE_CONFIG") or None
-            tries = 1 if (port is not None or not clustered) else 5
-            rc = 0
-            for _ in range(tries):
-                p = port
-                if clustered:
-                    if p is None:
-                        try:
-                            p = _pick_port(host)
-                        except OSError as exc:
-                            return self._fail(_NOT_SET_UP, "setup: %s" % exc)
-                    settings["cluster.listen"] = "%s:%d" % (host, p)
-                try:
-                    self._eng = _engine.Engine(kvengine_config, settings)
-                    break
-                except _engine.KvError as exc:
-                    rc = exc.code
-                    self.last_error = "setup: %s" % exc
-                except (TypeError, ValueError) as exc:
-                    return self._fail(_BAD, "setup: %s" % exc)
-                if rc != _engine.ENET:   # only a port taken meanwhile is worth a retry
-                    break
-            if self._eng is None:
-                log.error("%s", self.last_error)
-                return to_mooncake(rc)
-            self._hostname = "%s:%d" % (host, p) if clustered else str(local_hostname)
+            rc = self._open(kvengine_config, settings, host, clustered)
+            if rc:
+                return rc
+            # A port in local_hostname names this member, as Mooncake's
+            # segment name; the port served on is picked, so two stores
+            # named alike on one host do not collide.
+            if named_port is not None or not clustered:
+                self._hostname = str(local_hostname)
             self._local_buffer = buf
+            self._prefix = prefix
             self._keys = set() if _lib.kv_remove_all is None else None
             self._cluster_settings = settings if clustered else None
             self._config_file = kvengine_config
             self.last_error = ""
+            return 0
+
+    def _open(self, config_file, settings, host, clustered):
+        """Opens the engine (picking a port to serve on in a cluster, with
+        retries when one is taken meanwhile); 0 or a Mooncake code."""
+        rc = 0
+        picked = False
+        for _ in range(5 if clustered else 1):
+            if clustered and "cluster.listen" not in settings:
+                try:
+                    p = _pick_port(host)
+                except OSError as exc:
+                    return self._fail(_NOT_SET_UP, "setup: %s" % exc)
+                settings["cluster.listen"] = "%s:%d" % (host, p)
+                picked = True
+            try:
+                self._eng = _engine.Engine(config_file, settings)
+                self._hostname = settings.get("cluster.listen", host) if clustered else host
+                return 0
+            except _engine.KvError as exc:
+                rc = exc.code
+                self.last_error = "setup: %s" % exc
+            except (TypeError, ValueError) as exc:
+                return self._fail(_BAD, "setup: %s" % exc)
+            if rc != _engine.ENET or not picked:   # only a port taken meanwhile is worth a retry
+                break
+            settings.pop("cluster.listen", None)
+        log.error("%s", self.last_error)
+        return to_mooncake(rc)
+
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """Mooncake's dummy client: a process that reaches a real client's
+        store on this host (server_address names it) instead of holding
+        one. Here that is kvengine's one store per host: the store is
+        named after server_address (store.name), and every process that
+        opens that name shares one store; the first serves it.
+        mem_pool_size is the DRAM the store has when this process is the
+        first. 0 or a negative code."""
+        try:
+            pool = parse_size(mem_pool_size)
+            buf = parse_size(local_buffer_size)
+        except ValueError as exc:
+            return self._fail(_BAD, "setup_dummy: %s" % exc)
+        if not isinstance(server_address, str) or not server_address or "\0" in server_address:
+            return self._fail(_BAD, "setup_dummy: server_address is host:port, got %r"
+                              % (server_address,))
+        name = "mooncake-" + re.sub(r"[^A-Za-z0-9_.-]", "-", server_address)[:54]
+        with self._lock:
+            if self._eng is not None:
+                return self._fail(_BAD, "setup_dummy: the store is already set up")
+            settings = {"pipeline": "dram", "dram.capacity": str(pool), "store.name": name}
+            try:
+                settings.update(env_settings())
+            except ValueError as exc:
+                return self._fail(_BAD, "setup_dummy: %s" % exc)
+            rc = self._open(os.environ.get("KVENGINE_CONFIG") or None, settings, "localhost",
+                            False)
+            if rc:
+                return rc
+            self._hostname = server_address
+            self._local_buffer = buf
+            self._cluster_settings = None
+            self._config_file = None
+            self.dummy = True
             return 0
 
     def _fail(self, code, msg):
@@ -318,6 +514,9 @@ class MooncakeDistributedStore:
 
     def close(self):
         """Closes the engine (in-process objects go with it); 0."""
+        for pool, region in getattr(self, "_mem_regions", ()):
+            pool._free(region)
+        self._mem_regions = []
         with self._lock:
             eng, self._eng = self._eng, None
         if eng is not None:
@@ -357,21 +556,94 @@ class MooncakeDistributedStore:
         except _engine.KvError:
             return None, None
 
-    @staticmethod
-    def _key(key):
+    def _key(self, key):
+        """The engine's key for a Mooncake key (the tenant's prefix, then the
+        key's UTF-8), or None for a key that is not one."""
         if type(key) is str:
+            if "\0" in key:
+                return None
             k = key.encode()
         elif type(key) is bytes:
             k = key
         else:
             return None
-        return k if 0 < len(k) <= _lib.KV_KEY_MAX else None
+        if not k:
+            return None
+        k = self._prefix + k
+        return k if len(k) <= _lib.KV_KEY_MAX else None
 
     def _put_raw(self, h, k, addr, n):
         rc = _lib.kv_put(h, k, len(k), addr, n)
-        if rc == 0 and self._keys is not None:
-            self._keys.add(k)
+        if rc == 0:
+            self._lease(k)
+            if self._keys is not None:
+                self._keys.add(k)
         return rc
+
+    # Leases: Mooncake's master leases an object for default_kv_lease_ttl
+    # when it is written and to every reader, and a soft pin keeps it for
+    # its TTL; remove() and batch_replica_clear()
+    # refuses an object under lease (OBJECT_HAS_LEASE) unless forced. They
+    # are kept here, by this process, for the objects it read or pinned:
+    # kvengine's plain keys have no leases of their own, so another
+    # process's reads do not hold off this one's remove.
+
+    def _lease(self, k, ttl_ms=None):
+        ttl = self.kv_lease_ttl_ms if ttl_ms is None else ttl_ms
+        if ttl <= 0:
+            return
+        until = time.monotonic() + ttl / 1000.0
+        with self._llock:
+            if self._leases.get(k, 0) < until:
+                self._leases[k] = until
+            if len(self._leases) > 65536:
+                now = time.monotonic()
+                self._leases = {x: t for x, t in self._leases.items() if t > now}
+
+    def _leased(self, k):
+        with self._llock:
+            t = self._leases.get(k)
+            if t is None:
+                return False
+            if t > time.monotonic():
+                return True
+            del self._leases[k]
+            return False
+
+    def _drop_lease(self, k):
+        with self._llock:
+            self._leases.pop(k, None)
+
+    @staticmethod
+    def _pinning(config):
+        """True (pin), False (unpin: soft_pin_action DISABLE) or None."""
+        if config is None:
+            return None
+        if getattr(config, "with_soft_pin", False) or \
+                getattr(config, "soft_pin_action", 0) == SoftPinAction.ENABLE:
+            return True
+        return False if getattr(config, "soft_pin_action", 0) == SoftPinAction.DISABLE else None
+
+    def _pin(self, k, config):
+        """A soft pin (with_soft_pin, or soft_pin_action ENABLE) is kept as a
+        lease of its TTL; soft_pin_action DISABLE drops it."""
+        how = self._pinning(config)
+        if how:
+            ttl = config.soft_pin_ttl_ms
+            self._lease(k, self.kv_soft_pin_ttl_ms if ttl is None else ttl)
+        elif how is False:
+            self._drop_lease(k)
+
+    @classmethod
+    def _check_group_ids(cls, config, n):
+        """False for a config Mooncake refuses: group_ids not one per key,
+        or a soft-pin TTL without a soft pin to apply it to."""
+        if config is None:
+            return True
+        g = getattr(config, "group_ids", None)
+        if g is not None and len(g) != n:
+            return False
+        return getattr(config, "soft_pin_ttl_ms", None) is None or bool(cls._pinning(config))
 
     # -- copying calls -----------------------------------------------------------
 
@@ -383,7 +655,7 @@ class MooncakeDistributedStore:
         if self._eng is None:
             return _NOT_SET_UP
         k = self._key(key)
-        if k is None:
+        if k is None or not self._check_group_ids(config, 1):
             return _BAD
         try:
             if len(parts) == 1:
@@ -399,14 +671,17 @@ class MooncakeDistributedStore:
         if h is None:
             return _NOT_SET_UP
         try:
-            return to_mooncake(self._put_raw(h, k, addr, n))
+            rc = to_mooncake(self._put_raw(h, k, addr, n))
         finally:
             eng._leave()
+        if rc == 0:
+            self._pin(k, config)
+        return rc
 
     def put_batch(self, keys, values, config=None):
         """0 when every put succeeded, else the first failure's code. One
         kv_put_many: in a cluster one round per owner, not per key."""
-        if len(keys) != len(values):
+        if len(keys) != len(values) or not self._check_group_ids(config, len(keys)):
             return _BAD
         if self._eng is None:
             return _NOT_SET_UP
@@ -441,24 +716,42 @@ class MooncakeDistributedStore:
             if rc == 0:
                 if self._keys is not None:
                     self._keys.add(k)
+                self._lease(k)
+                self._pin(k, config)
             elif not first:
                 first = to_mooncake(rc)
         return first
 
+    def _read(self, k):
+        """The object's bytes (a bytes object), or None; leases it."""
+        eng, h = self._enter()
+        if h is None:
+            return None
+        try:
+            vlen = ctypes.c_size_t()
+            rc = _lib.kv_get(h, k, len(k), None, 0, ctypes.byref(vlen))
+            for _ in range(16):
+                if rc not in (0, _engine.ENOBUFS):
+                    return None
+                need = vlen.value
+                if need > self._local_buffer:
+                    return None
+                out, addr = _engine._new_bytes(need)
+                rc = _lib.kv_get(h, k, len(k), addr if need else None, need, ctypes.byref(vlen))
+                if rc == 0:
+                    self._lease(k)
+                    return out if vlen.value == need else out[:vlen.value]
+            return None
+        finally:
+            eng._leave()
+
     def get(self, key):
         """The object's bytes; b"" when it is missing (or anything failed)."""
-        if self._key(key) is None:
+        k = self._key(key)
+        if k is None or self._eng is None:
             return b""
-        eng = self._eng
-        if eng is None:
-            return b""
-        try:
-            v = eng.get(key)
-        except (_engine.KvError, TypeError, ValueError):
-            return b""
-        if v is None or len(v) > self._local_buffer:
-            return b""
-        return v
+        v = self._read(k)
+        return b"" if v is None else v
 
     def get_batch(self, keys):
         """[bytes] per key (b"" when missing): the sizes in one kv_get_many,
@@ -476,7 +769,10 @@ class MooncakeDistributedStore:
         res, lens = got
         want = []
         for (i, k), rc, n in zip(ks, res, lens):
-            if rc == _engine.ENOBUFS and n <= self._local_buffer:
+            if rc == 0 and n == 0:
+                out[i] = b""
+                self._lease(k)
+            elif rc == _engine.ENOBUFS and n <= self._local_buffer:
                 obj, addr = _engine._new_bytes(n)
                 want.append((i, k, obj, addr, n))
         if not want:
@@ -488,6 +784,7 @@ class MooncakeDistributedStore:
         for (i, k, obj, _, n), rc, ln in zip(want, res, lens):
             if rc == 0:
                 out[i] = obj if ln == n else obj[:ln]
+                self._lease(k)
             elif rc == _engine.ENOBUFS:     # it grew in between: read it alone
                 out[i] = self.get(keys[i])
         return out
@@ -520,23 +817,25 @@ class MooncakeDistributedStore:
 
     def put_from(self, key, buffer_ptr, size, config=None):
         k = self._key(key)
-        if k is None or not isinstance(buffer_ptr, int) or not isinstance(size, int) \
-                or size < 0 or (size > 0 and buffer_ptr <= 0):
+        if k is None or not self._ptr_ok(buffer_ptr, size) or \
+                not self._check_group_ids(config, 1):
             return _BAD
         eng, h = self._enter()
         if h is None:
             return _NOT_SET_UP
         try:
-            return to_mooncake(self._put_raw(h, k, buffer_ptr, size))
+            rc = to_mooncake(self._put_raw(h, k, buffer_ptr, size))
         finally:
             eng._leave()
+        if rc == 0:
+            self._pin(k, config)
+        return rc
 
     def get_into(self, key, buffer_ptr, size):
         """Bytes read into [buffer_ptr, buffer_ptr+size), or a negative code
         (INVALID_PARAMS when the object is larger than size)."""
         k = self._key(key)
-        if k is None or not isinstance(buffer_ptr, int) or not isinstance(size, int) \
-                or size < 0 or (size > 0 and buffer_ptr <= 0):
+        if k is None or not self._ptr_ok(buffer_ptr, size):
             return _BAD
         eng, h = self._enter()
         if h is None:
@@ -546,18 +845,22 @@ class MooncakeDistributedStore:
             rc = _lib.kv_get(h, k, len(k), buffer_ptr or None, size, ctypes.byref(vlen))
         finally:
             eng._leave()
-        return vlen.value if rc == 0 else to_mooncake(rc)
+        if rc == 0:
+            self._lease(k)
+            return vlen.value
+        return to_mooncake(rc)
 
     @staticmethod
     def _ptr_ok(ptr, size):
-        return isinstance(ptr, int) and isinstance(size, int) and size >= 0 and \
-            (size == 0 or ptr > 0)
+        # An int past 2^64 would be cut to its low bits by ctypes: refused.
+        return isinstance(ptr, int) and isinstance(size, int) and 0 <= size <= _U64_MAX and \
+            0 <= ptr <= _U64_MAX and (size == 0 or ptr > 0)
 
     def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
         """A code per key; every entry INVALID_PARAMS when the lists differ
         in length. One kv_put_many (one round per owner in a cluster)."""
         n = len(keys)
-        if len(buffer_ptrs) != n or len(sizes) != n:
+        if len(buffer_ptrs) != n or len(sizes) != n or not self._check_group_ids(config, n):
             return [_BAD] * n
         if self._eng is None:
             return [_NOT_SET_UP] * n
@@ -580,6 +883,8 @@ class MooncakeDistributedStore:
                 if rc == 0:
                     if self._keys is not None:
                         self._keys.add(item[0])
+                    self._lease(item[0])
+                    self._pin(item[0], config)
         return out
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
@@ -603,9 +908,281 @@ class MooncakeDistributedStore:
             got = self._many(_lib.kv_get_many, items)
             if got is None:
                 return [_NOT_SET_UP] * n
-            for i, rc, ln in zip(idx, got[0], got[1]):
+            for i, item, rc, ln in zip(idx, items, got[0], got[1]):
                 out[i] = ln if rc == 0 else to_mooncake(rc)
+                if rc == 0:
+                    self._lease(item[0])
         return out
+
+    # Several buffers per object (vLLM's and vLLM-Ascend's Mooncake
+    # connectors store each block's layers as one object): the object is
+    # the buffers back to back. kvengine's plain keys take one value
+    # buffer, so a key with several buffers is gathered into (or scattered
+    # from) one staging buffer: one extra memcpy of its bytes. A key with
+    # one buffer is moved as batch_put_from / batch_get_into move it.
+
+    def _multi_ok(self, keys, all_ptrs, all_sizes):
+        n = len(keys)
+        if len(all_ptrs) != n or len(all_sizes) != n:
+            return False
+        for ptrs, sizes in zip(all_ptrs, all_sizes):
+            if len(ptrs) != len(sizes) or not all(self._ptr_ok(p, z) for p, z in zip(ptrs, sizes)):
+                return False
+        return True
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
+        """A code per key: key i's object is its buffers back to back."""
+        n = len(keys)
+        if self._eng is None:
+            return [_NOT_SET_UP] * n
+        if not self._multi_ok(keys, all_buffer_ptrs, all_sizes) or \
+                not self._check_group_ids(config, n):
+            return [_BAD] * n
+        ptrs, sizes, stage = [], [], []
+        for bp, bs in zip(all_buffer_ptrs, all_sizes):
+            if len(bp) == 1:
+                ptrs.append(bp[0])
+                sizes.append(bs[0])
+                continue
+            total = sum(bs)
+            buf = (ctypes.c_char * max(total, 1))()
+            off = 0
+            for p, z in zip(bp, bs):
+                ctypes.memmove(ctypes.addressof(buf) + off, p, z)
+                off += z
+            stage.append(buf)
+            ptrs.append(ctypes.addressof(buf))
+            sizes.append(total)
+        return self.batch_put_from(keys, ptrs, sizes, config)
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes,
+                                     prefer_alloc_in_same_node=False):
+        """Bytes read per key (the object spread over its buffers in order),
+        or a negative code; INVALID_PARAMS when the object is larger than
+        the buffers together."""
+        n = len(keys)
+        if self._eng is None:
+            return [_NOT_SET_UP] * n
+        if not self._multi_ok(keys, all_buffer_ptrs, all_sizes):
+            return [_BAD] * n
+        ptrs, sizes, stage = [], [], {}
+        for i, (bp, bs) in enumerate(zip(all_buffer_ptrs, all_sizes)):
+            if len(bp) == 1:
+                ptrs.append(bp[0])
+                sizes.append(bs[0])
+                continue
+            total = sum(bs)
+            buf = (ctypes.c_char * max(total, 1))()
+            stage[i] = buf
+            ptrs.append(ctypes.addressof(buf))
+            sizes.append(total)
+        res = self.batch_get_into(keys, ptrs, sizes)
+        for i, buf in stage.items():
+            got = res[i]
+            if got < 0:
+                continue
+            off = 0
+            for p, z in zip(all_buffer_ptrs[i], all_sizes[i]):
+                m = min(z, got - off)
+                if m <= 0:
+                    break
+                ctypes.memmove(p, ctypes.addressof(buf) + off, m)
+                off += m
+        return res
+
+    def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
+                        all_sizes):
+        """Byte ranges of objects into buffers: for buffer i, key j, range r,
+        copies all_sizes[i][j][r] bytes from offset all_src_offsets[i][j][r]
+        of object all_keys[i][j] to buffer_ptrs[i] + all_dst_offsets[i][j][r].
+        Returns [[[bytes copied or a negative code per range]]]; a range past
+        the object's end, or past the end of the registered buffer (or
+        BufferPool lease) buffer_ptrs[i] lies in, is INVALID_PARAMS: the
+        buffers must be registered, as Mooncake's transfers need them to be,
+        which is also what lets a destination range be checked before it is
+        written. Each object is read whole once (into a staging buffer)."""
+        out = []
+        nb = len(buffer_ptrs)
+        if not (len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) ==
+                len(all_sizes) == nb):
+            return [[[_BAD]] for _ in range(nb)]
+        for i in range(nb):
+            base = buffer_ptrs[i]
+            reg = self._region(base) if _is_u64(base) else None
+            room = reg[0] + reg[1] - base if reg else -1
+            row = []
+            for j, key in enumerate(all_keys[i]):
+                try:
+                    dsts, srcs, lens = all_dst_offsets[i][j], all_src_offsets[i][j], all_sizes[i][j]
+                except IndexError:
+                    row.append([_BAD])
+                    continue
+                if not (len(dsts) == len(srcs) == len(lens)) or not self._ptr_ok(base, 1) or \
+                        not all(_is_u64(x) for x in list(dsts) + list(srcs) + list(lens)):
+                    row.append([_BAD] * max(len(lens), 1))
+                    continue
+                k = self._key(key)
+                v = self._read(k) if k is not None and self._eng is not None else None
+                if v is None:
+                    code = _NOT_SET_UP if self._eng is None else (
+                        _BAD if k is None else int(ErrorCode.OBJECT_NOT_FOUND))
+                    row.append([code] * len(lens))
+                    continue
+                rr = []
+                for d, sft, z in zip(dsts, srcs, lens):
+                    if sft + z > len(v) or d + z > room:
+                        rr.append(_BAD)
+                        continue
+                    ctypes.memmove(base + d, _buffers.span(v, False)[0] + sft, z)
+                    rr.append(z)
+                row.append(rr)
+            out.append(row)
+        return out
+
+    # Sessions (layerwise KV load and save): Mooncake resolves an object's
+    # replica once and then moves byte ranges per layer. Here a get session
+    # reads each object whole at its start (one kv_get_many) and the range
+    # calls copy out of that copy; a put session gathers the ranges in a
+    # buffer of the object's size and stores it whole at its end. So the
+    # bytes are copied once more than by batch_put_from / batch_get_into;
+    # a range call itself never reaches the engine. Every buffer must lie
+    # in registered memory (register_buffer, a BufferPool lease,
+    # alloc_from_mem_pool), as Mooncake requires, which also bounds it.
+
+    def _sessions(self):
+        try:
+            return self._gets, self._puts
+        except AttributeError:
+            self._gets, self._puts = {}, {}
+            return self._gets, self._puts
+
+    def _ranges_ok(self, ptrs, sizes, offs):
+        if not (len(ptrs) == len(sizes) == len(offs)):
+            return False
+        for p, z, o in zip(ptrs, sizes, offs):
+            if not (_is_u64(p) and _is_u64(z) and _is_u64(o)) or not p:
+                return False
+            reg = self._region(p)
+            if reg is None or p + z > reg[0] + reg[1]:
+                return False
+        return True
+
+    def batch_get_session_start(self, keys):
+        """Opens a get session per key: 0, or a negative code (OBJECT_NOT_FOUND)."""
+        if self._eng is None:
+            return []
+        gets, _ = self._sessions()
+        out = []
+        for key, v in zip(keys, self.get_batch(list(keys))):
+            k = self._key(key)
+            if k is None:
+                out.append(_BAD)
+            elif not v and self.get_size(key) != 0:
+                out.append(int(ErrorCode.OBJECT_NOT_FOUND))
+            else:
+                gets[k] = v
+                out.append(0)
+        return out
+
+    def batch_get_into_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_src_offsets):
+        """Bytes copied per key from its session's object, or a negative code."""
+        if self._eng is None:
+            return []
+        gets, _ = self._sessions()
+        n = len(keys)
+        if not (len(all_buffer_ptrs) == len(all_sizes) == len(all_src_offsets) == n):
+            return [_BAD] * n
+        out = []
+        for key, ptrs, sizes, offs in zip(keys, all_buffer_ptrs, all_sizes, all_src_offsets):
+            k = self._key(key)
+            v = gets.get(k) if k is not None else None
+            if v is None:
+                out.append(_BAD)          # no session for it
+                continue
+            if not self._ranges_ok(ptrs, sizes, offs) or \
+                    any(o + z > len(v) for z, o in zip(sizes, offs)):
+                out.append(_BAD)
+                continue
+            base = _buffers.span(v, False)[0] if v else 0
+            for p, z, o in zip(ptrs, sizes, offs):
+                if z:
+                    ctypes.memmove(p, base + o, z)
+            out.append(sum(sizes))
+        return out
+
+    def batch_get_session_end(self, keys):
+        if self._eng is None:
+            return -1
+        gets, _ = self._sessions()
+        for key in keys:
+            gets.pop(self._key(key), None)
+        return 0
+
+    def batch_put_session_start(self, keys, sizes, config=None):
+        """Opens a put session per key for an object of sizes[i] bytes: 0, or
+        a negative code. A key that has one already is left as it is."""
+        if self._eng is None:
+            return []
+        n = len(keys)
+        if len(sizes) != n or not self._check_group_ids(config, n):
+            return [_BAD] * n
+        _, puts = self._sessions()
+        out = []
+        for key, z in zip(keys, sizes):
+            k = self._key(key)
+            if k is None or not _is_u64(z):
+                out.append(_BAD)
+            elif z > self._local_buffer:
+                out.append(int(ErrorCode.BUFFER_OVERFLOW))
+            else:
+                if k not in puts:
+                    puts[k] = (key, (ctypes.c_char * max(z, 1))(), z, config)
+                out.append(0)
+        return out
+
+    def batch_put_from_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_dst_offsets):
+        """Bytes copied per key into its session's object, or a negative code."""
+        if self._eng is None:
+            return []
+        _, puts = self._sessions()
+        n = len(keys)
+        if not (len(all_buffer_ptrs) == len(all_sizes) == len(all_dst_offsets) == n):
+            return [_BAD] * n
+        out = []
+        for key, ptrs, sizes, offs in zip(keys, all_buffer_ptrs, all_sizes, all_dst_offsets):
+            sess = puts.get(self._key(key))
+            if sess is None or not self._ranges_ok(ptrs, sizes, offs) or \
+                    any(o + z > sess[2] for z, o in zip(sizes, offs)):
+                out.append(_BAD)
+                continue
+            base = ctypes.addressof(sess[1])
+            for p, z, o in zip(ptrs, sizes, offs):
+                if z:
+                    ctypes.memmove(base + o, p, z)
+            out.append(sum(sizes))
+        return out
+
+    def batch_put_session_end(self, keys):
+        """Stores each session's object (readable from then on); a code per key."""
+        if self._eng is None:
+            return []
+        _, puts = self._sessions()
+        out = []
+        for key in keys:
+            sess = puts.pop(self._key(key), None)
+            if sess is None:
+                out.append(_BAD)
+                continue
+            out.append(self.put_from(sess[0], ctypes.addressof(sess[1]), sess[2], sess[3]))
+        return out
+
+    def batch_put_session_revoke(self, keys):
+        if self._eng is None:
+            return []
+        _, puts = self._sessions()
+        return [0 if puts.pop(self._key(key), None) is not None else _BAD for key in keys]
 
     def _many(self, fn, items):
         """Runs kv_put_many / kv_get_many / kv_exists_many over items, a list
@@ -635,27 +1212,58 @@ class MooncakeDistributedStore:
         return list(res), list(lens)
 
     def register_buffer(self, buffer_ptr, size):
-        if not isinstance(buffer_ptr, int) or not isinstance(size, int) \
-                or buffer_ptr <= 0 or size <= 0:
+        if not self._ptr_ok(buffer_ptr, size) or buffer_ptr <= 0 or size <= 0:
             return _BAD
         eng, h = self._enter()
         if h is None:
             return _NOT_SET_UP
         try:
-            return to_mooncake(_lib.kv_register_buffer(h, buffer_ptr, size))
+            rc = to_mooncake(_lib.kv_register_buffer(h, buffer_ptr, size))
         finally:
             eng._leave()
+        if rc == 0:
+            with self._llock:
+                self._regs[buffer_ptr] = size
+        return rc
+
+    def _region(self, ptr):
+        """(start, size) of the registered buffer holding ptr, or None."""
+        with self._llock:
+            for a, n in self._regs.items():
+                if a <= ptr < a + n:
+                    return a, n
+        return None
 
     def unregister_buffer(self, buffer_ptr):
-        if not isinstance(buffer_ptr, int) or buffer_ptr <= 0:
+        if not self._ptr_ok(buffer_ptr, 1) or buffer_ptr <= 0:
             return _BAD
         eng, h = self._enter()
         if h is None:
             return _NOT_SET_UP
         try:
-            return to_mooncake(_lib.kv_unregister_buffer(h, buffer_ptr))
+            rc = to_mooncake(_lib.kv_unregister_buffer(h, buffer_ptr))
         finally:
             eng._leave()
+        with self._llock:
+            self._regs.pop(buffer_ptr, None)
+        return rc
+
+    # -- the upsert family: a put here replaces what is there already -------------
+
+    def upsert(self, key, value, config=None):
+        return self.put(key, value, config)
+
+    def upsert_parts(self, key, *parts, config=None):
+        return self.put_parts(key, *parts, config=config)
+
+    def upsert_batch(self, keys, values, config=None):
+        return self.put_batch(keys, values, config)
+
+    def upsert_from(self, key, buffer_ptr, size, config=None):
+        return self.put_from(key, buffer_ptr, size, config)
+
+    def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
+        return self.batch_put_from(keys, buffer_ptrs, sizes, config)
 
     # -- existence, size, removal --------------------------------------------------
 
@@ -670,6 +1278,9 @@ class MooncakeDistributedStore:
         finally:
             eng._leave()
         return rc if rc in (0, 1) else -1
+
+    # Mooncake's own store_kv_bench.py calls isExist.
+    isExist = is_exist
 
     def batch_is_exist(self, keys):
         """1/0/-1 per key, from one kv_exists_many."""
@@ -703,10 +1314,14 @@ class MooncakeDistributedStore:
         return to_mooncake(rc)
 
     def remove(self, key, force=False):
-        """0, or OBJECT_NOT_FOUND (-704) when the object is not there."""
+        """0; OBJECT_NOT_FOUND (-704) when the object is not there;
+        OBJECT_HAS_LEASE (-706) while this process holds a read lease or a
+        soft pin on it, unless force."""
         k = self._key(key)
         if k is None:
             return _BAD
+        if not force and self._leased(k):
+            return int(ErrorCode.OBJECT_HAS_LEASE)
         eng, h = self._enter()
         if h is None:
             return _NOT_SET_UP
@@ -714,29 +1329,244 @@ class MooncakeDistributedStore:
             rc = _lib.kv_remove(h, k, len(k))
         finally:
             eng._leave()
-        if rc in (0, _engine.ENOTFOUND) and self._keys is not None:
-            self._keys.discard(k)
+        if rc in (0, _engine.ENOTFOUND):
+            self._drop_lease(k)
+            if self._keys is not None:
+                self._keys.discard(k)
         return to_mooncake(rc)
 
     def batch_remove(self, keys, force=False):
         return [self.remove(k, force) for k in keys]
 
-    def remove_all(self):
+    def remove_by_regex(self, regex_pattern, force=False):
+        raise NotImplementedError(
+            "remove_by_regex: kvengine's API has no listing of keys to match a pattern against")
+
+    def remove_all(self, force=False):
         """Removes every object in the store (in a cluster, on every owner,
         whoever put it: kv_remove_all); returns how many were removed, or -1
-        when the store is not set up or an owner could not be reached."""
+        when the store is not set up or an owner could not be reached.
+        Without force, the objects this process holds leases on stay, as in
+        Mooncake: they are read first and put back after kv_remove_all (a
+        write to one of them by another process in between is lost)."""
         if self._eng is None:
             return -1
+        keep = []
+        if not force:
+            with self._llock:
+                now = time.monotonic()
+                leased = [k for k, t in self._leases.items() if t > now]
+            for k in leased:
+                v = self._read(k)
+                if v is not None:
+                    keep.append((k, v))
         if self._keys is None:
             try:
-                return self._eng.remove_all()
+                n = self._eng.remove_all()
             except _engine.KvError:
                 return -1
-        count = 0   # an older library: the objects this store put
-        for k in list(self._keys):
-            rc = self.remove(k)
-            if rc == 0:
-                count += 1
-            elif rc != ErrorCode.OBJECT_NOT_FOUND:
-                return -1
-        return count
+        else:
+            n = 0   # an older library: the objects this store put
+            for k in list(self._keys):
+                eng, h = self._enter()
+                if h is None:
+                    return -1
+                try:
+                    rc = _lib.kv_remove(h, k, len(k))
+                finally:
+                    eng._leave()
+                if rc == 0:
+                    n += 1
+                    self._keys.discard(k)
+                elif rc != _engine.ENOTFOUND:
+                    return -1
+        eng, h = self._enter()
+        if h is None:
+            return -1
+        try:
+            for k, v in keep:
+                if self._put_raw(h, k, _buffers.span(v, False)[0], len(v)) == 0:
+                    n -= 1
+        finally:
+            eng._leave()
+        if force:
+            with self._llock:
+                self._leases.clear()
+        return max(n, 0)
+
+    # -- replicas ------------------------------------------------------------------
+    # kvengine places an object on cluster.replica_num owners chosen by
+    # rendezvous hashing of its key over the live members, so a replica is
+    # "the object on one owner"; which owners hold it is not reported to
+    # clients. A descriptor therefore says the one thing that is known: a
+    # complete memory replica of that size exists.
+
+    def get_replica_desc(self, key):
+        """[ReplicaDescriptor] for a stored object (one memory replica,
+        COMPLETE, its size; the owner's address unknown: ""), [] when
+        absent."""
+        size = self.get_size(key)
+        if size < 0:
+            return []
+        return [ReplicaDescriptor(size)]
+
+    def batch_get_replica_desc(self, keys):
+        """{key: [ReplicaDescriptor]} for the keys that are stored."""
+        out = {}
+        for key in keys:
+            d = self.get_replica_desc(key)
+            if d:
+                out[key] = d
+        return out
+
+    def batch_replica_clear(self, keys, segment_name=""):
+        """Clears the replicas of keys whose lease has expired and returns
+        the keys cleared. segment_name "" (every segment) drops the object;
+        this member's own name (get_hostname) too, as its copy cannot be
+        told apart from the others' here; any other segment name clears
+        nothing (kvengine cannot drop one owner's copy alone)."""
+        if self._eng is None:
+            return []
+        if segment_name not in ("", self._hostname):
+            log.warning("batch_replica_clear: segment %r: kvengine drops an object from all "
+                        "its owners or none; nothing cleared", segment_name)
+            return []
+        return [key for key in keys if self.remove(key) == 0]
+
+    def create_copy_task(self, key, targets):
+        raise NotImplementedError(
+            "create_copy_task: kvengine places objects by hashing over cluster.replica_num "
+            "owners and re-replicates by itself; there are no segments to copy to")
+
+    def create_move_task(self, key, source, target):
+        raise NotImplementedError(
+            "create_move_task: kvengine places objects by hashing; an object cannot be moved "
+            "to a chosen segment")
+
+    def query_task(self, task_id):
+        raise NotImplementedError("query_task: there are no copy or move tasks here")
+
+    def get_offload_rpc_read_count(self):
+        return 0
+
+    # -- what cannot mean anything here ----------------------------------------------
+
+    def mount_segment(self, *a, **kw):
+        raise NotImplementedError("mount_segment: CXL / external segments; kvengine's DRAM "
+                                  "is dram.capacity, given at setup")
+
+    unmount_segment = allocate_and_mount_segment = unmount_and_free_segment = mount_segment
+
+    def unmount_local_disk_segment(self, *a, **kw):
+        raise NotImplementedError("unmount_local_disk_segment: kvengine's SSD tier is ssd.path, "
+                                  "not a mounted segment")
+
+    def init_all(self, *a, **kw):
+        raise NotImplementedError("init_all: the transfer engine is Mooncake's; kvengine "
+                                  "opens its transport in setup()")
+
+    def alloc_from_mem_pool(self, size):
+        """The address of size bytes of registered memory the store can read
+        and write with the zero-copy calls (a dummy client's shared pool in
+        Mooncake): kvengine's shared buffers when the library has them,
+        else a page-aligned mapping registered with the store. It lives
+        until close(). 0 when nothing can be had."""
+        if self._eng is None or not _is_u64(size) or size <= 0:
+            return 0
+        try:
+            pool = self._mem_pool
+        except AttributeError:
+            pool = self._mem_pool = BufferPool.__new__(BufferPool)
+            pool._store = self
+            self._mem_regions = []
+        try:
+            region = pool._alloc(size)
+        except (RuntimeError, OSError, ValueError):
+            return 0
+        self._mem_regions.append((pool, region))
+        return region[0]
+
+    def get_tensor_into_cuda(self, key, tensor):
+        raise NotImplementedError("get_tensor_into_cuda: CUDA IPC reads need Mooncake's dummy "
+                                  "client over CUDA; this store copies CPU tensors")
+
+    batch_get_tensor_into_cuda = get_tensor_into_cuda
+
+
+class ReplicaDescriptor:
+    """Mooncake's ReplicaDescriptor, as far as kvengine knows it (see
+    MooncakeDistributedStore.get_replica_desc)."""
+
+    def __init__(self, size):
+        self.status = ReplicaStatus.COMPLETE
+        self._mem = MemoryDescriptor(size)
+
+    def is_memory_replica(self):
+        return True
+
+    def is_disk_replica(self):
+        return False
+
+    def is_local_disk_replica(self):
+        return False
+
+    def get_memory_descriptor(self):
+        return self._mem
+
+    def get_disk_descriptor(self):
+        raise RuntimeError("not a disk replica")
+
+    def __repr__(self):
+        return "<ReplicaDescriptor memory %s size=%d>" % (self.status.name,
+                                                          self._mem.buffer_descriptor.size)
+
+
+class Descriptor:
+    """An allocated buffer's descriptor (size, buffer_address, transport_endpoint)."""
+
+    def __init__(self, size=0, buffer_address=0, transport_endpoint=""):
+        self.size = size
+        self.buffer_address = buffer_address
+        self.transport_endpoint = transport_endpoint
+
+    def __repr__(self):
+        return "<Descriptor size=%d buffer_address=%d transport_endpoint=%s>" % (
+            self.size, self.buffer_address, self.transport_endpoint)
+
+
+class MemoryDescriptor:
+    def __init__(self, size):
+        self.buffer_descriptor = Descriptor(size)
+
+
+class ReplicaStatus(enum.IntEnum):
+    UNDEFINED = 0
+    INITIALIZED = 1
+    PROCESSING = 2
+    COMPLETE = 3
+    REMOVED = 4
+    FAILED = 5
+
+
+def bind_to_numa_node(node):
+    """Runs this thread on the CPUs of NUMA node `node` (sched_setaffinity
+    from /sys/devices/system/node); a warning and nothing else where that
+    is not possible, as Mooncake does."""
+    try:
+        with open("/sys/devices/system/node/node%d/cpulist" % int(node)) as f:
+            spec = f.read().strip()
+        cpus = set()
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        os.sched_setaffinity(0, cpus)
+    except (OSError, ValueError) as exc:
+        log.warning("bind_to_numa_node(%r): skipped: %s", node, exc)
+
+
+_serialize_tensor = _tensor.serialize_tensor
+_deserialize_tensor = _tensor.deserialize_tensor
+
+
+def _tensor_metadata_size():
+    return _tensor.METADATA_SIZE

@@ -23,9 +23,21 @@ Key design choices:
   by size, because pinning is far slower than a copy.
 """
 
+import ctypes
 import threading
 
 from .engine import Engine, KvError
+
+try:   # UCM's stores return numpy arrays from lookup; numpy is optional here
+    import numpy as _np
+except ImportError:   # pragma: no cover - numpy is installed where UCM runs
+    _np = None
+
+
+class UcmError(RuntimeError, ValueError):
+    """An argument or config error. A RuntimeError, as UCM's stores raise
+    (its connector catches only that), and a ValueError for callers that
+    check arguments that way."""
 
 try:   # pragma: no cover - depends on UCM being installed
     from ucm.store.ucmstore_v1 import Task as _UcmTaskBase
@@ -52,6 +64,7 @@ class KvEngineTask(_UcmTaskBase):
         self._release = release
         self._lock = threading.Lock()
         self._error = None
+        self.consumed = False   # wait() consumes the handle, as UCM's stores do
 
     def _settle(self):
         with self._lock:
@@ -72,11 +85,15 @@ class KvEngineTask(_UcmTaskBase):
 
 
 def _shard_indexes(shard_index, n):
+    """One shard index per block: an int for all, a list of n, or [] (as
+    UCM's embed scripts pass it) for shard 0 of each."""
     if isinstance(shard_index, int):
         return [shard_index] * n
-    idx = list(shard_index)
+    idx = [int(x) for x in shard_index]
+    if not idx:
+        return [0] * n
     if len(idx) != n:
-        raise ValueError("shard_index has %d entries for %d block ids" % (len(idx), n))
+        raise UcmError("shard_index has %d entries for %d block ids" % (len(idx), n))
     return idx
 
 
@@ -111,38 +128,132 @@ class _CudaSpan:
                                          "data": (addr, False), "version": 3}
 
 
+_SIZE_KEYS = ("tensor_size", "shard_size", "block_size")
+# UCM's concurrency keys: each must be a positive count (UCM refuses 0);
+# posix_data_trans_concurrency sizes kvengine's task workers (io.threads).
+_CONCURRENCY = ("posix_data_trans_concurrency", "data_trans_concurrency",
+                "posix_lookup_concurrency", "lookup_concurrency", "posix_open_concurrency",
+                "posix_commit_concurrency")
+_IGNORED = ("posix_io_engine", "io_engine", "cpu_affinity_cores", "posix_gc_enable",
+            "posix_gc_recycle_percent", "posix_gc_concurrency", "posix_gc_check_interval_sec",
+            "posix_gc_trigger_threshold_ratio", "posix_gc_max_recycle_count_per_shard",
+            "posix_gc_shard_sample_ratio", "data_dir_shard_bytes", "store_pipeline",
+            "role", "local_rank_size", "kv_block_size", "io_size")
+
+
+def _config_settings(config):
+    """(engine settings, sizes, device_id, wait timeout ms) from a UCM
+    config; UcmError names the key that cannot be mapped."""
+    settings = {}
+    if "storage_backends" in config:
+        b = config["storage_backends"]
+        paths = [b] if isinstance(b, str) else list(b) if isinstance(b, (list, tuple)) else None
+        if not paths or not all(isinstance(x, str) and x for x in paths):
+            raise UcmError("storage_backends: a list of directories, got %r" % (b,))
+        if len(paths) > 1:
+            raise UcmError("storage_backends: kvengine's SSD tier is one directory (ssd.path); "
+                           "got %d (%s)" % (len(paths), ", ".join(paths)))
+        settings["ssd.path"] = paths[0]
+    dev = config.get("device_id", -1)
+    if isinstance(dev, bool) or not isinstance(dev, int) or dev < -1:
+        raise UcmError("device_id: -1 (the scheduler's store) or a device number, got %r" % (dev,))
+    sizes = {}
+    for k in _SIZE_KEYS:
+        v = config.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
+            raise UcmError("%s: a size in bytes, got %r" % (k, v))
+        sizes[k] = v
+    t, sh, bl = sizes["tensor_size"], sizes["shard_size"], sizes["block_size"]
+    if dev >= 0 and "tensor_size_list" not in config:
+        # UCM's rule: a block is whole shards, a shard whole tensors.
+        if t == 0 or sh < t or bl < sh or sh % t or bl % sh:
+            raise UcmError("invalid sizes for device %d: tensor_size %d, shard_size %d, "
+                           "block_size %d (need 0 < tensor <= shard <= block, each dividing "
+                           "the next)" % (dev, t, sh, bl))
+    if sh and bl:
+        if bl % sh:
+            raise UcmError("block_size %d is not a multiple of shard_size %d" % (bl, sh))
+        settings["store.block_shards"] = str(bl // sh)
+    for k in _CONCURRENCY:
+        if k in config:
+            v = config[k]
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise UcmError("%s: a positive count, got %r" % (k, v))
+            if k.endswith("data_trans_concurrency"):
+                settings["io.threads"] = str(min(v, 256))
+    timeout = config.get("timeout_ms", 0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or not 0 <= timeout < 1 << 32:
+        raise UcmError("timeout_ms: milliseconds, got %r" % (timeout,))
+    if timeout:
+        settings["io.timeout_ms"] = str(timeout)
+    if "io_direct" in config and not isinstance(config["io_direct"], bool):
+        raise UcmError("io_direct: a bool, got %r" % (config["io_direct"],))
+    uid = config.get("unique_id")
+    if uid is not None:
+        if not isinstance(uid, str) or not uid:
+            raise UcmError("unique_id: a non-empty str, got %r" % (uid,))
+        settings["store.name"] = uid
+    if dev == -1 and "ssd.path" in settings:
+        # The scheduler's store (lookups) holds no DRAM of its own: it reads
+        # the SSD tier, and with the host store shares the workers' store.
+        settings["pipeline"] = "ssd"
+    return settings, dev, timeout
+
+
 class KvEngineStore(UcmKVStoreBaseV1):
     """UCM's V1 store interface over a kvengine engine.
 
-    config keys: kvengine_config (a YAML path) and kvengine_settings (a dict
-    of dotted keys) configure the engine (neither: its defaults);
-    tensor_size or tensor_size_list give the sizes behind load_data /
-    dump_data addresses; device_id >= 0 says those addresses are on that
-    CUDA device (staged through pinned host memory) when torch.cuda is
-    available; without it they are host addresses."""
+    UCM's config keys are mapped (anything else is ignored, as UCM's
+    stores ignore keys of other stores):
+    - storage_backends: [dir] -> ssd.path (one directory);
+    - device_id: -1 is the scheduler's store (no DRAM of its own: pipeline
+      ssd when storage_backends is given), >= 0 a worker's; then
+      tensor_size / shard_size / block_size must nest as UCM requires;
+    - tensor_size (or tensor_size_list): the bytes behind each address of
+      load_data / dump_data; block_size / shard_size: store.block_shards, the
+      shards a block has before lookup calls it present;
+    - timeout_ms: io.timeout_ms, and the limit of wait();
+    - unique_id: store.name (processes naming it share one store);
+    - posix_data_trans_concurrency: io.threads; it and the other
+      concurrency keys must be positive;
+    - io_direct: accepted (a bool), not applied: the value log writes
+      through the page cache, ssd.sync says what is durable when.
+    kvengine_config (a YAML path) and kvengine_settings (dotted keys) come
+    last and win. A config with none of storage_backends, kvengine_config
+    and kvengine_settings is refused, as UCM's Posix store refuses an empty
+    one."""
 
     def __init__(self, config):
         if not isinstance(config, dict):
-            raise TypeError("config is a dict, got %s" % type(config).__name__)
+            raise UcmError("config is a dict, got %s" % type(config).__name__)
+        if not any(k in config for k in ("storage_backends", "kvengine_config",
+                                          "kvengine_settings")):
+            raise UcmError("config names no store: give storage_backends (UCM's) or "
+                           "kvengine_config / kvengine_settings")
         super().__init__(config)
         self.config = config
+        settings, self._device_id, self._timeout_ms = _config_settings(config)
         sizes = config.get("tensor_size_list")
         size = config.get("tensor_size")
         if sizes is not None:
             if not isinstance(sizes, (list, tuple)) or not sizes or \
                     not all(isinstance(x, int) and x > 0 for x in sizes):
-                raise ValueError("tensor_size_list is a non-empty list of positive ints")
+                raise UcmError("tensor_size_list is a non-empty list of positive ints")
             self._sizes = list(sizes)
-        elif size is not None:
-            if not isinstance(size, int) or size <= 0:
-                raise ValueError("tensor_size is a positive int, got %r" % (size,))
+        elif size:
             self._sizes = size
         else:
             self._sizes = None
-        self._device_id = int(config.get("device_id", -1))
         self._torch = None
         self._pool = None
-        self.engine = Engine(config.get("kvengine_config"), config.get("kvengine_settings"))
+        extra = config.get("kvengine_settings")
+        if extra is not None and not isinstance(extra, dict):
+            raise UcmError("kvengine_settings is a dict of dotted keys")
+        settings.update(extra or {})
+        try:
+            self.engine = Engine(config.get("kvengine_config"), settings)
+        except (TypeError, ValueError) as exc:
+            raise UcmError(str(exc)) from None
 
     # -- UCM V1 interface ----------------------------------------------------
 
@@ -154,35 +265,52 @@ class KvEngineStore(UcmKVStoreBaseV1):
         return h
 
     def lookup(self, block_ids):
-        return self.engine.lookup(block_ids)
+        """A numpy bool array (a list without numpy): block i is complete
+        (every shard of store.block_shards stored) in some tier."""
+        hits = _args(self.engine.lookup, block_ids)
+        return _np.array(hits, dtype=bool) if _np is not None else hits
 
     def lookup_on_prefix(self, block_ids):
         """Index of the last block found in the leading run; -1 when none."""
-        return self.engine.lookup_prefix(block_ids)
+        return _args(self.engine.lookup_prefix, block_ids)
 
     def prefetch(self, block_ids):
-        self.engine.prefetch(block_ids)
+        _args(self.engine.prefetch, block_ids)
 
     def dump(self, block_ids, shard_index, src_tensor):
-        return self._tensors(False, block_ids, shard_index, src_tensor)
+        return _args(self._tensors, False, block_ids, shard_index, src_tensor)
 
     def load(self, block_ids, shard_index, dst_tensor):
-        return self._tensors(True, block_ids, shard_index, dst_tensor)
+        return _args(self._tensors, True, block_ids, shard_index, dst_tensor)
 
     def dump_data(self, block_ids, shard_index, src_addr, prerequisite_handle=0):
-        return self._addrs(False, block_ids, shard_index, src_addr)
+        """prerequisite_handle: a CUDA event (cudaEvent_t) the source bytes
+        wait for; it is synchronized before the engine reads them (0: none)."""
+        if prerequisite_handle:
+            _wait_event(prerequisite_handle)
+        return _args(self._addrs, False, block_ids, shard_index, src_addr)
 
     def load_data(self, block_ids, shard_index, dst_addr):
-        return self._addrs(True, block_ids, shard_index, dst_addr)
+        return _args(self._addrs, True, block_ids, shard_index, dst_addr)
 
     # Older UCM releases name load_data fetch_data.
     fetch_data = load_data
 
-    def wait(self, task):
-        """Blocks until task is done; RuntimeError (a KvError) on failure."""
+    def wait(self, task, timeout_ms=None):
+        """Blocks until task is done (at most the config's timeout_ms, 0 =
+        forever; the task is then cancelled) and consumes it: a second wait,
+        or a check after it, raises RuntimeError, as UCM's stores do.
+        RuntimeError (a KvError) when the task failed or timed out."""
         t = self._task(task)
+        with t._lock:
+            if t.consumed:
+                raise RuntimeError("task %d: already waited for" % t.task_id)
+            t.consumed = True
+        limit = self._timeout_ms if timeout_ms is None else timeout_ms
         try:
-            t.task.wait()
+            t.task.wait(limit)
+        except ValueError as exc:
+            raise UcmError(str(exc)) from None
         finally:
             t._settle()
         if t._error is not None:
@@ -190,8 +318,11 @@ class KvEngineStore(UcmKVStoreBaseV1):
                                % (t.task_id, t._error)) from t._error
 
     def check(self, task):
-        """True once task has finished (successfully or not); never blocks."""
+        """True once task has finished (successfully or not); never blocks.
+        RuntimeError for a task already waited for."""
         t = self._task(task)
+        if t.consumed:
+            raise RuntimeError("task %d: already waited for" % t.task_id)
         if not t.task.check():
             return False
         # Done: collect the result so that a staged load's device copy runs.
@@ -218,7 +349,7 @@ class KvEngineStore(UcmKVStoreBaseV1):
     @staticmethod
     def _task(task):
         if not isinstance(task, KvEngineTask):
-            raise TypeError("not a task of this store: %r" % (task,))
+            raise UcmError("not a task of this store: %r" % (task,))
         return task
 
     def _torch_mod(self):
@@ -229,10 +360,13 @@ class KvEngineStore(UcmKVStoreBaseV1):
         return self._torch
 
     def _sync(self):
-        """Waits for the device copies queued on this thread's stream."""
+        """Waits for the device copies this thread queued on its current
+        stream: an event recorded after them, not the whole device."""
         torch = self._torch
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
+            ev = torch.cuda.Event()
+            ev.record()
+            ev.synchronize()
 
     def _on_device(self, t):
         """True when t must be staged through host memory."""
@@ -307,9 +441,9 @@ class KvEngineStore(UcmKVStoreBaseV1):
         if len(rows) != n:
             raise ValueError("%d address lists for %d block ids" % (len(rows), n))
         sizes = self._sizes
-        if self._device_id >= 0 and self._torch_mod().cuda.is_available():
+        if self._device_id >= 0 and _device_pointers(rows):
             # Device pointers: view them as device tensors and stage them.
-            torch = self._torch
+            torch = self._torch_mod()
             dev = torch.device("cuda", self._device_id)
             trows = []
             for i, row in enumerate(rows):
@@ -332,3 +466,91 @@ class KvEngineStore(UcmKVStoreBaseV1):
             raise ValueError("block %d: %d addresses, but tensor_size_list has %d sizes"
                              % (i, len(row), len(sizes)))
         return sizes
+
+
+def _args(fn, *a):
+    """Calls fn; an argument error (TypeError/ValueError) becomes a
+    RuntimeError (UcmError), the one exception UCM's connector catches."""
+    try:
+        return fn(*a)
+    except UcmError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise UcmError(str(exc)) from None
+
+
+class _CudaRuntime:
+    """The few CUDA runtime calls used here, through ctypes on the
+    libcudart torch loaded (None where there is none)."""
+
+    _lib = None
+    _tried = False
+
+    class _Attrs(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("device", ctypes.c_int),
+                    ("devicePointer", ctypes.c_void_p), ("hostPointer", ctypes.c_void_p)]
+
+    @classmethod
+    def get(cls):
+        if not cls._tried:
+            cls._tried = True
+            try:
+                import torch
+                if not torch.cuda.is_available():
+                    return None
+                torch.cuda.init()
+            except Exception:
+                return None
+            for name in ("libcudart.so", "libcudart.so.12", "libcudart.so.11.0"):
+                try:
+                    cls._lib = ctypes.CDLL(name)
+                    break
+                except OSError:
+                    continue
+            if cls._lib is None:
+                # torch's own copy, already mapped into this process.
+                try:
+                    with open("/proc/self/maps") as f:
+                        paths = {ln.split()[-1] for ln in f if "libcudart" in ln}
+                    for p in paths:
+                        cls._lib = ctypes.CDLL(p)
+                        break
+                except OSError:
+                    pass
+        return cls._lib
+
+    @classmethod
+    def is_device(cls, addr):
+        """True for device (or managed) memory; False for host memory, which
+        includes pinned and mmap'ed buffers a Posix pipeline passes."""
+        lib = cls.get()
+        if lib is None:
+            return False
+        a = cls._Attrs()
+        rc = lib.cudaPointerGetAttributes(ctypes.byref(a), ctypes.c_void_p(addr))
+        if rc != 0:
+            lib.cudaGetLastError()   # an unregistered host pointer on old runtimes
+            return False
+        return a.type in (2, 3)      # cudaMemoryTypeDevice, cudaMemoryTypeManaged
+
+
+def _device_pointers(rows):
+    """Whether load_data / dump_data addresses are device memory: asked of
+    the CUDA runtime for the first address (a call passes one kind); no
+    CUDA, no device memory."""
+    for row in rows:
+        for a in row:
+            return bool(a) and _CudaRuntime.is_device(int(a))
+    return False
+
+
+def _wait_event(handle):
+    """Synchronizes a cudaEvent_t given as an int."""
+    lib = _CudaRuntime.get()
+    if lib is None:
+        raise UcmError("prerequisite_handle %#x is a CUDA event, but CUDA is not available "
+                       "in this process" % handle)
+    rc = lib.cudaEventSynchronize(ctypes.c_void_p(handle))
+    if rc != 0:
+        raise RuntimeError("cudaEventSynchronize(prerequisite_handle %#x) failed: error %d"
+                           % (handle, rc))

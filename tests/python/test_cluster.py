@@ -149,14 +149,14 @@ def test_plain_keys_are_cluster_wide(cluster):
         # A replace is seen by the other client; a remove too.
         assert b.put("shared", b"replaced") == 0
         assert a.get("shared") == b"replaced"
-        assert a.remove("shared") == 0
+        assert a.remove("shared", force=True) == 0   # a read it: leased
         assert b.is_exist("shared") == 0 and b.get("shared") == b""
         # remove_all from one client removes what the other put too, each
         # object counted once (two nodes, replica_num 1 or 2 alike).
         assert b.put("from-b", b"b's") == 0
-        assert a.remove_all() == len(keys) + n + 1
+        assert a.remove_all(force=True) == len(keys) + n + 1
         assert b.batch_is_exist(keys + big + ["from-b"]) == [0] * (len(keys) + n + 1)
-        assert a.remove_all() == 0
+        assert a.remove_all(force=True) == 0
     finally:
         a.close()
         b.close()

@@ -1,18 +1,13 @@
-"""mooncake.store — kvengine.mooncake under Mooncake's module name.
-
-Finds the kvengine package beside python/compat when it is not already
-importable, so that PYTHONPATH=python/compat alone is enough in a tree.
-"""
-import os
-import sys
-
-try:
-    import kvengine  # noqa: F401
-except ImportError:
-    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from kvengine.mooncake import (BufferHandle, ErrorCode, MooncakeDistributedStore,  # noqa: E402,F401
-                               ReplicateConfig, SoftPinAction)
+"""mooncake.store — kvengine.mooncake under Mooncake's module name."""
+from kvengine.mooncake import (BufferHandle, BufferLease, BufferLeaseView,  # noqa: F401
+                               BufferPool, Descriptor, ErrorCode, MemoryDescriptor,
+                               MooncakeDistributedStore, RegisteredBufferLease,
+                               RegisteredBufferLeaseView, RegisteredBufferPool,
+                               ReplicaDescriptor, ReplicaStatus, ReplicateConfig,
+                               SoftPinAction, bind_to_numa_node, _deserialize_tensor,
+                               _serialize_tensor, _tensor_metadata_size)
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "BufferHandle",
-           "ErrorCode"]
+           "ErrorCode", "BufferPool", "RegisteredBufferPool", "BufferLease", "BufferLeaseView",
+           "RegisteredBufferLease", "RegisteredBufferLeaseView", "ReplicaDescriptor",
+           "ReplicaStatus", "MemoryDescriptor", "Descriptor", "bind_to_numa_node"]
