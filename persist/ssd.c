@@ -114,8 +114,11 @@ static int rocks_err(char *e, const char *what)
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
 {
     t->vlog_file_size = 128ull << 20;
-    t->write_buffer = 16ull << 20;
-    t->write_buffers = 3;
+    /* RocksDB preallocates 1.1 memtables of WAL at a time: 4 MiB ones keep
+     * that small on a small disk (throughput did not depend on it, see
+     * doc/ssd-tier.md). */
+    t->write_buffer = 4ull << 20;
+    t->write_buffers = 4;
     t->bg_jobs = 2;
     t->batch_bytes = 4ull << 20;
     t->sync_ms = 1000;
@@ -1303,8 +1306,40 @@ static int set_aside(struct kv__ssd *s, char *dir, size_t cap, char *err, size_t
  * called. */
 #define OPEN_MIN_FREE DISK_SLACK
 
+/* Gives back the space RocksDB preallocated past the end of its WAL files
+ * (fallocate KEEP_SIZE, ~1.1 memtables each): a process that died with a
+ * WAL open left it allocated, and on a small disk that filled up since, it
+ * is what keeps the store from reopening. Only the WAL files' tails, past
+ * their last byte: RocksDB reads them up to their size and deletes them
+ * once replayed. */
+static void trim_wal_tails(const char *path)
+{
+    DIR *d = opendir(path);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (!ends_with(de->d_name, ".log"))
+            continue;
+        int fd = openat(dirfd(d), de->d_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+            uint64_t end = ((uint64_t)st.st_size + 4095) & ~4095ull;
+            uint64_t alloc = (uint64_t)st.st_blocks * 512;
+            if (alloc > end &&
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)end,
+                          (off_t)(alloc - end + (64u << 20))) == 0)
+                KV_DEBUG("ssd: gave back %llu KiB preallocated past the end of %s",
+                         (unsigned long long)((alloc - end) >> 10), de->d_name);
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+}
+
 static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size_t errlen)
 {
+    trim_wal_tails(s->path);
     uint64_t avail = disk_free(s->path);
     if (avail < OPEN_MIN_FREE) {
         kv__errf(err, errlen, "ssd.path '%s': its file system is full (%llu KiB free; opening "
