@@ -449,6 +449,7 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
         p[i].rc = r[i].rc;
         p[i].loc = r[i].loc;
         p[i].slen = r[i].slen;
+        p[i].sum = r[i].sum;
         if (p[i].rc != KV_OK)
             continue;
         uint8_t ptr[PTR_LEN];
@@ -461,7 +462,7 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
     int all = KV_OK;
     for (size_t i = 0; i < n; i++) {
         if (p[i].rc == KV_OK && rc != KV_OK) {
-            kv__vlog_free(&s->vlog, p[i].loc, p[i].slen);
+            kv__vlog_free(&s->vlog, p[i].loc, p[i].slen, NULL);   /* just written */
             p[i].loc = KV__LOC_NONE;
             p[i].rc = rc;
         }
@@ -483,6 +484,7 @@ void kv__ssd_put_entry(const struct kv__sput *p, struct kv__sent *e)
     e->stamp = p->stamp;
     e->loc = p->loc;
     e->slen = p->slen;
+    e->sum32 = (uint32_t)p->sum;
 }
 
 /* Deletes the pointers of n claimed entries in one WriteBatch. */
@@ -506,9 +508,13 @@ static int delete_pointers(struct kv__ssd *s, const struct kv__sent *ents, size_
 static int kill_records(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
 {
     int rc = KV_OK;
-    for (size_t i = 0; i < n; i++)
-        if (!(ents[i].loc & KV__TOKEN_BIT) && kv__vlog_free(&s->vlog, ents[i].loc, ents[i].slen) != KV_OK)
+    for (size_t i = 0; i < n; i++) {
+        uint8_t k[KV__SSD_KEY_LEN];
+        kv__ssd_key(k, (int)ents[i].ns, ents[i].id, ents[i].index, false);
+        if (!(ents[i].loc & KV__TOKEN_BIT) &&
+            kv__vlog_free(&s->vlog, ents[i].loc, ents[i].slen, k) != KV_OK)
             rc = KV_EIO;
+    }
     return rc;
 }
 
@@ -551,7 +557,7 @@ static bool claim_delete(struct kv__ssd *s, const struct kv__sent *e, bool exact
  * back after its caller was told it was gone. Returns how many were
  * deleted; *rc gets the first error. */
 static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size_t n, bool exact,
-                            int *rc)
+                            bool kill, int *rc)
 {
     size_t done = 0;
     *rc = KV_OK;
@@ -566,7 +572,7 @@ static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size
         }
         int r = delete_pointers(s, del, k);
         bool gone = r == KV_OK;
-        if (gone)
+        if (gone && kill)
             r = kill_records(s, del, k);
         if (r != KV_OK && *rc == KV_OK)
             *rc = r;
@@ -643,7 +649,7 @@ static int gc_run(struct kv__ssd *s, uint64_t need)
     int rc = KV_OK;
     for (size_t b = 0; b < nb && freed < target; b++) {
         int r;
-        nvals += delete_stored(s, &ents[blk[b].first], blk[b].count, false, &r);
+        nvals += delete_stored(s, &ents[blk[b].first], blk[b].count, false, true, &r);
         if (r != KV_OK && rc == KV_OK)
             rc = r;
         freed += blk[b].bytes;
@@ -811,8 +817,11 @@ static uint64_t compact_file(struct kv__ssd *s, uint32_t no)
         struct kv__sent to = cur;
         to.loc = p.loc;
         to.slen = p.slen;
+        to.sum32 = (uint32_t)p.sum;
         kv__sidx_store(&s->idx, &to, KV__ENT_MOVING, cur.loc);   /* ours: cannot fail */
-        kv__vlog_free(&s->vlog, cur.loc, cur.slen);
+        uint8_t k[KV__SSD_KEY_LEN];
+        kv__ssd_key(k, (int)cur.ns, cur.id, cur.index, false);
+        kv__vlog_free(&s->vlog, cur.loc, cur.slen, k);
         moved += cur.size;
     }
     free(buf);
@@ -1019,10 +1028,11 @@ static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
  * moved to the newer record and the older one killed after; an older or
  * equal copy is refused (killed). New pointers go to RocksDB in one batch.
  */
+struct old_copy { uint64_t loc; uint32_t slen; uint8_t key[KV__SSD_KEY_LEN]; };
 struct recon {
     struct kv__ssd *s;
     rocksdb_writebatch_t *wb;
-    struct kv__vext *old;            /* copies superseded, killed afterwards */
+    struct old_copy *old;            /* copies superseded, killed afterwards */
     size_t nold, capold;
     uint64_t maxstamp, indexed, replaced, clamped;
     bool nomem;
@@ -1044,6 +1054,7 @@ static bool found(void *ctx, const struct kv__vfound *r)
     key_entry(r->key, &e);
     e.size = r->len;
     e.slen = r->slen;
+    e.sum32 = (uint32_t)r->sum;
     e.loc = r->loc;
     e.stamp = r->stamp;
     e.state = KV__ENT_STORED;
@@ -1057,7 +1068,7 @@ static bool found(void *ctx, const struct kv__vfound *r)
             return false;   /* an older copy, or a second one (a move's) */
         if (rc->nold == rc->capold) {
             size_t cap = rc->capold ? 2 * rc->capold : 64;
-            struct kv__vext *no = realloc(rc->old, cap * sizeof *no);
+            struct old_copy *no = realloc(rc->old, cap * sizeof *no);
             if (!no) {
                 rc->nomem = true;
                 return true;   /* left as it is: the next open decides */
@@ -1070,7 +1081,8 @@ static bool found(void *ctx, const struct kv__vfound *r)
                            KV__ENT_WRITING, tok, NULL) ||
             !kv__sidx_store(&s->idx, &e, KV__ENT_WRITING, tok))
             return true;   /* cannot happen: nothing else runs during open */
-        rc->old[rc->nold++] = (struct kv__vext){ cur.loc, cur.slen };
+        rc->old[rc->nold] = (struct old_copy){ .loc = cur.loc, .slen = cur.slen };
+        memcpy(rc->old[rc->nold++].key, r->key, KV__SSD_KEY_LEN);
         rc->replaced++;
     } else if (kv__sidx_insert(&s->idx, &e, NULL) != 1) {
         rc->nomem = true;
@@ -1099,7 +1111,7 @@ static int reconcile(struct kv__ssd *s, struct kv__vext *ext, size_t n, uint64_t
     /* The copies superseded die only once the new pointers are down: until
      * then RocksDB still leads to them. */
     for (size_t i = 0; w == KV_OK && i < rc.nold; i++)
-        kv__vlog_free(&s->vlog, rc.old[i].loc, rc.old[i].slen);
+        kv__vlog_free(&s->vlog, rc.old[i].loc, rc.old[i].slen, rc.old[i].key);
     free(rc.old);
     *maxstamp = rc.maxstamp;
     atomic_fetch_add(&s->recovered, rc.indexed);
@@ -1157,6 +1169,7 @@ static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
         key_entry(k, &e);
         e.size = kv__get32(v + 4);
         e.slen = kv__get32(v + 8);
+        e.sum32 = (uint32_t)kv__get64(v + 32);
         e.loc = kv__get64(v + 16);
         e.stamp = kv__get64(v + 24) & ((1ull << 48) - 1);
         e.state = KV__ENT_STORED;
@@ -1642,13 +1655,15 @@ int kv__ssd_fetch(struct kv__ssd *s, const struct kv__sent *e, const kv_iov *iov
 {
     uint8_t k[KV__SSD_KEY_LEN];
     kv__ssd_key(k, (int)e->ns, e->id, e->index, false);
-    return kv__vlog_read(&s->vlog, k, e->loc, e->size, iov, iovcnt, why);
+    return kv__vlog_read(&s->vlog, k, e->loc, e->size, e->sum32, iov, iovcnt, why);
 }
 
 bool kv__ssd_drop_bad(struct kv__ssd *s, const struct kv__sent *e, const char *why)
 {
     int rc;
-    if (delete_stored(s, e, 1, true, &rc) == 0)
+    /* A record that is whole but not this pointer's belongs to someone
+     * else (the pointer is stale or foreign): only the pointer goes. */
+    if (delete_stored(s, e, 1, true, why != kv__vlog_not_its_record, &rc) == 0)
         return false;   /* removed, moved or rewritten since: not this value's fault */
     atomic_fetch_add(&s->checksum_failures, 1);
     KV_WARN("ssd: value (ns %u, shard %u) failed its check (%s); deleted", (unsigned)e->ns,
@@ -1858,7 +1873,7 @@ int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t in
             ents[i].index = idx[i];
         }
         int r;
-        del = delete_stored(s, ents, got, false, &r);
+        del = delete_stored(s, ents, got, false, true, &r);
         found += del;
         if (r != KV_OK)
             rc = r;

@@ -82,7 +82,8 @@ struct kv__sent {
     uint64_t state : 8;      /* KV__ENT_* */
     uint64_t loc;            /* value log file and offset (STORED only) */
     uint32_t slen;           /* bytes stored there (less than size when lz4 paid) */
-    uint32_t pad_;
+    uint32_t sum32;          /* STORED: the low half of the record's checksum, as
+                                its pointer has it; a read compares the record */
 };
 
 struct kv__sishard {
@@ -119,7 +120,7 @@ void kv__sidx_touch(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t in
  */
 #define KV__TOKEN_BIT (1ull << 63)
 /* Marks the entry in state 'from' holding 'token' STORED, with e's size,
- * stamp, loc and slen; false when it is no longer so. */
+ * stamp, loc, slen and sum32; false when it is no longer so. */
 bool kv__sidx_store(struct kv__sindex *x, const struct kv__sent *e, int from, uint64_t token);
 /* Moves the entry from (state 'from', loc 'at' or UINT64_MAX for any) to
  * (state 'to', loc 'token'); *old gets it as it was. */
@@ -207,15 +208,22 @@ void kv__vlog_close(struct kv__vlog *v);
  * before returning. KV_OK when all of them landed. */
 int  kv__vlog_append(struct kv__vlog *v, struct kv__vrec *r, size_t n, bool sync);
 /* Reads the value at loc into iov (lengths adding up to len), checking the
- * record's header and checksum: KV_OK; KV_ECORRUPT with *why; KV_EIO. On
- * failure iov is zeroed. */
+ * record's header (MAC, key, length, and the low half of its checksum
+ * against sum32, the pointer's) and checksum: KV_OK; KV_ECORRUPT with
+ * *why; KV_EIO. On failure iov is zeroed. */
 int  kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
-                   const kv_iov *iov, uint32_t iovcnt, const char **why);
+                   uint32_t sum32, const kv_iov *iov, uint32_t iovcnt, const char **why);
+/* The *why of a read that found a record of this store, whole and MAC'd
+ * for its place, but not the pointer's (another key, length or checksum):
+ * the pointer is wrong, not the record, which must not be killed for it. */
+extern const char kv__vlog_not_its_record[];
 /* Kills a record and gives its space back (hole punched or magic killed,
- * see vlog.c; the file unlinked when it was its last live record). KV_OK,
+ * see vlog.c; the file unlinked when it was its last live record). With a
+ * key, only when the record there is that key's (its header read and its
+ * MAC checked): otherwise only the space's count is given back. KV_OK,
  * or KV_EIO when the record could not be killed: it may then be found
  * again by a scan. */
-int  kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen);
+int  kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen, const uint8_t *key);
 
 /* A record kv__vlog_settle found intact where no pointer leads. */
 struct kv__vfound {
@@ -330,6 +338,7 @@ struct kv__sput {
     uint64_t len, stamp;
     uint64_t loc;                    /* out: where it went */
     uint32_t slen;                   /* out: bytes stored */
+    uint64_t sum;                    /* out: the record's checksum */
     int rc;                          /* out */
 };
 /* Stores n claimed values: appended to the value log, then their pointers

@@ -582,7 +582,18 @@ static int kill_rec(struct kv__vfile *f, uint64_t off)
     return KV_OK;
 }
 
-int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
+/* Whether the record at off of f is key's live record of slen stored bytes
+ * (its MAC verified): a pointer that names it may kill it. */
+static bool rec_is(struct kv__vfile *f, uint64_t off, const uint8_t *key, uint32_t slen)
+{
+    uint8_t h[KV__VLOG_HDR];
+    struct rec_hdr r;
+    return pread(f->fd, h, sizeof h, (off_t)off) == (ssize_t)sizeof h && parse_hdr(h, &r) &&
+           !r.dead && r.slen == slen && memcmp(r.key, key, KV__SSD_KEY_LEN) == 0 &&
+           hdr_mac_ok(f, h, off);
+}
+
+int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen, const uint8_t *key)
 {
     if (loc == KV__LOC_NONE)
         return KV_OK;
@@ -590,7 +601,11 @@ int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
     if (!f)
         return KV_OK;   /* its file is gone, and the record with it */
     uint64_t span = kv__vlog_span(slen);
-    int rc = punch(v, f, KV__LOC_OFF(loc), span) ? KV_OK : kill_rec(f, KV__LOC_OFF(loc));
+    int rc = KV_OK;
+    /* A pointer that names another's record (stale, or not this store's)
+     * gives back only its count: the bytes are someone else's. */
+    if (!key || rec_is(f, KV__LOC_OFF(loc), key, slen))
+        rc = punch(v, f, KV__LOC_OFF(loc), span) ? KV_OK : kill_rec(f, KV__LOC_OFF(loc));
     uint64_t was = atomic_fetch_sub(&f->live, span);
     if (was == span) {
         pthread_mutex_lock(&v->amu);
@@ -767,7 +782,7 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
     if (rc != KV_OK) {
         KV_WARN("ssd: writing %llu bytes to value log %u: %s", (unsigned long long)span, f->no,
                 kv_strerror(rc));
-        kv__vlog_free(v, r->loc, r->slen);
+        kv__vlog_free(v, r->loc, r->slen, NULL);
         r->loc = KV__LOC_NONE;
         vfile_put(f);
         return rc;
@@ -810,7 +825,7 @@ int kv__vlog_append(struct kv__vlog *v, struct kv__vrec *r, size_t n, bool sync)
     if (src != KV_OK)
         for (size_t i = 0; i < n; i++)
             if (r[i].rc == KV_OK) {
-                kv__vlog_free(v, r[i].loc, r[i].slen);
+                kv__vlog_free(v, r[i].loc, r[i].slen, NULL);
                 r[i].loc = KV__LOC_NONE;
                 r[i].rc = src;
             }
@@ -871,19 +886,24 @@ static int64_t read_all(int fd, struct iovec *io, int cnt, uint64_t off, uint64_
     return (int64_t)got;
 }
 
+const char kv__vlog_not_its_record[] = "the record there is not the one its pointer names";
+
 /* Checks a record's header (at off of f) against what the pointer
  * promised. */
 static const char *check_hdr(const struct kv__vfile *f, uint64_t off, const uint8_t *hdr,
-                             uint64_t got, const uint8_t *key, uint64_t len, struct rec_hdr *r)
+                             uint64_t got, const uint8_t *key, uint64_t len, uint32_t sum32,
+                             struct rec_hdr *r)
 {
     if (got < KV__VLOG_HDR || !parse_hdr(hdr, r) || r->dead)
         return "bad record header";
     if (!hdr_mac_ok(f, hdr, off))
         return "record header fails its MAC";
     if (memcmp(r->key, key, KV__SSD_KEY_LEN) != 0)
-        return "record holds another key";
+        return kv__vlog_not_its_record;   /* another key's, ours: see ssd_int.h */
     if (r->len != len)
-        return "bad record length";
+        return kv__vlog_not_its_record;
+    if ((uint32_t)r->sum != sum32)
+        return kv__vlog_not_its_record;
     if (got < KV__VLOG_HDR + (uint64_t)r->slen)
         return "record cut short";
     return NULL;
@@ -929,7 +949,7 @@ static int check_value(const struct rec_hdr *r, const kv_iov *iov, uint32_t iovc
 }
 
 static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
-                    const kv_iov *iov, uint32_t iovcnt, const char **why)
+                    uint32_t sum32, const kv_iov *iov, uint32_t iovcnt, const char **why)
 {
     *why = NULL;
     struct kv__vfile *f = vfile_get(v, KV__LOC_FILE(loc));
@@ -958,7 +978,7 @@ static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64
         return KV_EIO;
     }
     struct rec_hdr r;
-    *why = check_hdr(f, KV__LOC_OFF(loc), hdr, (uint64_t)got, key, len, &r);
+    *why = check_hdr(f, KV__LOC_OFF(loc), hdr, (uint64_t)got, key, len, sum32, &r);
     vfile_put(f);
     if (*why)
         return KV_ECORRUPT;
@@ -966,9 +986,9 @@ static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64
 }
 
 int kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
-                  const kv_iov *iov, uint32_t iovcnt, const char **why)
+                  uint32_t sum32, const kv_iov *iov, uint32_t iovcnt, const char **why)
 {
-    int rc = read_rec(v, key, loc, len, iov, iovcnt, why);
+    int rc = read_rec(v, key, loc, len, sum32, iov, iovcnt, why);
     /* The bytes went straight into the caller's memory: a value that fails
      * its checks must not be left there to be mistaken for data. */
     if (rc != KV_OK)

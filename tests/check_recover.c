@@ -962,6 +962,69 @@ START_TEST(kvctl_get_onto_a_full_disk)
 }
 END_TEST
 
+/* Issue 17, item 5: a pointer that names a record that is not its own (a
+ * stale or foreign pointer: here one key's pointer copied over another's,
+ * and a pointer whose checksum is not its record's). Before: the open
+ * killed the record the wrong pointer named (another key's) as an older
+ * copy, and a read that found a record not its own killed it as damaged.
+ * Now only the wrong pointer goes; the records stay, and an open finds
+ * the ones left without a pointer. */
+START_TEST(wrong_pointer_kills_no_record)
+{
+    char *dir = tu_mkdtemp();
+    kv_config *c = cfg_for(dir, "ssd");
+    enum { LEN = 5000 };
+    struct kv__ssd *s = open_tier(c);
+    for (uint64_t i = 1; i <= 3; i++)
+        ck_assert_int_eq(put(s, i, LEN), KV_OK);
+    kv__ssd_close(s);
+
+    rocksdb_options_t *o = rocksdb_options_create();
+    char *e = NULL;
+    rocksdb_t *db = rocksdb_open(o, dir, &e);
+    ck_assert_msg(!e, "%s", e ? e : "");
+    rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
+    rocksdb_writeoptions_t *wo = rocksdb_writeoptions_create();
+    uint8_t k1[KV__SSD_KEY_LEN], k2[KV__SSD_KEY_LEN], k3[KV__SSD_KEY_LEN];
+    kv_block_id id1 = tu_id(1, 7), id2 = tu_id(2, 7), id3 = tu_id(3, 7);
+    kv__ssd_key(k1, KV_NS_BLOCK, id1.bytes, 0, false);
+    kv__ssd_key(k2, KV_NS_BLOCK, id2.bytes, 0, false);
+    kv__ssd_key(k3, KV_NS_BLOCK, id3.bytes, 0, false);
+    size_t vl = 0;
+    char *p1 = rocksdb_get(db, ro, (const char *)k1, sizeof k1, &vl, &e);
+    ck_assert_msg(p1 && !e, "no pointer for value 1");
+    rocksdb_put(db, wo, (const char *)k2, sizeof k2, p1, vl, &e);   /* 2 -> 1's record */
+    ck_assert_ptr_null(e);
+    char *p3 = rocksdb_get(db, ro, (const char *)k3, sizeof k3, &vl, &e);
+    ck_assert_msg(p3 && !e && vl >= 40, "no pointer for value 3");
+    p3[32] ^= 0x01;   /* its checksum: not its record's */
+    rocksdb_put(db, wo, (const char *)k3, sizeof k3, p3, vl, &e);
+    ck_assert_ptr_null(e);
+    rocksdb_free(p1);
+    rocksdb_free(p3);
+    rocksdb_writeoptions_destroy(wo);
+    rocksdb_readoptions_destroy(ro);
+    rocksdb_close(db);
+    rocksdb_options_destroy(o);
+
+    /* 2's own record has no pointer: the open finds it (newer than the
+     * copy its pointer names, which must not die for it). 3's pointer
+     * names 3's place: the read drops the pointer only. */
+    s = open_tier(c);
+    ck_assert_int_eq(get(s, 2, LEN), KV_OK);
+    ck_assert_int_eq(get(s, 3, LEN), KV_ENOTFOUND);
+    ck_assert_msg(get(s, 1, LEN) == KV_OK, "value 1 was killed through another key's pointer");
+    kv__ssd_close(s);
+    s = open_tier(c);   /* 3's record has no pointer now: found again */
+    ck_assert_uint_eq(recovered(s), 1);
+    for (uint64_t i = 1; i <= 3; i++)
+        ck_assert_int_eq(get(s, i, LEN), KV_OK);
+    kv__ssd_close(s);
+    kv_config_free(c);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *recover_suite(void)
 {
     Suite *s = suite_create("recover");
@@ -982,6 +1045,7 @@ Suite *recover_suite(void)
     tcase_add_test(t, planted_links_not_followed);
     tcase_add_test(t, store_modes_and_owner);
     tcase_add_test(t, corrupt_sst_rebuilt_from_the_log);
+    tcase_add_test(t, wrong_pointer_kills_no_record);
     suite_add_tcase(s, t);
     t = tcase_create("full_disk");
     tcase_set_timeout(t, 120);
