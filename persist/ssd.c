@@ -25,9 +25,9 @@
  * DURABILITY, by ssd.sync (acknowledged = kv__ssd_write returned KV_OK, or
  * a spilled victim was released after its batch landed). In every mode a
  * value's bytes are written before its pointer, both before the
- * acknowledgement, and every read checks the record's header (magic, its
- * MAC, key, length, the pointer's checksum) and the value's XXH3: a value
- * that fails is deleted and reads as a miss; nothing comes back wrong.
+ * acknowledgement, and every read checks the record's header (magic, key,
+ * length, the pointer's checksum) and the value's XXH3: a value that fails
+ * is deleted and reads as a miss; nothing comes back wrong.
  * - none: nothing is synced by kvengine; bytes and WAL are in the page
  *   cache when the write returns. A process crash (SIGKILL) loses nothing
  *   acknowledged. A power loss loses what the kernel had not written back
