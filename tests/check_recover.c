@@ -788,6 +788,19 @@ START_TEST(planted_links_not_followed)
         if (had)
             ck_assert_int_eq(rename(saved, link), 0);
     }
+    /* The value log directory itself a link (to a copy of it, here):
+     * refused too, the copy untouched. */
+    char vdir[1200], moved[1200];
+    snprintf(vdir, sizeof vdir, "%s/vlog", dir);
+    snprintf(moved, sizeof moved, "%s/vlog", other);
+    ck_assert_int_eq(rename(vdir, moved), 0);
+    ck_assert_int_eq(symlink(moved, vdir), 0);
+    struct kv__ssd *t = NULL;
+    char err[512] = "";
+    ck_assert_int_eq(kv__ssd_open(c, &t, err, sizeof err), KV_EPERM);
+    ck_assert_msg(strstr(err, "symbolic link"), "vlog: %s", err);
+    ck_assert_int_eq(unlink(vdir), 0);
+    ck_assert_int_eq(rename(moved, vdir), 0);
     s = open_tier(c);
     ck_assert_int_eq(get(s, 1, 5000), KV_OK);
     kv__ssd_close(s);
