@@ -194,7 +194,9 @@ KV_EXPORT int kv_parse_size(const char *text, uint64_t *bytes);
  *   cannot be created or read), KV_EBUSY (the SSD tier is held by another
  *   engine), KV_ENOSPC (ssd.path's file system is full), KV_ENET (the
  *   membership store cannot be reached, or cluster.listen cannot be bound),
- *   KV_EPERM (the membership store refuses cluster.token or the etcd user),
+ *   KV_EPERM (the membership store refuses cluster.token or the etcd user;
+ *   or ssd.path is another user's, writable by group or others, or holds a
+ *   symbolic link where a store file should be),
  *   KV_ENOTSUP (`cluster.protocol: rdma` without an RDMA device). The reason
  *   is also logged at error level.
  * kv_close: finishes every in-flight task (their waits return their results),

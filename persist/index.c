@@ -196,6 +196,7 @@ bool kv__sidx_store(struct kv__sindex *x, const struct kv__sent *e, int from, ui
         t->stamp = e->stamp;
         t->loc = e->loc;
         t->slen = e->slen;
+        t->sum32 = e->sum32;
         t->state = KV__ENT_STORED;
         account(x, t, +1);
     }

@@ -26,8 +26,8 @@
  * a spilled victim was released after its batch landed). In every mode a
  * value's bytes are written before its pointer, both before the
  * acknowledgement, and every read checks the record's header (magic, key,
- * length) and XXH3 (seeded with the key): a value that fails is deleted
- * and reads as a miss; nothing comes back wrong.
+ * length, the pointer's checksum) and the value's XXH3: a value that fails
+ * is deleted and reads as a miss; nothing comes back wrong.
  * - none: nothing is synced by kvengine; bytes and WAL are in the page
  *   cache when the write returns. A process crash (SIGKILL) loses nothing
  *   acknowledged. A power loss loses what the kernel had not written back
@@ -59,9 +59,11 @@
 #include <stdlib.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/random.h>
 #include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "ssd_int.h"
 #include "engine/tier.h"
@@ -72,6 +74,14 @@
 #define OLD_META_MAGIC 0x314d564bu   /* "KVM1": and its meta records */
 #define DISK_SLACK (1ull << 20)  /* WAL, SST, MANIFEST and LOG growth */
 #define CLAIM_WAIT_NS (10ull * 1000000000ull)
+#define ID_KEY "\xff" "KVSTORE"       /* RocksDB's identity key: no data key is 8 bytes */
+#define ID_KEY_LEN 8
+#define ID_MAGIC 0x3149564bu     /* "KVI1": its value: id, clock ceiling */
+#define ID_LEN 32
+#define STORE_FILE "KVSTORE"     /* ssd.path/KVSTORE: the store id */
+#define STORE_MAGIC 0x3153564bu  /* "KVS1" */
+#define STORE_LEN 32
+#define CEIL_STEP (1ull << 20)   /* stamps reserved per write of the ceiling */
 
 /* ---- little-endian helpers ------------------------------------------------ */
 
@@ -104,8 +114,11 @@ static int rocks_err(char *e, const char *what)
 void kv__ssd_tuning_defaults(struct kv__ssd_tuning *t)
 {
     t->vlog_file_size = 128ull << 20;
-    t->write_buffer = 16ull << 20;
-    t->write_buffers = 3;
+    /* RocksDB preallocates 1.1 memtables of WAL at a time: 4 MiB ones keep
+     * that small on a small disk (throughput did not depend on it, see
+     * doc/ssd-tier.md). */
+    t->write_buffer = 4ull << 20;
+    t->write_buffers = 4;
     t->bg_jobs = 2;
     t->batch_bytes = 4ull << 20;
     t->sync_ms = 1000;
@@ -155,6 +168,231 @@ static int batch_write(struct kv__ssd *s, rocksdb_writebatch_t *wb)
     return rc == KV_ECORRUPT ? KV_EIO : rc;
 }
 
+/* ---- identity ------------------------------------------------------------------
+ * A store is one RocksDB and one value log, bound by a random 16-byte store
+ * id held in three places: ssd.path/KVSTORE, RocksDB's identity key (with
+ * the clock ceiling), and every value log file's header (vlog.c). At open
+ * (bind_store) the id is the one KVSTORE and RocksDB agree on, else the
+ * one the log's files carry (the log is the source of truth), else
+ * whichever of the two is left. Then a RocksDB of another store, or one
+ * without an id, is set aside (never deleted) and the index rebuilt from
+ * this store's own log: its pointers would lead into our files at places
+ * that hold other records, and a read that fails kills what it finds. A
+ * log file of another store is never served nor touched (kv__vlog_bind).
+ *
+ * The clock ceiling: every stamp a record may carry is below a ceiling
+ * RocksDB persisted before the record was written (raise_ceiling, once
+ * per CEIL_STEP stamps). At open, a stamp found by the scan above it does
+ * not move the clock (it is clamped): nothing in the log can drag the
+ * tier's clock where the index never was. Where RocksDB was rebuilt the
+ * ceiling is unknown and the stamps of the log's own records (their MACs
+ * verified) are believed.
+ */
+static void make_id(uint8_t *v, const uint8_t *id, uint64_t ceiling)
+{
+    memset(v, 0, ID_LEN);
+    kv__put32(v, ID_MAGIC);
+    memcpy(v + 8, id, KV__STORE_ID_LEN);
+    kv__put64(v + 24, ceiling);
+}
+
+/* Persists a ceiling above stamp (in its own batch, before any record
+ * carries the stamp). */
+static int raise_ceiling(struct kv__ssd *s, uint64_t stamp)
+{
+    int rc = KV_OK;
+    pthread_mutex_lock(&s->ceil_mu);
+    if (stamp >= atomic_load(&s->ceiling)) {
+        uint64_t c = stamp + CEIL_STEP;
+        uint8_t v[ID_LEN];
+        make_id(v, s->vlog.id, c);
+        rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
+        rocksdb_writebatch_put(wb, ID_KEY, ID_KEY_LEN, (const char *)v, sizeof v);
+        rc = batch_write(s, wb);
+        rocksdb_writebatch_destroy(wb);
+        if (rc == KV_OK)
+            atomic_store(&s->ceiling, c);
+    }
+    pthread_mutex_unlock(&s->ceil_mu);
+    return rc;
+}
+
+/* RocksDB's identity: 1 with *id and *ceiling, 0 absent, -1 malformed. */
+static int db_identity(struct kv__ssd *s, uint8_t *id, uint64_t *ceiling)
+{
+    char *e = NULL;
+    size_t vl = 0;
+    char *v = rocksdb_get(s->db, s->ro, ID_KEY, ID_KEY_LEN, &vl, &e);
+    if (e) {
+        KV_WARN("ssd: reading the store id from RocksDB: %s", e);
+        rocksdb_free(e);
+        return -1;
+    }
+    int rc = 0;
+    if (v) {
+        rc = vl == ID_LEN && kv__get32((uint8_t *)v) == ID_MAGIC ? 1 : -1;
+        if (rc == 1) {
+            memcpy(id, v + 8, KV__STORE_ID_LEN);
+            *ceiling = kv__get64((uint8_t *)v + 24);
+        }
+        rocksdb_free(v);
+    }
+    return rc;
+}
+
+/* What RocksDB holds but the identity: DB_EMPTY, DB_DATA, or DB_BLOBDB (the
+ * values of the BlobDB layout of an earlier kvengine). */
+enum { DB_EMPTY, DB_DATA, DB_BLOBDB };
+static int db_content(struct kv__ssd *s)
+{
+    rocksdb_iterator_t *it = rocksdb_create_iterator(s->db, s->ro);
+    int what = DB_EMPTY;
+    for (rocksdb_iter_seek_to_first(it); what == DB_EMPTY && rocksdb_iter_valid(it);
+         rocksdb_iter_next(it)) {
+        size_t kl = 0, vl = 0;
+        const char *k = rocksdb_iter_key(it, &kl);
+        const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+        if (kl == ID_KEY_LEN && memcmp(k, ID_KEY, ID_KEY_LEN) == 0)
+            continue;
+        what = vl >= 4 && (kv__get32(v) == OLD_DATA_MAGIC || kv__get32(v) == OLD_META_MAGIC)
+               ? DB_BLOBDB : DB_DATA;
+    }
+    rocksdb_iter_destroy(it);
+    return what;
+}
+
+/* ssd.path/KVSTORE: 1 with *id, 0 absent, -1 unreadable. */
+static int read_store_file(struct kv__ssd *s, uint8_t *id)
+{
+    char p[KV_CFG_STR + 32];
+    snprintf(p, sizeof p, "%s/" STORE_FILE, s->path);
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT ? 0 : -1;
+    uint8_t b[STORE_LEN];
+    struct stat st;
+    bool ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+              pread(fd, b, sizeof b, 0) == (ssize_t)sizeof b && kv__get32(b) == STORE_MAGIC &&
+              kv__get64(b + 24) == XXH3_64bits(b, 24);
+    close(fd);
+    if (!ok)
+        return -1;
+    memcpy(id, b + 8, KV__STORE_ID_LEN);
+    return 1;
+}
+
+/* Writes ssd.path/KVSTORE (a new file renamed over the old, synced). */
+static int write_store_file(struct kv__ssd *s, const uint8_t *id, char *err, size_t errlen)
+{
+    char p[KV_CFG_STR + 32], tmp[KV_CFG_STR + 40];
+    snprintf(p, sizeof p, "%s/" STORE_FILE, s->path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    uint8_t b[STORE_LEN];
+    memset(b, 0, sizeof b);
+    kv__put32(b, STORE_MAGIC);
+    memcpy(b + 8, id, KV__STORE_ID_LEN);
+    kv__put64(b + 24, XXH3_64bits(b, 24));
+    unlink(tmp);   /* a leftover (or a planted link): never written through */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    bool ok = fd >= 0 && pwrite(fd, b, sizeof b, 0) == (ssize_t)sizeof b && fsync(fd) == 0;
+    int e = errno;
+    if (fd >= 0)
+        close(fd);
+    ok = ok && rename(tmp, p) == 0;
+    if (!ok) {
+        e = e ? e : errno;
+        unlink(tmp);
+        kv__errf(err, errlen, "ssd.path '%s': cannot write %s: %s", s->path, STORE_FILE,
+                 strerror(e));
+        return e == ENOSPC || e == EDQUOT ? KV_ENOSPC : KV_EIO;
+    }
+    int dfd = open(s->path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return KV_OK;
+}
+
+static void id_hex(const uint8_t *id, char *out)
+{
+    for (int i = 0; i < 8; i++)
+        snprintf(out + 2 * i, 3, "%02x", id[i]);
+}
+
+static int reopen_empty_db(struct kv__ssd *s, const char *why, char *err, size_t errlen);
+
+/* Decides the store's id, binds RocksDB and the log to it (see above), and
+ * persists it where it was missing. *rebuilt is set when RocksDB was set
+ * aside. */
+static int bind_store(struct kv__ssd *s, bool *rebuilt, char *err, size_t errlen)
+{
+    uint8_t fid[KV__STORE_ID_LEN], did[KV__STORE_ID_LEN], lid[2][KV__STORE_ID_LEN],
+        id[KV__STORE_ID_LEN];
+    uint64_t ceiling = 0;
+    int hf = read_store_file(s, fid), hd = db_identity(s, did, &ceiling);
+    size_t nl = kv__vlog_ids(&s->vlog, lid, 2);
+    if (hf < 0)
+        KV_WARN("ssd: %s/%s cannot be read; the store id is taken from RocksDB or the value log",
+                s->path, STORE_FILE);
+    if (hf == 1 && hd == 1 && memcmp(fid, did, sizeof fid) == 0) {
+        memcpy(id, fid, sizeof id);
+    } else if (nl == 1) {
+        memcpy(id, lid[0], sizeof id);
+    } else if (hf == 1) {
+        memcpy(id, fid, sizeof id);
+    } else if (hd == 1) {
+        memcpy(id, did, sizeof id);
+    } else if (nl > 1) {
+        kv__errf(err, errlen, "ssd.path '%s': the value log holds files of several stores and "
+                 "nothing says which is this one (%s and RocksDB's id are missing); move the "
+                 "files of the other stores out of %s", s->path, STORE_FILE, s->vlog.dir);
+        return KV_EIO;
+    } else if (db_content(s) == DB_BLOBDB) {
+        kv__errf(err, errlen, "ssd.path '%s' holds a store in the BlobDB layout of an earlier "
+                 "kvengine, which this one does not read; move it away (or delete it) to "
+                 "start an empty store", s->path);
+        return KV_EIO;
+    } else if (s->vlog.unreadable || db_content(s) != DB_EMPTY) {
+        kv__errf(err, errlen, "ssd.path '%s' holds a store written by an earlier kvengine "
+                 "(value log records without a store id, issue 17), which this one does not "
+                 "read; move it away (or delete it) to start an empty store", s->path);
+        return KV_EIO;
+    } else if (getrandom(id, sizeof id, 0) != (ssize_t)sizeof id) {
+        kv__errf(err, errlen, "ssd.path '%s': no random bytes for a store id: %s", s->path,
+                 strerror(errno));
+        return KV_EIO;
+    }
+    char hex[17];
+    id_hex(id, hex);
+    bool foreign_db = hd == 1 && memcmp(did, id, sizeof id) != 0;
+    if (foreign_db || (hd != 1 && db_content(s) != DB_EMPTY)) {
+        char why[256];
+        snprintf(why, sizeof why, foreign_db ? "they belong to another store (this one is %s)"
+                 : "they carry no store id (this store is %s)", hex);
+        int rc = reopen_empty_db(s, why, err, errlen);
+        if (rc != KV_OK)
+            return rc;
+        *rebuilt = true;
+        hd = 0;
+    }
+    s->ceiling_known = hd == 1 && !*rebuilt;
+    atomic_store(&s->ceiling, s->ceiling_known ? ceiling : 0);
+    if (hf != 1 || memcmp(fid, id, sizeof id) != 0) {
+        if (hf != 0)
+            KV_WARN("ssd: %s/%s %s; rewritten for store %s", s->path, STORE_FILE,
+                    hf == 1 ? "named another store" : "could not be read", hex);
+        int rc = write_store_file(s, id, err, errlen);
+        if (rc != KV_OK)
+            return rc;
+    }
+    size_t dropped = kv__vlog_bind(&s->vlog, id);
+    if (dropped)
+        KV_WARN("ssd: %zu value log file(s) of another store under %s are not served",
+                dropped, s->vlog.dir);
+    return KV_OK;
+}
+
 /* ---- pointers ------------------------------------------------------------------
  * RocksDB maps each data key to a 40-byte pointer: magic, value length,
  * stored length, flags (0), loc, coldness stamp, checksum. */
@@ -178,12 +416,28 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
             p[i].rc = KV_ENOMEM;
         return KV_ENOMEM;
     }
+    uint64_t top = 0;
     for (size_t i = 0; i < n; i++) {
         kv__ssd_key(r[i].key, p[i].ns, p[i].id, p[i].index, false);
         r[i].iov = p[i].iov;
         r[i].iovcnt = p[i].iovcnt;
         r[i].len = p[i].len;
         r[i].stamp = p[i].stamp;
+        if (p[i].stamp > top)
+            top = p[i].stamp;
+    }
+    /* No record may carry a stamp the index has not persisted a ceiling
+     * above (see "identity"). */
+    int crc = top >= atomic_load(&s->ceiling) ? raise_ceiling(s, top) : KV_OK;
+    if (crc != KV_OK) {
+        for (size_t i = 0; i < n; i++) {
+            p[i].rc = crc;
+            p[i].loc = KV__LOC_NONE;
+            p[i].slen = 0;
+        }
+        if (r != stack)
+            free(r);
+        return crc;
     }
     /* The bytes first (synced first with ssd.sync: fsync), the pointers
      * after: a pointer that survives a crash always finds its bytes, or,
@@ -195,6 +449,7 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
         p[i].rc = r[i].rc;
         p[i].loc = r[i].loc;
         p[i].slen = r[i].slen;
+        p[i].sum = r[i].sum;
         if (p[i].rc != KV_OK)
             continue;
         uint8_t ptr[PTR_LEN];
@@ -207,7 +462,7 @@ int kv__ssd_put(struct kv__ssd *s, struct kv__sput *p, size_t n)
     int all = KV_OK;
     for (size_t i = 0; i < n; i++) {
         if (p[i].rc == KV_OK && rc != KV_OK) {
-            kv__vlog_free(&s->vlog, p[i].loc, p[i].slen);
+            kv__vlog_free(&s->vlog, p[i].loc, p[i].slen, NULL);   /* just written */
             p[i].loc = KV__LOC_NONE;
             p[i].rc = rc;
         }
@@ -229,6 +484,7 @@ void kv__ssd_put_entry(const struct kv__sput *p, struct kv__sent *e)
     e->stamp = p->stamp;
     e->loc = p->loc;
     e->slen = p->slen;
+    e->sum32 = (uint32_t)p->sum;
 }
 
 /* Deletes the pointers of n claimed entries in one WriteBatch. */
@@ -252,9 +508,13 @@ static int delete_pointers(struct kv__ssd *s, const struct kv__sent *ents, size_
 static int kill_records(struct kv__ssd *s, const struct kv__sent *ents, size_t n)
 {
     int rc = KV_OK;
-    for (size_t i = 0; i < n; i++)
-        if (!(ents[i].loc & KV__TOKEN_BIT) && kv__vlog_free(&s->vlog, ents[i].loc, ents[i].slen) != KV_OK)
+    for (size_t i = 0; i < n; i++) {
+        uint8_t k[KV__SSD_KEY_LEN];
+        kv__ssd_key(k, (int)ents[i].ns, ents[i].id, ents[i].index, false);
+        if (!(ents[i].loc & KV__TOKEN_BIT) &&
+            kv__vlog_free(&s->vlog, ents[i].loc, ents[i].slen, k) != KV_OK)
             rc = KV_EIO;
+    }
     return rc;
 }
 
@@ -297,7 +557,7 @@ static bool claim_delete(struct kv__ssd *s, const struct kv__sent *e, bool exact
  * back after its caller was told it was gone. Returns how many were
  * deleted; *rc gets the first error. */
 static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size_t n, bool exact,
-                            int *rc)
+                            bool kill, int *rc)
 {
     size_t done = 0;
     *rc = KV_OK;
@@ -312,7 +572,7 @@ static size_t delete_stored(struct kv__ssd *s, const struct kv__sent *ents, size
         }
         int r = delete_pointers(s, del, k);
         bool gone = r == KV_OK;
-        if (gone)
+        if (gone && kill)
             r = kill_records(s, del, k);
         if (r != KV_OK && *rc == KV_OK)
             *rc = r;
@@ -389,7 +649,7 @@ static int gc_run(struct kv__ssd *s, uint64_t need)
     int rc = KV_OK;
     for (size_t b = 0; b < nb && freed < target; b++) {
         int r;
-        nvals += delete_stored(s, &ents[blk[b].first], blk[b].count, false, &r);
+        nvals += delete_stored(s, &ents[blk[b].first], blk[b].count, false, true, &r);
         if (r != KV_OK && rc == KV_OK)
             rc = r;
         freed += blk[b].bytes;
@@ -557,8 +817,11 @@ static uint64_t compact_file(struct kv__ssd *s, uint32_t no)
         struct kv__sent to = cur;
         to.loc = p.loc;
         to.slen = p.slen;
+        to.sum32 = (uint32_t)p.sum;
         kv__sidx_store(&s->idx, &to, KV__ENT_MOVING, cur.loc);   /* ours: cannot fail */
-        kv__vlog_free(&s->vlog, cur.loc, cur.slen);
+        uint8_t k[KV__SSD_KEY_LEN];
+        kv__ssd_key(k, (int)cur.ns, cur.id, cur.index, false);
+        kv__vlog_free(&s->vlog, cur.loc, cur.slen, k);
         moved += cur.size;
     }
     free(buf);
@@ -658,7 +921,11 @@ static void stop_maint(struct kv__ssd *s)
 
 /* ---- open / close --------------------------------------------------------- */
 
-/* mkdir -p, naming the component that failed. */
+/* mkdir -p, naming the component that failed; ssd.path itself is made
+ * 0700 (the cache's contents are the users' data), then checked: it must
+ * be this engine's (euid) and writable by nobody else, or anyone who can
+ * write it could plant files or links for the store to trust (issue 17).
+ * A store made by an earlier kvengine (0755) is tightened to 0700. */
 static int make_dirs(const char *path, char *err, size_t errlen)
 {
     char buf[KV_CFG_STR];
@@ -667,7 +934,7 @@ static int make_dirs(const char *path, char *err, size_t errlen)
         bool end = *p == '\0';
         if (*p == '/' || end) {
             *p = '\0';
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST) {
+            if (mkdir(buf, end ? 0700 : 0755) != 0 && errno != EEXIST) {
                 kv__errf(err, errlen, "ssd.path '%s': cannot create directory '%s': %s", path, buf,
                          strerror(errno));
                 return KV_EIO;
@@ -683,6 +950,20 @@ static int make_dirs(const char *path, char *err, size_t errlen)
                  errno ? ": " : "", errno ? strerror(errno) : "");
         return KV_EIO;
     }
+    if (st.st_uid != geteuid()) {
+        kv__errf(err, errlen, "ssd.path '%s' is owned by uid %u, not by this engine's user "
+                 "(uid %u): refused", path, (unsigned)st.st_uid, (unsigned)geteuid());
+        return KV_EPERM;
+    }
+    if (st.st_mode & 022) {
+        kv__errf(err, errlen, "ssd.path '%s' is writable by %s (mode %03o): refused; make it "
+                 "0700 (chmod go-w)", path, st.st_mode & 020 ? "its group" : "others",
+                 (unsigned)(st.st_mode & 0777));
+        return KV_EPERM;
+    }
+    if ((st.st_mode & 077) && chmod(path, st.st_mode & 0700) == 0)
+        KV_INFO("ssd: ssd.path '%s' was readable by other users (mode %03o): made 0700", path,
+                (unsigned)(st.st_mode & 0777));
     if (access(path, W_OK | X_OK) != 0) {
         kv__errf(err, errlen, "ssd.path '%s': not writable: %s", path, strerror(errno));
         return KV_EIO;
@@ -697,8 +978,19 @@ static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
 {
     char lp[KV_CFG_STR + 32];
     snprintf(lp, sizeof lp, "%s/KVENGINE.LOCK", s->path);
-    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    struct stat st;
+    if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(fd);
+        fd = -1;
+        errno = EPERM;
+    }
     if (fd < 0) {
+        if (errno == ELOOP || errno == EPERM) {
+            kv__errf(err, errlen, "ssd.path '%s': KVENGINE.LOCK is a symbolic link or not a "
+                     "regular file; kvengine follows no link under ssd.path (remove it)", s->path);
+            return KV_EPERM;
+        }
         kv__errf(err, errlen, "ssd.path '%s': cannot create the lock file: %s", s->path,
                  strerror(errno));
         return KV_EIO;
@@ -736,12 +1028,13 @@ static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
  * moved to the newer record and the older one killed after; an older or
  * equal copy is refused (killed). New pointers go to RocksDB in one batch.
  */
+struct old_copy { uint64_t loc; uint32_t slen; uint8_t key[KV__SSD_KEY_LEN]; };
 struct recon {
     struct kv__ssd *s;
     rocksdb_writebatch_t *wb;
-    struct kv__vext *old;            /* copies superseded, killed afterwards */
+    struct old_copy *old;            /* copies superseded, killed afterwards */
     size_t nold, capold;
-    uint64_t maxstamp, indexed, replaced;
+    uint64_t maxstamp, indexed, replaced, clamped;
     bool nomem;
 };
 
@@ -761,15 +1054,21 @@ static bool found(void *ctx, const struct kv__vfound *r)
     key_entry(r->key, &e);
     e.size = r->len;
     e.slen = r->slen;
+    e.sum32 = (uint32_t)r->sum;
     e.loc = r->loc;
     e.stamp = r->stamp;
     e.state = KV__ENT_STORED;
+    if (s->ceiling_known && e.stamp > atomic_load(&s->ceiling)) {
+        /* Above what the index persisted: not believed (see "identity"). */
+        e.stamp = atomic_load(&s->ceiling);
+        rc->clamped++;
+    }
     if (kv__sidx_get(&s->idx, (int)e.ns, e.id, e.index, &cur)) {
-        if (r->stamp <= cur.stamp)
+        if (e.stamp <= cur.stamp)
             return false;   /* an older copy, or a second one (a move's) */
         if (rc->nold == rc->capold) {
             size_t cap = rc->capold ? 2 * rc->capold : 64;
-            struct kv__vext *no = realloc(rc->old, cap * sizeof *no);
+            struct old_copy *no = realloc(rc->old, cap * sizeof *no);
             if (!no) {
                 rc->nomem = true;
                 return true;   /* left as it is: the next open decides */
@@ -782,47 +1081,50 @@ static bool found(void *ctx, const struct kv__vfound *r)
                            KV__ENT_WRITING, tok, NULL) ||
             !kv__sidx_store(&s->idx, &e, KV__ENT_WRITING, tok))
             return true;   /* cannot happen: nothing else runs during open */
-        rc->old[rc->nold++] = (struct kv__vext){ cur.loc, cur.slen };
+        rc->old[rc->nold] = (struct old_copy){ .loc = cur.loc, .slen = cur.slen };
+        memcpy(rc->old[rc->nold++].key, r->key, KV__SSD_KEY_LEN);
         rc->replaced++;
     } else if (kv__sidx_insert(&s->idx, &e, NULL) != 1) {
         rc->nomem = true;
         return true;
     }
-    struct kv__sput p = { .len = r->len, .stamp = r->stamp, .loc = r->loc, .slen = r->slen };
+    struct kv__sput p = { .len = r->len, .stamp = e.stamp, .loc = r->loc, .slen = r->slen };
     uint8_t ptr[PTR_LEN];
     make_ptr(ptr, &p, r->sum);
     rocksdb_writebatch_put(rc->wb, (const char *)r->key, KV__SSD_KEY_LEN, (const char *)ptr, sizeof ptr);
     rc->indexed++;
-    if (r->stamp > rc->maxstamp)
-        rc->maxstamp = r->stamp;
+    if (e.stamp > rc->maxstamp)
+        rc->maxstamp = e.stamp;
     return true;
 }
 
 /* Settles the value log against the n pointers found (ext), re-indexing
  * what only the log still holds; logs what it found. */
-static int reconcile(struct kv__ssd *s, struct kv__vext *ext, size_t n, bool legacy,
-                     uint64_t *maxstamp, char *err, size_t errlen)
+static int reconcile(struct kv__ssd *s, struct kv__vext *ext, size_t n, uint64_t *maxstamp,
+                     char *err, size_t errlen)
 {
     struct recon rc = { .s = s, .wb = rocksdb_writebatch_create(), .maxstamp = *maxstamp };
     struct kv__vsettle st;
-    int r = kv__vlog_settle(&s->vlog, ext, n, legacy, found, &rc, &st, err, errlen);
+    int r = kv__vlog_settle(&s->vlog, ext, n, found, &rc, &st, err, errlen);
     int w = rc.indexed ? batch_write(s, rc.wb) : KV_OK;
     rocksdb_writebatch_destroy(rc.wb);
     /* The copies superseded die only once the new pointers are down: until
      * then RocksDB still leads to them. */
     for (size_t i = 0; w == KV_OK && i < rc.nold; i++)
-        kv__vlog_free(&s->vlog, rc.old[i].loc, rc.old[i].slen);
+        kv__vlog_free(&s->vlog, rc.old[i].loc, rc.old[i].slen, rc.old[i].key);
     free(rc.old);
     *maxstamp = rc.maxstamp;
     atomic_fetch_add(&s->recovered, rc.indexed);
-    if (st.found || st.torn || st.legacy_skipped)
+    if (st.found || st.torn)
         KV_WARN("ssd: the value log held %llu intact values no pointer led to: %llu re-indexed "
                 "(%llu newer than the copy indexed), %llu older copies dropped; %llu torn records "
-                "discarded%s%s",
-                (unsigned long long)st.found, (unsigned long long)rc.indexed,
+                "discarded", (unsigned long long)st.found, (unsigned long long)rc.indexed,
                 (unsigned long long)rc.replaced, (unsigned long long)st.killed,
-                (unsigned long long)st.torn, st.legacy_skipped ? "; version-1 records skipped: " : "",
-                st.legacy_skipped ? "earlier kvengines did not mark deleted ones" : "");
+                (unsigned long long)st.torn);
+    if (rc.clamped)
+        KV_WARN("ssd: %llu records re-indexed carried stamps above the persisted clock ceiling "
+                "%llu: clamped to it", (unsigned long long)rc.clamped,
+                (unsigned long long)atomic_load(&s->ceiling));
     if (w != KV_OK)
         KV_WARN("ssd: the %llu values re-indexed are served, but their pointers could not be "
                 "written (%s): the next open finds them again", (unsigned long long)rc.indexed,
@@ -836,7 +1138,7 @@ static int reconcile(struct kv__ssd *s, struct kv__vext *ext, size_t n, bool leg
 /* Rebuilds the index from the pointers (40 bytes each: the scan reads no
  * value), then reconciles them with the value log (only the stretches no
  * pointer covers are read). */
-static int rebuild_index(struct kv__ssd *s, bool legacy, char *err, size_t errlen)
+static int rebuild_index(struct kv__ssd *s, char *err, size_t errlen)
 {
     rocksdb_readoptions_t *ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(ro, 0);
@@ -849,6 +1151,8 @@ static int rebuild_index(struct kv__ssd *s, bool legacy, char *err, size_t errle
         size_t kl = 0, vl = 0;
         const uint8_t *k = (const uint8_t *)rocksdb_iter_key(it, &kl);
         const uint8_t *v = (const uint8_t *)rocksdb_iter_value(it, &vl);
+        if (kl == ID_KEY_LEN && memcmp(k, ID_KEY, ID_KEY_LEN) == 0)
+            continue;
         if (vl >= 4 && (kv__get32(v) == OLD_DATA_MAGIC || kv__get32(v) == OLD_META_MAGIC)) {
             kv__errf(err, errlen, "ssd.path '%s' holds a store in the BlobDB layout of an earlier "
                      "kvengine, which this one does not read; move it away (or delete it) to "
@@ -865,6 +1169,7 @@ static int rebuild_index(struct kv__ssd *s, bool legacy, char *err, size_t errle
         key_entry(k, &e);
         e.size = kv__get32(v + 4);
         e.slen = kv__get32(v + 8);
+        e.sum32 = (uint32_t)kv__get64(v + 32);
         e.loc = kv__get64(v + 16);
         e.stamp = kv__get64(v + 24) & ((1ull << 48) - 1);
         e.state = KV__ENT_STORED;
@@ -891,14 +1196,16 @@ static int rebuild_index(struct kv__ssd *s, bool legacy, char *err, size_t errle
     if (rc == KV_ENOMEM)
         kv__errf(err, errlen, "ssd.path '%s': out of memory rebuilding the index", s->path);
     else if (e && rc == KV_OK) {
-        kv__errf(err, errlen, "ssd.path '%s': scanning the store: %s", s->path, e);
-        rc = KV_EIO;
+        /* A damaged SST (or WAL): the open rebuilds from the log. */
+        kv__errf(err, errlen, "ssd.path '%s': scanning RocksDB's pointers: %s (`kvctl ssd "
+                 "recover` rebuilds them from the value log)", s->path, e);
+        rc = KV_ECORRUPT;
     }
     rocksdb_free(e);
     rocksdb_iter_destroy(it);
     rocksdb_readoptions_destroy(ro);
     if (rc == KV_OK)
-        rc = reconcile(s, ext, next, legacy, &maxstamp, err, errlen);
+        rc = reconcile(s, ext, next, &maxstamp, err, errlen);
     free(ext);
     if (bad)
         KV_WARN("ssd: %llu malformed pointer records ignored", (unsigned long long)bad);
@@ -941,8 +1248,9 @@ static bool rocks_file(const char *name)
 enum { DB_NONE, DB_WHOLE, DB_HEADLESS };
 
 /* What ssd.path holds of a RocksDB: nothing, a database (a CURRENT file),
- * or the remains of one without its CURRENT. */
-static int db_files(const char *path)
+ * or the remains of one without its CURRENT. *link names a RocksDB file
+ * that is a symbolic link (RocksDB would follow it). */
+static int db_files(const char *path, char *link, size_t cap)
 {
     DIR *d = opendir(path);
     if (!d)
@@ -952,6 +1260,11 @@ static int db_files(const char *path)
     while ((de = readdir(d))) {
         current |= strcmp(de->d_name, "CURRENT") == 0;
         state |= rocks_state_file(de->d_name);
+        struct stat st;
+        if (!*link && rocks_file(de->d_name) && fstatat(dirfd(d), de->d_name, &st,
+                                                        AT_SYMLINK_NOFOLLOW) == 0 &&
+            !S_ISREG(st.st_mode))
+            snprintf(link, cap, "%s", de->d_name);
     }
     closedir(d);
     return current ? DB_WHOLE : state ? DB_HEADLESS : DB_NONE;
@@ -968,7 +1281,7 @@ static int set_aside(struct kv__ssd *s, char *dir, size_t cap, char *err, size_t
     int made = -1;
     for (int i = 0; i < 100 && made != 0; i++) {
         snprintf(dir, cap, i ? "%s/damaged-%s-%d" : "%s/damaged-%s", s->path, stamp, i);
-        made = mkdir(dir, 0755);
+        made = mkdir(dir, 0700);
         if (made != 0 && errno != EEXIST)
             break;
     }
@@ -1006,8 +1319,40 @@ static int set_aside(struct kv__ssd *s, char *dir, size_t cap, char *err, size_t
  * called. */
 #define OPEN_MIN_FREE DISK_SLACK
 
+/* Gives back the space RocksDB preallocated past the end of its WAL files
+ * (fallocate KEEP_SIZE, ~1.1 memtables each): a process that died with a
+ * WAL open left it allocated, and on a small disk that filled up since, it
+ * is what keeps the store from reopening. Only the WAL files' tails, past
+ * their last byte: RocksDB reads them up to their size and deletes them
+ * once replayed. */
+static void trim_wal_tails(const char *path)
+{
+    DIR *d = opendir(path);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (!ends_with(de->d_name, ".log"))
+            continue;
+        int fd = openat(dirfd(d), de->d_name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+            uint64_t end = ((uint64_t)st.st_size + 4095) & ~4095ull;
+            uint64_t alloc = (uint64_t)st.st_blocks * 512;
+            if (alloc > end &&
+                fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)end,
+                          (off_t)(alloc - end + (64u << 20))) == 0)
+                KV_DEBUG("ssd: gave back %llu KiB preallocated past the end of %s",
+                         (unsigned long long)((alloc - end) >> 10), de->d_name);
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (d)
+        closedir(d);
+}
+
 static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size_t errlen)
 {
+    trim_wal_tails(s->path);
     uint64_t avail = disk_free(s->path);
     if (avail < OPEN_MIN_FREE) {
         kv__errf(err, errlen, "ssd.path '%s': its file system is full (%llu KiB free; opening "
@@ -1015,8 +1360,13 @@ static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size
                  (unsigned long long)(avail >> 10), (unsigned long long)(OPEN_MIN_FREE >> 10));
         return KV_ENOSPC;
     }
-    char why[512] = "";
-    int st = db_files(s->path);
+    char why[512] = "", link[256] = "";
+    int st = db_files(s->path, link, sizeof link);
+    if (link[0]) {
+        kv__errf(err, errlen, "ssd.path '%s': %s is a symbolic link or not a regular file; "
+                 "kvengine follows no link under ssd.path (remove it)", s->path, link);
+        return KV_EPERM;
+    }
     if (force)
         snprintf(why, sizeof why, "a rebuild was asked for");
     else if (st == DB_HEADLESS)
@@ -1039,6 +1389,20 @@ static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size
         snprintf(why, sizeof why, "%s", e);
         rocksdb_free(e);
     }
+    int rc = reopen_empty_db(s, why, err, errlen);
+    if (rc == KV_OK)
+        *rebuilt = true;
+    return rc;
+}
+
+/* Closes RocksDB (when open), sets its files aside and starts an empty
+ * one, for the index to be rebuilt from the value log. */
+static int reopen_empty_db(struct kv__ssd *s, const char *why, char *err, size_t errlen)
+{
+    if (s->db) {
+        rocksdb_close(s->db);
+        s->db = NULL;
+    }
     char aside[KV_CFG_STR + 64];
     int rc = set_aside(s, aside, sizeof aside, err, errlen);
     if (rc != KV_OK)
@@ -1055,7 +1419,6 @@ static int open_db(struct kv__ssd *s, bool force, bool *rebuilt, char *err, size
         s->db = NULL;
         return rc;
     }
-    *rebuilt = true;
     return KV_OK;
 }
 
@@ -1070,6 +1433,7 @@ static void free_tier(struct kv__ssd *s)
     pthread_mutex_destroy(&s->qmu);
     pthread_mutex_destroy(&s->gc_mu);
     pthread_mutex_destroy(&s->cmu);
+    pthread_mutex_destroy(&s->ceil_mu);
     free(s);
 }
 
@@ -1115,6 +1479,7 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     s->qcap = cfg->ssd.spill_queue ? cfg->ssd.spill_queue : 256ull << 20;
     pthread_mutex_init(&s->gc_mu, NULL);
     pthread_mutex_init(&s->cmu, NULL);
+    pthread_mutex_init(&s->ceil_mu, NULL);
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     /* Writer-preferring: a reopen must not wait behind a stream of reads. */
@@ -1155,16 +1520,34 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     rocksdb_options_set_compression(o, rocksdb_no_compression);   /* keys and pointers */
     rocksdb_options_set_bytes_per_sync(o, 1u << 20);
 
-    bool rebuild = false;
-    if ((rc = open_db(s, t->rebuild, &rebuild, err, errlen)) != KV_OK)
-        goto fail_db;
     s->wo = rocksdb_writeoptions_create();
     /* The WAL is always on: it carries 40-byte pointers, not values. */
     rocksdb_writeoptions_set_sync(s->wo, s->sync == KV_SYNC_FSYNC);
     s->ro = rocksdb_readoptions_create();
     rocksdb_readoptions_set_fill_cache(s->ro, 0);
-
-    if ((rc = rebuild_index(s, rebuild, err, errlen)) != KV_OK)
+    bool rebuild = false;
+    if ((rc = open_db(s, t->rebuild, &rebuild, err, errlen)) != KV_OK)
+        goto fail_db;
+    if ((rc = bind_store(s, &rebuild, err, errlen)) != KV_OK)
+        goto fail_scan;
+    if ((rc = rebuild_index(s, err, errlen)) == KV_ECORRUPT && !rebuild) {
+        /* A damaged SST: RocksDB holds nothing the log does not. */
+        KV_WARN("ssd: %s", err);
+        kv__sidx_destroy(&s->idx);
+        if ((rc = kv__sidx_init(&s->idx, 64)) != KV_OK) {
+            kv__errf(err, errlen, "out of memory");
+            goto fail_scan;
+        }
+        if ((rc = reopen_empty_db(s, "a pointer scan hit damage", err, errlen)) != KV_OK)
+            goto fail_scan;
+        rebuild = true;
+        s->ceiling_known = false;
+        atomic_store(&s->ceiling, 0);
+        rc = rebuild_index(s, err, errlen);
+    }
+    if (rc == KV_OK)
+        rc = raise_ceiling(s, atomic_load(&s->clock));
+    if (rc != KV_OK)
         goto fail_scan;
     s->mrunning = pthread_create(&s->mthread, NULL, maint_main, s) == 0;
     if (!s->mrunning || (rc = kv__spill_start(s)) != KV_OK) {
@@ -1178,10 +1561,11 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
 fail_thr:
     stop_maint(s);
 fail_scan:
+    if (s->db)
+        rocksdb_close(s->db);
+fail_db:
     rocksdb_readoptions_destroy(s->ro);
     rocksdb_writeoptions_destroy(s->wo);
-    rocksdb_close(s->db);
-fail_db:
     rocksdb_options_destroy(s->opts);
     kv__vlog_close(&s->vlog);
 fail_vlog:
@@ -1271,13 +1655,15 @@ int kv__ssd_fetch(struct kv__ssd *s, const struct kv__sent *e, const kv_iov *iov
 {
     uint8_t k[KV__SSD_KEY_LEN];
     kv__ssd_key(k, (int)e->ns, e->id, e->index, false);
-    return kv__vlog_read(&s->vlog, k, e->loc, e->size, iov, iovcnt, why);
+    return kv__vlog_read(&s->vlog, k, e->loc, e->size, e->sum32, iov, iovcnt, why);
 }
 
 bool kv__ssd_drop_bad(struct kv__ssd *s, const struct kv__sent *e, const char *why)
 {
     int rc;
-    if (delete_stored(s, e, 1, true, &rc) == 0)
+    /* A record that is whole but not this pointer's belongs to someone
+     * else (the pointer is stale or foreign): only the pointer goes. */
+    if (delete_stored(s, e, 1, true, why != kv__vlog_not_its_record, &rc) == 0)
         return false;   /* removed, moved or rewritten since: not this value's fault */
     atomic_fetch_add(&s->checksum_failures, 1);
     KV_WARN("ssd: value (ns %u, shard %u) failed its check (%s); deleted", (unsigned)e->ns,
@@ -1487,7 +1873,7 @@ int kv__ssd_remove(struct kv__ssd *s, int ns, const kv_block_id *id, uint32_t in
             ents[i].index = idx[i];
         }
         int r;
-        del = delete_stored(s, ents, got, false, &r);
+        del = delete_stored(s, ents, got, false, true, &r);
         found += del;
         if (r != KV_OK)
             rc = r;

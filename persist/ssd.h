@@ -25,9 +25,12 @@ struct kv__ssd;
  * in-memory key index from a scan of the pointers, re-indexing what the
  * value log holds beyond them; RocksDB files that are missing or cannot be
  * opened are set aside and the index rebuilt from the log (ssd.c,
- * open_db). KV_EBUSY when another engine (in this or another process)
- * holds the path; KV_ENOSPC on a full file system; KV_EIO with a message
- * naming the cause for a path that cannot be created. *out is NULL on
+ * open_db); so is a RocksDB of another store (ssd.c, "identity").
+ * KV_EBUSY when another engine (in this or another process) holds the
+ * path; KV_ENOSPC on a full file system; KV_EPERM for an ssd.path another
+ * user owns or others may write, or a symbolic link where a store file
+ * should be; KV_EIO with a message naming the cause for a path that cannot
+ * be created, or a store of an earlier kvengine. *out is NULL on
  * failure. */
 int kv__ssd_open(const struct kv_config *cfg, struct kv__ssd **out, char *err, size_t errlen);
 

@@ -11,6 +11,7 @@
  *   gc_mu  >  maintenance lock (mmu)
  *   gc_mu  >  database handle lock (dblk)  >  index shard lock
  *   compaction lock (cmu)  >  dblk, amu, index shard lock
+ *   clock ceiling lock (ceil_mu)  >  dblk
  *   value log: active files (amu)  >  file table (lk)
  *
  * - An index shard lock is a leaf: held only for a probe, an insert or a
@@ -26,6 +27,8 @@
  *   never held while taking qmu or gc_mu.
  * - amu and lk (vlog.c) are held for an offset bump, a table lookup or
  *   edit, never across I/O other than creating or unlinking a file.
+ * - ceil_mu serialises raising the clock ceiling (ssd.c, "identity"): held
+ *   across one RocksDB write, once per 2^20 stamps.
  * - cmu serialises value log compactions (the maintenance thread's and
  *   kv__ssd_compact's); held across I/O, taken with no other lock held.
  */
@@ -79,7 +82,8 @@ struct kv__sent {
     uint64_t state : 8;      /* KV__ENT_* */
     uint64_t loc;            /* value log file and offset (STORED only) */
     uint32_t slen;           /* bytes stored there (less than size when lz4 paid) */
-    uint32_t pad_;
+    uint32_t sum32;          /* STORED: the low half of the record's checksum, as
+                                its pointer has it; a read compares the record */
 };
 
 struct kv__sishard {
@@ -116,7 +120,7 @@ void kv__sidx_touch(struct kv__sindex *x, int ns, const uint8_t *id, uint32_t in
  */
 #define KV__TOKEN_BIT (1ull << 63)
 /* Marks the entry in state 'from' holding 'token' STORED, with e's size,
- * stamp, loc and slen; false when it is no longer so. */
+ * stamp, loc, slen and sum32; false when it is no longer so. */
 bool kv__sidx_store(struct kv__sindex *x, const struct kv__sent *e, int from, uint64_t token);
 /* Moves the entry from (state 'from', loc 'at' or UINT64_MAX for any) to
  * (state 'to', loc 'token'); *old gets it as it was. */
@@ -139,7 +143,10 @@ uint64_t kv__sidx_mem(struct kv__sindex *x);
 /* ---- the value log (vlog.c) ------------------------------------------------
  * Where values' bytes live; RocksDB holds a pointer (loc) per value. A loc
  * is a file number (24 bits, from 1) and a byte offset (40 bits). */
-#define KV__VLOG_HDR 48
+#define KV__VLOG_HDR 64            /* a record's header */
+#define KV__VLOG_FHDR 80           /* a file's header: records start past it */
+#define KV__VLOG_KEY_LEN 32        /* a file's MAC key */
+#define KV__STORE_ID_LEN 16        /* a store's id (ssd.c, "identity") */
 #define KV__VLOG_MAX_FILE (1u << 23)   /* keeps bit 63 of a loc clear */
 #define KV__VLOG_SYNC_MAX 8
 /* Files appended to at once: ext4 serialises buffered writes to one inode
@@ -162,6 +169,9 @@ struct kv__vlog {
     uint64_t tail[KV__VLOG_STRIPES];
     _Atomic unsigned next_stripe;
     uint32_t next_no;
+    uint8_t id[KV__STORE_ID_LEN];    /* the store's: new files carry it */
+    uint32_t unreadable, foreign;    /* files left out at open: no header of
+                                        this format / another store's */
     uint64_t file_size;
     bool compress;
     _Atomic bool punch;              /* false once the file system refused */
@@ -180,27 +190,45 @@ struct kv__vrec {
 };
 struct kv__vext { uint64_t loc; uint32_t slen; };
 
+/* Opens the files of dir (created 0700 if missing) whose header reads;
+ * those that do not are counted in v->unreadable and left alone, and a
+ * symbolic link or anything but a regular file refuses the open
+ * (KV_EPERM). No file is appended to before kv__vlog_bind. KV_OK, KV_EIO,
+ * KV_EPERM with a message. */
 int  kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool compress,
                    char *err, size_t errlen);
+/* The distinct store ids the open files carry (up to cap into ids); how
+ * many there are. */
+size_t kv__vlog_ids(struct kv__vlog *v, uint8_t (*ids)[KV__STORE_ID_LEN], size_t cap);
+/* Binds the log to store id: files of another store are closed and never
+ * served nor touched (v->foreign); new files carry id. How many dropped. */
+size_t kv__vlog_bind(struct kv__vlog *v, const uint8_t *id);
 void kv__vlog_close(struct kv__vlog *v);
 /* Appends n values (r[i].rc each); with sync, fdatasyncs what it wrote
  * before returning. KV_OK when all of them landed. */
 int  kv__vlog_append(struct kv__vlog *v, struct kv__vrec *r, size_t n, bool sync);
 /* Reads the value at loc into iov (lengths adding up to len), checking the
- * record's header and checksum: KV_OK; KV_ECORRUPT with *why; KV_EIO. On
- * failure iov is zeroed. */
+ * record's header (MAC, key, length, and the low half of its checksum
+ * against sum32, the pointer's) and checksum: KV_OK; KV_ECORRUPT with
+ * *why; KV_EIO. On failure iov is zeroed. */
 int  kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
-                   const kv_iov *iov, uint32_t iovcnt, const char **why);
+                   uint32_t sum32, const kv_iov *iov, uint32_t iovcnt, const char **why);
+/* The *why of a read that found a record of this store, whole and MAC'd
+ * for its place, but not the pointer's (another key, length or checksum):
+ * the pointer is wrong, not the record, which must not be killed for it. */
+extern const char kv__vlog_not_its_record[];
 /* Kills a record and gives its space back (hole punched or magic killed,
- * see vlog.c; the file unlinked when it was its last live record). KV_OK,
+ * see vlog.c; the file unlinked when it was its last live record). With a
+ * key, only when the record there is that key's (its header read and its
+ * MAC checked): otherwise only the space's count is given back. KV_OK,
  * or KV_EIO when the record could not be killed: it may then be found
  * again by a scan. */
-int  kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen);
+int  kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen, const uint8_t *key);
 
 /* A record kv__vlog_settle found intact where no pointer leads. */
 struct kv__vfound {
     const uint8_t *key;      /* KV__SSD_KEY_LEN bytes */
-    uint64_t loc, stamp;     /* stamp 0: a version-1 record (no write order) */
+    uint64_t loc, stamp;
     uint64_t sum;            /* its checksum, as a pointer carries it */
     uint32_t len, slen;
 };
@@ -210,23 +238,19 @@ typedef bool (*kv__vfound_fn)(void *ctx, const struct kv__vfound *r);
 /* What settle saw, for the open's log line. */
 struct kv__vsettle {
     uint64_t found, kept, killed;    /* intact records no pointer led to */
-    uint64_t legacy_skipped;         /* version-1 records left as garbage */
-    uint64_t torn;                   /* records whose checksum failed */
+    uint64_t torn;                   /* records of ours cut short or damaged */
     uint64_t files_removed;
 };
 /*
  * After the open scan of the pointers (ext: the records they lead to):
  * every stretch of every file that no pointer covers is scanned for intact
- * records (checksum verified), and each is offered to found(); what is not
- * kept (garbage, torn or refused records) is punched; files left with
- * nothing live are unlinked; then the first files to append to are
- * started. legacy: version-1 records (which were not killed when deleted)
- * are offered too; otherwise they are garbage, as they always were. KV_OK,
- * or KV_EIO / KV_ENOMEM with a message.
+ * records (MAC and checksum verified), and each is offered to found(); what
+ * is not kept (garbage, torn or refused records) is punched; files left
+ * with nothing live are unlinked; then the first files to append to are
+ * started. KV_OK, or KV_EIO / KV_ENOMEM with a message.
  */
-int  kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, bool legacy,
-                     kv__vfound_fn found, void *ctx, struct kv__vsettle *st, char *err,
-                     size_t errlen);
+int  kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, kv__vfound_fn found,
+                     void *ctx, struct kv__vsettle *st, char *err, size_t errlen);
 /* A file worth compacting: not appended to, at least min_dead bytes on
  * disk beyond its live records, which are under half of it. Its number,
  * or 0. */
@@ -270,6 +294,10 @@ struct kv__ssd {
     struct kv__vlog vlog;
     struct kv__sindex idx;
     _Atomic uint64_t clock;          /* logical time for coldness stamps */
+    _Atomic uint64_t ceiling;        /* no record carries a stamp at or above
+                                        it: persisted in RocksDB first */
+    bool ceiling_known;              /* at open: RocksDB's, not a rebuilt one's */
+    pthread_mutex_t ceil_mu;
     _Atomic uint64_t tokens;         /* claim tokens (see "Claims") */
 
     _Atomic uint64_t spills, spill_drops, checksum_failures;
@@ -310,6 +338,7 @@ struct kv__sput {
     uint64_t len, stamp;
     uint64_t loc;                    /* out: where it went */
     uint32_t slen;                   /* out: bytes stored */
+    uint64_t sum;                    /* out: the record's checksum */
     int rc;                          /* out */
 };
 /* Stores n claimed values: appended to the value log, then their pointers

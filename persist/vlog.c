@@ -11,16 +11,32 @@
  * the WAL, the memtable and the blob file, CRC'd in software at each step);
  * the measurements are in doc/ssd-tier.md.
  *
- * A record is a 48-byte header then the stored bytes (u32/u64 little-endian):
- *   0 magic "KVV2"   4 value length   8 stored length   12 flags (u8, bit 0:
+ * A file opens with an 80-byte file header (u32/u64 little-endian):
+ *   0 magic "KVLF"   4 version (1)   8 the store id (16 bytes, ssd.c)
+ *   24 the file's number   28 zero   32 the file's key (32 random bytes)
+ *   64 XXH3-64 of bytes 0..63   72 zero.
+ * Then records, each a 64-byte header and the stored bytes:
+ *   0 magic "KVV3"   4 value length   8 stored length   12 flags (u8, bit 0:
  *   lz4)   13 the 21-byte key   34 write stamp (48 bits)   40 XXH3-64 of the
- *   value, seeded with XXH3 of header bytes 4..39.
- * The checksum covers the whole header but its magic, so a record found by
- * a scan is trusted only whole. The stamp is the tier's logical clock at
- * the write (the pointer carries the same one): of two copies of one key,
- * the higher stamp is the newer write. Records written before stamps
- * existed ("KVV1": flags u32 at 4, lengths at 8 and 12, checksum at 16
- * seeded with XXH3 of the key, key at 24) are still read.
+ *   value, seeded with XXH3 of header bytes 4..39   48 the header's MAC:
+ *   the first 8 bytes of HMAC-SHA256 under the file's key of header bytes
+ *   4..47, the file's number (u32) and the record's offset (u64)   56 zero.
+ * WHY A MAC. A record found by a scan (kv__vlog_settle) is believed only
+ * when its MAC verifies, and only the store knows the file's key: a value
+ * whose bytes hold a perfect copy of a record (a client can put any bytes)
+ * is not a record, wherever a scan looks at it, and neither is a record
+ * copied from another place or another file (the MAC covers its number
+ * and offset). A header whose MAC verifies was written by this store
+ * exactly there, so its lengths can be trusted: a scan steps over such a
+ * record by its span even when its value is torn, and resyncs 16 bytes on
+ * only past a header that is not ours (where any bytes may lie).
+ * The stamp is the tier's logical clock at the write (the pointer carries
+ * the same one): of two copies of one key, the higher stamp is the newer
+ * write. The store id binds the file to its store (ssd.c, "identity"):
+ * a file of another store, or one whose header does not read, is never
+ * served, written or removed (kv__vlog_bind). Files of earlier kvengines
+ * (records "KVV1"/"KVV2", no file header) are not read: ssd.c refuses such
+ * a store with a message.
  * Records of 32 KiB or more start and end on a 4 KiB boundary, so deleting
  * one punches a hole (fallocate PUNCH_HOLE) that gives all of its space
  * back at once; smaller ones are 16-byte aligned and their space comes back
@@ -34,8 +50,8 @@
  * are; a lost or damaged RocksDB must not lose a value the log holds
  * intact. So a deleted record is killed in place before its deletion is
  * acknowledged: its hole is punched (large records) or its magic turned
- * into "KVX1"/"KVX2" (small ones, which share file system blocks; the
- * lengths stay readable, so a scan steps over it). Then every record that
+ * into "KVX3" (small ones, which share file system blocks; the
+ * lengths and the MAC stay readable, so a scan steps over it). Then every record that
  * still reads as live is one the store may hold, and kv__vlog_settle can
  * re-index a record no pointer leads to (a WAL that lost its tail, a
  * RocksDB rebuilt from nothing) instead of giving its space away.
@@ -51,8 +67,11 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <lz4.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -60,10 +79,10 @@
 
 #include "ssd_int.h"
 
-#define MAGIC_V1 0x3156564bu      /* "KVV1" little-endian */
-#define MAGIC_V2 0x3256564bu      /* "KVV2" */
-#define DEAD_V1 0x3158564bu       /* "KVX1": a deleted record, lengths intact */
-#define DEAD_V2 0x3258564bu       /* "KVX2" */
+#define MAGIC_FILE 0x464c564bu    /* "KVLF" little-endian: a file header */
+#define FILE_VERSION 1u
+#define MAGIC_V3 0x3356564bu      /* "KVV3": a record */
+#define DEAD_V3 0x3358564bu       /* "KVX3": a deleted record, lengths and MAC intact */
 #define FLAG_LZ4 1u
 #define BIG_REC (32u << 10)
 #define FS_BLOCK 4096u
@@ -71,6 +90,10 @@
 struct kv__vfile {
     uint32_t no;
     int fd;
+    uint8_t id[KV__STORE_ID_LEN];  /* the store it belongs to (its header's) */
+    uint8_t key[KV__VLOG_KEY_LEN]; /* its records' MAC key */
+    EVP_MD_CTX *mac_in, *mac_out;  /* HMAC-SHA256's two pads under key, hashed
+                                      once (see hdr_mac) */
     _Atomic int refs;            /* the table's, plus one per user */
     _Atomic uint64_t live;       /* span bytes of records still pointed to */
 };
@@ -104,54 +127,92 @@ static uint64_t checksum(uint64_t seed, const kv_iov *iov, uint32_t iovcnt)
 /* ---- the record header ------------------------------------------------------ */
 
 struct rec_hdr {
-    int ver;                 /* 1 or 2 */
-    bool dead;               /* killed: lengths valid, contents not */
+    bool dead;               /* killed: lengths and MAC valid, contents not */
     uint32_t flags, len, slen;
     uint64_t stamp, sum, seed;
     const uint8_t *key;      /* into the header bytes */
 };
 
-/* Parses 48 header bytes: true for a record (live or dead) whose fields are
+/* Parses 64 header bytes: true for a record (live or dead) whose fields are
  * consistent, false for anything else. Trusts nothing: a scan feeds it any
- * bytes a file holds. */
+ * bytes a file holds, and even a true answer means nothing until the MAC
+ * is checked (hdr_mac_ok). */
 static bool parse_hdr(const uint8_t *h, struct rec_hdr *r)
 {
     uint32_t magic = kv__get32(h);
     memset(r, 0, sizeof *r);
-    if (magic == MAGIC_V2 || magic == DEAD_V2) {
-        r->ver = 2;
-        r->dead = magic == DEAD_V2;
-        r->len = kv__get32(h + 4);
-        r->slen = kv__get32(h + 8);
-        r->flags = h[12];
-        r->key = h + 13;
-        for (int i = 0; i < 6; i++)
-            r->stamp |= (uint64_t)h[34 + i] << (8 * i);
-        r->sum = kv__get64(h + 40);
-        r->seed = XXH3_64bits(h + 4, 36);
-    } else if (magic == MAGIC_V1 || magic == DEAD_V1) {
-        r->ver = 1;
-        r->dead = magic == DEAD_V1;
-        r->flags = kv__get32(h + 4);
-        r->len = kv__get32(h + 8);
-        r->slen = kv__get32(h + 12);
-        r->sum = kv__get64(h + 16);
-        r->key = h + 24;
-        r->seed = XXH3_64bits(r->key, KV__SSD_KEY_LEN);
-    } else {
+    if (magic != MAGIC_V3 && magic != DEAD_V3)
         return false;
-    }
-    if ((r->flags & ~FLAG_LZ4) || r->len > KV_VALUE_MAX || r->key[0] >= KV_NS_COUNT)
+    r->dead = magic == DEAD_V3;
+    r->len = kv__get32(h + 4);
+    r->slen = kv__get32(h + 8);
+    r->flags = h[12];
+    r->key = h + 13;
+    for (int i = 0; i < 6; i++)
+        r->stamp |= (uint64_t)h[34 + i] << (8 * i);
+    r->sum = kv__get64(h + 40);
+    r->seed = XXH3_64bits(h + 4, 36);
+    if ((r->flags & ~FLAG_LZ4) || r->len > KV_VALUE_MAX || r->key[0] >= KV_NS_COUNT ||
+        kv__get64(h + 56) != 0)
         return false;
     return r->flags & FLAG_LZ4 ? r->slen < r->len : r->slen == r->len;
 }
 
-/* A version-2 header for r, but for the checksum; returns the seed the
- * checksum takes. */
+/* Hashes HMAC-SHA256's inner and outer pads under f->key once per file, so
+ * a record's MAC costs two SHA-256 blocks and no key setup (libcrypto's
+ * one-shot HMAC() measured 3.9 us a call here, this 0.6 us: most of it was
+ * fetching the digest and keying).
+ * false when libcrypto cannot (out of memory). */
+static bool mac_init(struct kv__vfile *f)
+{
+    uint8_t pad[64];
+    f->mac_in = EVP_MD_CTX_new();
+    f->mac_out = EVP_MD_CTX_new();
+    bool ok = f->mac_in && f->mac_out;
+    for (int k = 0; ok && k < 2; k++) {
+        memset(pad, k ? 0x5c : 0x36, sizeof pad);
+        for (size_t i = 0; i < sizeof f->key; i++)
+            pad[i] ^= f->key[i];
+        EVP_MD_CTX *c = k ? f->mac_out : f->mac_in;
+        ok = EVP_DigestInit_ex(c, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(c, pad, sizeof pad) == 1;
+    }
+    return ok;
+}
+
+/* The MAC of header h (bytes 4..47) at offset off of file f: the first 8
+ * bytes of HMAC-SHA256(f->key, h[4..48) | u32 file number | u64 offset). */
+static uint64_t hdr_mac(const struct kv__vfile *f, const uint8_t *h, uint64_t off)
+{
+    uint8_t msg[44 + 12], in[EVP_MAX_MD_SIZE], out[EVP_MAX_MD_SIZE];
+    unsigned ilen = 0, olen = 0;
+    memcpy(msg, h + 4, 44);
+    kv__put32(msg + 44, f->no);
+    kv__put64(msg + 48, off);
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    bool ok = c && EVP_MD_CTX_copy_ex(c, f->mac_in) == 1 &&
+              EVP_DigestUpdate(c, msg, sizeof msg) == 1 && EVP_DigestFinal_ex(c, in, &ilen) == 1 &&
+              EVP_MD_CTX_copy_ex(c, f->mac_out) == 1 && EVP_DigestUpdate(c, in, ilen) == 1 &&
+              EVP_DigestFinal_ex(c, out, &olen) == 1 && olen >= 8;
+    EVP_MD_CTX_free(c);
+    /* Out of memory: a MAC no header holds, so nothing verifies and a
+     * record written with it reads as torn (never as another's). */
+    return ok ? kv__get64(out) : 0;
+}
+
+static bool hdr_mac_ok(const struct kv__vfile *f, const uint8_t *h, uint64_t off)
+{
+    uint8_t want[8];
+    kv__put64(want, hdr_mac(f, h, off));
+    return CRYPTO_memcmp(want, h + 48, 8) == 0;
+}
+
+/* A record header for r, but for the checksum and the MAC; returns the
+ * seed the checksum takes. */
 static uint64_t fill_hdr(uint8_t *h, const struct kv__vrec *r, bool lz4)
 {
     memset(h, 0, KV__VLOG_HDR);
-    kv__put32(h, MAGIC_V2);
+    kv__put32(h, MAGIC_V3);
     kv__put32(h + 4, (uint32_t)r->len);
     kv__put32(h + 8, r->slen);
     h[12] = lz4 ? FLAG_LZ4 : 0;
@@ -161,12 +222,41 @@ static uint64_t fill_hdr(uint8_t *h, const struct kv__vrec *r, bool lz4)
     return XXH3_64bits(h + 4, 36);
 }
 
+/* ---- the file header ---------------------------------------------------------- */
+
+static void fill_fhdr(uint8_t *h, const struct kv__vfile *f)
+{
+    memset(h, 0, KV__VLOG_FHDR);
+    kv__put32(h, MAGIC_FILE);
+    kv__put32(h + 4, FILE_VERSION);
+    memcpy(h + 8, f->id, KV__STORE_ID_LEN);
+    kv__put32(h + 24, f->no);
+    memcpy(h + 32, f->key, KV__VLOG_KEY_LEN);
+    kv__put64(h + 64, XXH3_64bits(h, 64));
+}
+
+/* Reads f's header into f->id and f->key: true when it is whole and names
+ * this file's number. */
+static bool read_fhdr(struct kv__vfile *f)
+{
+    uint8_t h[KV__VLOG_FHDR];
+    if (pread(f->fd, h, sizeof h, 0) != (ssize_t)sizeof h || kv__get32(h) != MAGIC_FILE ||
+        kv__get32(h + 4) != FILE_VERSION || kv__get32(h + 24) != f->no ||
+        kv__get64(h + 64) != XXH3_64bits(h, 64))
+        return false;
+    memcpy(f->id, h + 8, KV__STORE_ID_LEN);
+    memcpy(f->key, h + 32, KV__VLOG_KEY_LEN);
+    return true;
+}
+
 /* ---- the file table --------------------------------------------------------- */
 
 static void vfile_put(struct kv__vfile *f)
 {
     if (atomic_fetch_sub(&f->refs, 1) == 1) {
         close(f->fd);
+        EVP_MD_CTX_free(f->mac_in);
+        EVP_MD_CTX_free(f->mac_out);
         free(f);
     }
 }
@@ -240,30 +330,78 @@ static void retire(struct kv__vlog *v, struct kv__vfile *f)
     vfile_put(f);   /* the table's reference */
 }
 
-static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create, char *err,
-                                    size_t errlen)
+/* Opens log file number no: a new one (create: its key drawn, its header
+ * written) or one on disk (its header read; *hdr_ok says whether it read).
+ * Never follows a symbolic link, and takes nothing but a regular file:
+ * ssd.path is ours, and a link in it is not (issue 17). */
+static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create, bool *hdr_ok,
+                                    char *err, size_t errlen)
 {
     char path[KV_CFG_STR + 64];
     kv__vlog_file_name(v, no, path, sizeof path);
-    int fd = open(path, O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0644);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0), 0600);
     if (fd < 0) {
-        kv__errf(err, errlen, "value log %s: %s", path, strerror(errno));
+        int e = errno;
+        if (e == ELOOP)
+            kv__errf(err, errlen, "value log %s is a symbolic link; kvengine follows no link "
+                     "under ssd.path (remove it)", path);
+        else
+            kv__errf(err, errlen, "value log %s: %s", path, strerror(e));
+        errno = e;
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        kv__errf(err, errlen, "value log %s is not a regular file", path);
+        close(fd);
+        errno = EPERM;
         return NULL;
     }
     struct kv__vfile *f = calloc(1, sizeof *f);
     if (!f) {
         close(fd);
         kv__errf(err, errlen, "out of memory");
+        errno = ENOMEM;
         return NULL;
     }
     f->no = no;
     f->fd = fd;
+    atomic_init(&f->refs, 1);
+    if (create) {
+        uint8_t h[KV__VLOG_FHDR];
+        memcpy(f->id, v->id, KV__STORE_ID_LEN);
+        if (getrandom(f->key, sizeof f->key, 0) != (ssize_t)sizeof f->key) {
+            kv__errf(err, errlen, "value log %s: no random bytes for its key: %s", path,
+                     strerror(errno));
+            goto undo;
+        }
+        fill_fhdr(h, f);
+        if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
+            kv__errf(err, errlen, "value log %s: writing its header: %s", path, strerror(errno));
+            goto undo;
+        }
+    } else if (hdr_ok) {
+        *hdr_ok = read_fhdr(f);
+    }
+    if (!mac_init(f)) {
+        kv__errf(err, errlen, "value log %s: out of memory", path);
+        errno = ENOMEM;
+        if (create)
+            goto undo;
+        vfile_put(f);
+        return NULL;
+    }
     /* Reads are random, whole records, from several threads sharing this
      * descriptor (and its readahead state): no readahead, each read
      * fetches exactly its record. */
     posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
-    atomic_init(&f->refs, 1);
     return f;
+undo:;
+    int e = errno;
+    unlink(path);
+    vfile_put(f);
+    errno = e;
+    return NULL;
 }
 
 /* A fresh file to append to for stripe k; the old one is retired if empty.
@@ -271,10 +409,12 @@ static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create
 static int rotate(struct kv__vlog *v, int k)
 {
     char err[256];
-    struct kv__vfile *f = vfile_open(v, v->next_no, true, err, sizeof err);
+    struct kv__vfile *f = vfile_open(v, v->next_no, true, NULL, err, sizeof err);
     if (!f) {
+        int e = errno;
         KV_WARN("ssd: cannot start a new %s", err);
-        return errno == ENOSPC || errno == EDQUOT ? KV_ENOSPC : KV_EIO;
+        errno = e;
+        return e == ENOSPC || e == EDQUOT ? KV_ENOSPC : KV_EIO;
     }
     pthread_rwlock_wrlock(&v->lk);
     int rc = table_add(v, f);
@@ -286,7 +426,7 @@ static int rotate(struct kv__vlog *v, int k)
     v->next_no++;
     struct kv__vfile *old = v->active[k];
     v->active[k] = f;
-    v->tail[k] = 0;
+    v->tail[k] = KV__VLOG_FHDR;
     if (old && atomic_load(&old->live) == 0)
         retire(v, old);
     return KV_OK;
@@ -323,14 +463,23 @@ int kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool 
     v->punch = true;
     pthread_rwlock_init(&v->lk, NULL);
     pthread_mutex_init(&v->amu, NULL);
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+    int code = KV_EIO;
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         kv__errf(err, errlen, "cannot create the value log directory '%s': %s", dir,
                  strerror(errno));
         goto fail;
     }
-    DIR *d = opendir(dir);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *d = dfd >= 0 ? fdopendir(dfd) : NULL;
     if (!d) {
-        kv__errf(err, errlen, "cannot read the value log directory '%s': %s", dir, strerror(errno));
+        int e = errno;
+        bool link = e == ELOOP || e == ENOTDIR;
+        kv__errf(err, errlen, "cannot read the value log directory '%s': %s%s", dir, strerror(e),
+                 link ? " (a symbolic link? kvengine follows no link under ssd.path)" : "");
+        if (link)
+            code = KV_EPERM;
+        if (dfd >= 0)
+            close(dfd);
         goto fail;
     }
     struct dirent *de;
@@ -341,22 +490,81 @@ int kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool 
         if (sscanf(de->d_name, "%8u.vlo%1s", &no, tail) != 2 || strcmp(tail, "g") != 0 ||
             strlen(de->d_name) != 13 || no == 0 || no >= KV__VLOG_MAX_FILE)
             continue;
-        struct kv__vfile *f = vfile_open(v, no, false, err, errlen);
-        if (!f || table_add(v, f) != KV_OK) {
-            if (f)
-                vfile_put(f);
+        if (no > maxno)
+            maxno = no;   /* never reused, whatever the file turns out to be */
+        bool ok = false;
+        struct kv__vfile *f = vfile_open(v, no, false, &ok, err, errlen);
+        if (!f) {
+            code = errno == ELOOP || errno == EPERM ? KV_EPERM : KV_EIO;
             closedir(d);
             goto fail;
         }
-        if (no > maxno)
-            maxno = no;
+        struct stat st;
+        if (!ok && fstat(f->fd, &st) == 0 && st.st_size == 0) {
+            /* Created and never written: a crash before its header. */
+            char path[KV_CFG_STR + 64];
+            kv__vlog_file_name(v, no, path, sizeof path);
+            unlink(path);
+            vfile_put(f);
+            continue;
+        }
+        if (!ok) {
+            v->unreadable++;
+            KV_WARN("ssd: value log %s/%s has no file header of this format: not served, left "
+                    "as it is", dir, de->d_name);
+            vfile_put(f);
+            continue;
+        }
+        if (table_add(v, f) != KV_OK) {
+            vfile_put(f);
+            closedir(d);
+            kv__errf(err, errlen, "out of memory");
+            goto fail;
+        }
     }
     closedir(d);
     v->next_no = maxno + 1;   /* kv__vlog_settle starts the first file */
     return KV_OK;
 fail:
     kv__vlog_close(v);
-    return KV_EIO;
+    return code;
+}
+
+size_t kv__vlog_ids(struct kv__vlog *v, uint8_t (*ids)[KV__STORE_ID_LEN], size_t cap)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        size_t j = 0;
+        while (j < n && j < cap && memcmp(ids[j], v->files[i]->id, KV__STORE_ID_LEN) != 0)
+            j++;
+        if (j < n)
+            continue;
+        if (n < cap)
+            memcpy(ids[n], v->files[i]->id, KV__STORE_ID_LEN);
+        n++;
+    }
+    return n;
+}
+
+size_t kv__vlog_bind(struct kv__vlog *v, const uint8_t *id)
+{
+    memcpy(v->id, id, KV__STORE_ID_LEN);
+    size_t kept = 0, dropped = 0;
+    for (size_t i = 0; i < v->n; i++) {
+        struct kv__vfile *f = v->files[i];
+        if (memcmp(f->id, id, KV__STORE_ID_LEN) == 0) {
+            v->files[kept++] = f;
+            continue;
+        }
+        char path[KV_CFG_STR + 64];
+        kv__vlog_file_name(v, f->no, path, sizeof path);
+        KV_WARN("ssd: value log %s belongs to another store: not served, left as it is", path);
+        vfile_put(f);
+        dropped++;
+    }
+    v->n = kept;
+    v->foreign += dropped;
+    return dropped;
 }
 
 void kv__vlog_close(struct kv__vlog *v)
@@ -402,10 +610,9 @@ static int kill_rec(struct kv__vfile *f, uint64_t off)
     ssize_t r = pread(f->fd, m, sizeof m, (off_t)off);
     if (r != (ssize_t)sizeof m)
         return r < 0 ? KV_EIO : KV_OK;   /* short: nothing whole is there */
-    uint32_t magic = kv__get32(m);
-    if (magic != MAGIC_V1 && magic != MAGIC_V2)
+    if (kv__get32(m) != MAGIC_V3)
         return KV_OK;
-    kv__put32(m, magic == MAGIC_V1 ? DEAD_V1 : DEAD_V2);
+    kv__put32(m, DEAD_V3);
     if (pwrite(f->fd, m, sizeof m, (off_t)off) != (ssize_t)sizeof m) {
         KV_WARN("ssd: cannot mark a deleted record dead in value log %u: %s", f->no,
                 strerror(errno));
@@ -414,7 +621,18 @@ static int kill_rec(struct kv__vfile *f, uint64_t off)
     return KV_OK;
 }
 
-int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
+/* Whether the record at off of f is key's live record of slen stored bytes
+ * (its MAC verified): a pointer that names it may kill it. */
+static bool rec_is(struct kv__vfile *f, uint64_t off, const uint8_t *key, uint32_t slen)
+{
+    uint8_t h[KV__VLOG_HDR];
+    struct rec_hdr r;
+    return pread(f->fd, h, sizeof h, (off_t)off) == (ssize_t)sizeof h && parse_hdr(h, &r) &&
+           !r.dead && r.slen == slen && memcmp(r.key, key, KV__SSD_KEY_LEN) == 0 &&
+           hdr_mac_ok(f, h, off);
+}
+
+int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen, const uint8_t *key)
 {
     if (loc == KV__LOC_NONE)
         return KV_OK;
@@ -422,7 +640,11 @@ int kv__vlog_free(struct kv__vlog *v, uint64_t loc, uint32_t slen)
     if (!f)
         return KV_OK;   /* its file is gone, and the record with it */
     uint64_t span = kv__vlog_span(slen);
-    int rc = punch(v, f, KV__LOC_OFF(loc), span) ? KV_OK : kill_rec(f, KV__LOC_OFF(loc));
+    int rc = KV_OK;
+    /* A pointer that names another's record (stale, or not this store's)
+     * gives back only its count: the bytes are someone else's. */
+    if (!key || rec_is(f, KV__LOC_OFF(loc), key, slen))
+        rc = punch(v, f, KV__LOC_OFF(loc), span) ? KV_OK : kill_rec(f, KV__LOC_OFF(loc));
     uint64_t was = atomic_fetch_sub(&f->live, span);
     if (was == span) {
         pthread_mutex_lock(&v->amu);
@@ -561,9 +783,9 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
     pthread_mutex_lock(&v->amu);
     int rc = KV_OK;
     uint64_t off = align_up(v->tail[k], rec_align(r->slen));
-    if (off > 0 && off + span > v->file_size) {
+    if (v->tail[k] > KV__VLOG_FHDR && off + span > v->file_size) {
         rc = rotate(v, k);
-        off = 0;
+        off = align_up(KV__VLOG_FHDR, rec_align(r->slen));
     }
     struct kv__vfile *f = v->active[k];
     if (rc == KV_OK) {
@@ -576,6 +798,8 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
         free(zbuf);
         return rc;
     }
+    /* Where it goes is known now: the MAC binds the header to it. */
+    kv__put64(hdr + 48, hdr_mac(f, hdr, off));
 
     struct iovec stack[17], *io = stack;
     int cnt = zlen ? 2 : (int)r->iovcnt + 1;
@@ -597,7 +821,7 @@ static int append_one(struct kv__vlog *v, struct kv__vrec *r, struct kv__vfile *
     if (rc != KV_OK) {
         KV_WARN("ssd: writing %llu bytes to value log %u: %s", (unsigned long long)span, f->no,
                 kv_strerror(rc));
-        kv__vlog_free(v, r->loc, r->slen);
+        kv__vlog_free(v, r->loc, r->slen, NULL);
         r->loc = KV__LOC_NONE;
         vfile_put(f);
         return rc;
@@ -640,7 +864,7 @@ int kv__vlog_append(struct kv__vlog *v, struct kv__vrec *r, size_t n, bool sync)
     if (src != KV_OK)
         for (size_t i = 0; i < n; i++)
             if (r[i].rc == KV_OK) {
-                kv__vlog_free(v, r[i].loc, r[i].slen);
+                kv__vlog_free(v, r[i].loc, r[i].slen, NULL);
                 r[i].loc = KV__LOC_NONE;
                 r[i].rc = src;
             }
@@ -701,16 +925,26 @@ static int64_t read_all(int fd, struct iovec *io, int cnt, uint64_t off, uint64_
     return (int64_t)got;
 }
 
-/* Checks a record's header against what the pointer promised. */
+const char kv__vlog_not_its_record[] = "the record there is not the one its pointer names";
+
+/* Checks a record's header against what the pointer promised. No MAC
+ * here: a pointer only ever names a place where this store wrote a header
+ * (the log is append-only, file numbers and offsets are never reused, and
+ * a found record's MAC was checked by the scan), and the record must be
+ * the pointer's (key, length, the pointer's checksum). The MAC is for what
+ * a scan or a kill finds without a pointer, and it costs 0.6 us a record
+ * (see doc/ssd-tier.md). */
 static const char *check_hdr(const uint8_t *hdr, uint64_t got, const uint8_t *key, uint64_t len,
-                             struct rec_hdr *r)
+                             uint32_t sum32, struct rec_hdr *r)
 {
     if (got < KV__VLOG_HDR || !parse_hdr(hdr, r) || r->dead)
         return "bad record header";
     if (memcmp(r->key, key, KV__SSD_KEY_LEN) != 0)
-        return "record holds another key";
+        return kv__vlog_not_its_record;   /* another key's, ours: see ssd_int.h */
     if (r->len != len)
-        return "bad record length";
+        return kv__vlog_not_its_record;
+    if ((uint32_t)r->sum != sum32)
+        return kv__vlog_not_its_record;
     if (got < KV__VLOG_HDR + (uint64_t)r->slen)
         return "record cut short";
     return NULL;
@@ -756,7 +990,7 @@ static int check_value(const struct rec_hdr *r, const kv_iov *iov, uint32_t iovc
 }
 
 static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
-                    const kv_iov *iov, uint32_t iovcnt, const char **why)
+                    uint32_t sum32, const kv_iov *iov, uint32_t iovcnt, const char **why)
 {
     *why = NULL;
     struct kv__vfile *f = vfile_get(v, KV__LOC_FILE(loc));
@@ -784,17 +1018,18 @@ static int read_rec(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64
         vfile_put(f);
         return KV_EIO;
     }
-    vfile_put(f);
     struct rec_hdr r;
-    if ((*why = check_hdr(hdr, (uint64_t)got, key, len, &r)))
+    vfile_put(f);
+    *why = check_hdr(hdr, (uint64_t)got, key, len, sum32, &r);
+    if (*why)
         return KV_ECORRUPT;
     return check_value(&r, iov, iovcnt, why);
 }
 
 int kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t len,
-                  const kv_iov *iov, uint32_t iovcnt, const char **why)
+                  uint32_t sum32, const kv_iov *iov, uint32_t iovcnt, const char **why)
 {
-    int rc = read_rec(v, key, loc, len, iov, iovcnt, why);
+    int rc = read_rec(v, key, loc, len, sum32, iov, iovcnt, why);
     /* The bytes went straight into the caller's memory: a value that fails
      * its checks must not be left there to be mistaken for data. */
     if (rc != KV_OK)
@@ -809,7 +1044,6 @@ int kv__vlog_read(struct kv__vlog *v, const uint8_t *key, uint64_t loc, uint64_t
 struct scan {
     struct kv__vlog *v;
     struct kv__vfile *f;
-    bool legacy;
     kv__vfound_fn found;
     void *ctx;
     struct kv__vsettle *st;
@@ -880,23 +1114,33 @@ static void scan_range(struct scan *sc, uint64_t pos, uint64_t end, uint64_t pun
         uint8_t h[KV__VLOG_HDR];
         struct rec_hdr r;
         if (pread(f->fd, h, sizeof h, (off_t)pos) != (ssize_t)sizeof h || !parse_hdr(h, &r) ||
-            pos + KV__VLOG_HDR + r.slen > end) {
+            !hdr_mac_ok(f, h, pos)) {
+            /* Not a header this store wrote here: any bytes may lie
+             * here (a torn value's, a value's copy of a record), and the
+             * next header of ours is 16-aligned. */
             pos += 16;
             continue;
         }
+        /* Ours, written exactly here: its lengths hold, so it is stepped
+         * over whole whatever its value holds. */
         uint64_t span = kv__vlog_span(r.slen);
         if (r.dead) {
             pos += span;
             continue;
         }
-        if (r.ver == 1 && !sc->legacy) {
-            sc->st->legacy_skipped++;
+        int vrc = pos + KV__VLOG_HDR + r.slen > end ? KV_ECORRUPT : verify_found(sc, &r, pos);
+        if (vrc == KV_ENOMEM || vrc == KV_EIO) {
+            /* Not known to be torn: left as it is (and counted live, so its
+             * file stays) for the next open to decide. */
+            punch(sc->v, f, garbage, pos - garbage);
+            sc->live += span;
+            garbage = pos + span;
             pos += span;
             continue;
         }
-        if (verify_found(sc, &r, pos) != KV_OK) {
-            sc->st->torn++;
-            pos += 16;   /* a torn record's lengths are not to be trusted */
+        if (vrc != KV_OK) {
+            sc->st->torn++;   /* cut short or damaged: its space is garbage */
+            pos += span;
             continue;
         }
         sc->st->found++;
@@ -925,16 +1169,15 @@ static void scan_range(struct scan *sc, uint64_t pos, uint64_t end, uint64_t pun
  * disk and every file a pointer names, so a number is never reused. Sorts
  * ext.
  */
-int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, bool legacy,
-                    kv__vfound_fn found, void *ctx, struct kv__vsettle *st, char *err,
-                    size_t errlen)
+int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, kv__vfound_fn found,
+                    void *ctx, struct kv__vsettle *st, char *err, size_t errlen)
 {
     memset(st, 0, sizeof *st);
     if (n)
         qsort(ext, n, sizeof *ext, cmp_ext);
     if (n && KV__LOC_FILE(ext[n - 1].loc) >= v->next_no)
         v->next_no = KV__LOC_FILE(ext[n - 1].loc) + 1;
-    struct scan sc = { .v = v, .legacy = legacy, .found = found, .ctx = ctx, .st = st };
+    struct scan sc = { .v = v, .found = found, .ctx = ctx, .st = st };
     struct kv__vfile **dead = malloc((v->n ? v->n : 1) * sizeof *dead);
     if (!dead) {
         kv__errf(err, errlen, "out of memory settling the value log");
@@ -949,7 +1192,7 @@ int kv__vlog_settle(struct kv__vlog *v, struct kv__vext *ext, size_t n, bool leg
             j++;
         struct stat st_;
         uint64_t size = fstat(f->fd, &st_) == 0 ? (uint64_t)st_.st_size : 0;
-        uint64_t pos = 0, live = 0;
+        uint64_t pos = KV__VLOG_FHDR, live = 0;
         sc.f = f;
         sc.live = 0;
         for (; j < n && KV__LOC_FILE(ext[j].loc) == f->no; j++) {

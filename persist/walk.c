@@ -6,7 +6,7 @@
  * index, never from a RocksDB iterator: a scrub through one would hold a
  * snapshot of the whole database for its duration. A scrub reads the values
  * one at a time through ssd.c's kv__ssd_fetch (the same checks a load
- * makes: record header, key, length, XXH3), so the engine keeps serving
+ * makes: record header and its MAC, key, length, XXH3), so the engine keeps serving
  * (and may delete or evict under it: a value gone by the time it is read is
  * simply skipped, unless the index still says it is stored there).
  */

@@ -896,9 +896,13 @@ START_TEST(corrupt_value_log)
     int fd = open(path, O_RDWR);
     ck_assert_int_ge(fd, 0);
     /* Flip bytes in three records' payloads and one record's header. */
-    const off_t span = (off_t)kv__vlog_span(len);
-    const off_t at[] = { 3 * span + KV__VLOG_HDR + 100, 11 * span + KV__VLOG_HDR + 20000,
-                         19 * span + KV__VLOG_HDR + len - 1, 27 * span };
+    /* Records of 32 KiB and more start on 4 KiB: the first one past the
+     * file header. */
+    const off_t span = (off_t)kv__vlog_span(len), base = 4096;
+    ck_assert_int_le(KV__VLOG_FHDR, base);
+    const off_t at[] = { base + 3 * span + KV__VLOG_HDR + 100,
+                         base + 11 * span + KV__VLOG_HDR + 20000,
+                         base + 19 * span + KV__VLOG_HDR + len - 1, base + 27 * span };
     for (size_t k = 0; k < KV__ARRAY_LEN(at); k++) {
         ck_assert_int_lt(at[k], st.st_size);
         uint8_t b[1];
@@ -907,7 +911,7 @@ START_TEST(corrupt_value_log)
         ck_assert_int_eq(pwrite(fd, b, 1, at[k]), 1);
     }
     /* And the file cut short in the middle of its last record. */
-    ck_assert_int_eq(ftruncate(fd, 39 * span + KV__VLOG_HDR + 100), 0);
+    ck_assert_int_eq(ftruncate(fd, base + 39 * span + KV__VLOG_HDR + 100), 0);
     close(fd);
     s = open_ok(c);
     int ok = 0, miss = 0;

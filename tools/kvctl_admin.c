@@ -662,6 +662,9 @@ static int put_run(struct actx *x)
     return KVCTL_EXIT_OK;
 }
 
+/* Writes the value to path (stdout without one). A write that fails (a full
+ * disk, most often) says why, and the partial file is removed: a file that
+ * exists after `get -o` holds the whole value. */
 static int write_out(const char *path, const void *p, size_t len)
 {
     FILE *f = path ? fopen(path, "wb") : stdout;
@@ -669,10 +672,28 @@ static int write_out(const char *path, const void *p, size_t len)
         fprintf(stderr, "kvctl get: %s: %s\n", path, strerror(errno));
         return KVCTL_EXIT_FAIL;
     }
+    /* Only a regular file is synced, and only a regular file removed
+     * (never a device such as /dev/full). */
+    struct stat st;
+    bool regular = f != stdout && fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode);
+    errno = 0;
     bool ok = fwrite(p, 1, len, f) == len;
-    ok &= (f == stdout ? fflush(f) : fclose(f)) == 0;
+    int e = errno;
+    if (f == stdout) {
+        ok &= fflush(f) == 0;
+    } else {
+        ok &= fflush(f) == 0 && (!regular || fsync(fileno(f)) == 0);
+        if (!ok && !e)
+            e = errno;
+        ok &= fclose(f) == 0;
+    }
+    if (!e)
+        e = errno;
     if (!ok) {
-        fprintf(stderr, "kvctl get: writing %s failed\n", path ? path : "stdout");
+        fprintf(stderr, "kvctl get: writing %s failed: %s%s\n", path ? path : "stdout",
+                e ? strerror(e) : "short write", regular ? "; the partial file was removed" : "");
+        if (regular)
+            unlink(path);
         return KVCTL_EXIT_FAIL;
     }
     return KVCTL_EXIT_OK;

@@ -15,28 +15,38 @@
  *     a scrub finds nothing bad;
  *   - a second open (now with RocksDB's index) lists the same entries.
  *
- * Key design choice: a checksum-aware mutator. Every record carries an
- * XXH3 checksum over its header and value, so nearly every random mutation
- * would only produce a torn record. LLVMFuzzerCustomMutator lets libFuzzer
- * mutate, then walks the records the way the open scan does and recomputes
- * each checksum (decompressing lz4 values first), so mutations of lengths,
- * flags, keys, stamps and values reach the code behind the checksum. Set
- * KV_FUZZ_VLOG_RAW=1 to fuzz without it (then torn records are the point).
+ * Key design choice: a checksum- and MAC-aware mutator. Every record
+ * carries an XXH3 checksum of its value and a MAC of its header (HMAC-SHA256
+ * under the file's key, which the file header holds, over the header, the
+ * file's number and the record's offset), so nearly every random mutation
+ * would only produce a record the store must not believe.
+ * LLVMFuzzerCustomMutator lets libFuzzer mutate, then rewrites the file
+ * header (magic, version, number 1, checksum), walks the records the way
+ * the open scan does and recomputes each checksum (decompressing lz4 values
+ * first) and MAC, so mutations of lengths, flags, keys, stamps and values
+ * reach the code behind them. Set KV_FUZZ_VLOG_RAW=1 to fuzz without it
+ * (then forged and torn records are the point: none may be believed).
  *
- * The record format followed here (vlog.c's header comment, "KVV2"): a
- * 48-byte header — 0 magic "KVV2", 4 value length u32, 8 stored length u32,
- * 12 flags u8 (bit 0 lz4), 13 the 21-byte key (ns, id, shard index), 34 a
- * 48-bit write stamp, 40 XXH3-64 of the value seeded with XXH3 of header
- * bytes 4..39 — then the stored bytes. "KVV1" (flags u32 at 4, lengths at 8
- * and 12, checksum at 16 seeded with XXH3 of the key, key at 24) is still
- * read when the index is rebuilt. "KVX1"/"KVX2" are killed records. A
- * record of 32 KiB or more (header included) starts and ends on a 4 KiB
- * boundary, smaller ones on 16 bytes. Keep rec_parse and fix_sums in step
- * with vlog.c when the format changes.
+ * The format followed here (vlog.c's header comment): an 80-byte file
+ * header — 0 magic "KVLF", 4 version 1, 8 store id (16 bytes), 24 the
+ * file's number, 32 its key (32 bytes), 64 XXH3-64 of bytes 0..63 — then
+ * records: a 64-byte header — 0 magic "KVV3", 4 value length u32, 8 stored
+ * length u32, 12 flags u8 (bit 0 lz4), 13 the 21-byte key (ns, id, shard
+ * index), 34 a 48-bit write stamp, 40 XXH3-64 of the value seeded with XXH3
+ * of header bytes 4..39, 48 the first 8 bytes of HMAC-SHA256(file key,
+ * header bytes 4..47 | u32 file number | u64 offset), 56 zero — then the
+ * stored bytes. "KVX3" is a killed record (stepped over whole). A record of
+ * 32 KiB or more (header included) starts and ends on a 4 KiB boundary,
+ * smaller ones on 16 bytes. A file whose header does not read makes a store
+ * that has nothing else unopenable (an earlier kvengine's, for all it
+ * knows): kv_open must refuse it. Keep rec_parse, fix_sums and the file
+ * header in step with vlog.c when the format changes.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <lz4.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -46,12 +56,12 @@
 #include "engine/internal.h"
 #include "fuzzutil.h"
 
-#define HDR 48
+#define FHDR 80
+#define HDR 64
 #define KEY_LEN 21
-#define MAGIC_V1 0x3156564bu
-#define MAGIC_V2 0x3256564bu
-#define DEAD_V1 0x3158564bu
-#define DEAD_V2 0x3258564bu
+#define MAGIC_FILE 0x464c564bu
+#define MAGIC_V3 0x3356564bu
+#define DEAD_V3 0x3358564bu
 #define BIG_REC (32u << 10)
 #define MAX_FOUND 4096
 
@@ -63,12 +73,10 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
 /* ---- the record format, as vlog.c documents it ---------------------------- */
 
 struct rec {
-    int ver;
     int dead;
     uint32_t flags, len, slen;
     uint64_t stamp, seed;
     const uint8_t *key;
-    size_t sum_at;       /* offset of the checksum within the header */
 };
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) & ~(a - 1); }
@@ -79,37 +87,47 @@ static uint64_t span_of(uint32_t slen)
     return align_up(raw, raw >= BIG_REC ? 4096 : 16);
 }
 
-/* Whether h holds a consistent header (live or killed). */
+/* Whether h holds a consistent header (live or killed); its MAC aside. */
 static int rec_parse(const uint8_t *h, struct rec *r)
 {
     uint32_t magic = kv__get32(h);
     memset(r, 0, sizeof *r);
-    if (magic == MAGIC_V2 || magic == DEAD_V2) {
-        r->ver = 2;
-        r->dead = magic == DEAD_V2;
-        r->len = kv__get32(h + 4);
-        r->slen = kv__get32(h + 8);
-        r->flags = h[12];
-        r->key = h + 13;
-        for (int i = 0; i < 6; i++)
-            r->stamp |= (uint64_t)h[34 + i] << (8 * i);
-        r->seed = XXH3_64bits(h + 4, 36);
-        r->sum_at = 40;
-    } else if (magic == MAGIC_V1 || magic == DEAD_V1) {
-        r->ver = 1;
-        r->dead = magic == DEAD_V1;
-        r->flags = kv__get32(h + 4);
-        r->len = kv__get32(h + 8);
-        r->slen = kv__get32(h + 12);
-        r->key = h + 24;
-        r->seed = XXH3_64bits(r->key, KEY_LEN);
-        r->sum_at = 16;
-    } else {
+    if (magic != MAGIC_V3 && magic != DEAD_V3)
         return 0;
-    }
-    if ((r->flags & ~1u) || r->len > KV_VALUE_MAX || r->key[0] >= KV_NS_COUNT)
+    r->dead = magic == DEAD_V3;
+    r->len = kv__get32(h + 4);
+    r->slen = kv__get32(h + 8);
+    r->flags = h[12];
+    r->key = h + 13;
+    for (int i = 0; i < 6; i++)
+        r->stamp |= (uint64_t)h[34 + i] << (8 * i);
+    r->seed = XXH3_64bits(h + 4, 36);
+    if ((r->flags & ~1u) || r->len > KV_VALUE_MAX || r->key[0] >= KV_NS_COUNT ||
+        kv__get64(h + 56) != 0)
         return 0;
     return r->flags & 1 ? r->slen < r->len : r->slen == r->len;
+}
+
+/* The file header of buf: whether it reads (file number 1); *key its key. */
+static int file_ok(const uint8_t *buf, size_t size, const uint8_t **key)
+{
+    if (size < FHDR || kv__get32(buf) != MAGIC_FILE || kv__get32(buf + 4) != 1 ||
+        kv__get32(buf + 24) != 1 || kv__get64(buf + 64) != XXH3_64bits(buf, 64))
+        return 0;
+    *key = buf + 32;
+    return 1;
+}
+
+/* The MAC of the header at off under the file key. */
+static uint64_t rec_mac(const uint8_t *fkey, const uint8_t *h, uint64_t off)
+{
+    uint8_t msg[56], out[EVP_MAX_MD_SIZE];
+    unsigned olen = 0;
+    memcpy(msg, h + 4, 44);
+    kv__put32(msg + 44, 1);
+    kv__put64(msg + 48, off);
+    FZ_CHECK(HMAC(EVP_sha256(), fkey, 32, msg, sizeof msg, out, &olen) && olen >= 8);
+    return kv__get64(out);
 }
 
 /* The value of r whose stored bytes are at p: malloc'd (len bytes, at
@@ -134,45 +152,57 @@ static uint8_t *rec_value(const struct rec *r, const uint8_t *p)
 }
 
 /* Calls fn for every record the open scan would look at in buf[0..size):
- * 16-aligned candidates whose first word is not zero; a consistent header
- * whose stored bytes fit is a record (killed ones are stepped over whole);
- * anything else moves on 16 bytes. fn returns the step: the record's span
- * when it was taken, 16 when it was torn. */
-static void rec_walk(const uint8_t *buf, size_t size,
-                     uint64_t (*fn)(void *ctx, uint8_t *at, const struct rec *r), void *ctx)
+ * 16-aligned candidates past the file header whose first word is not zero;
+ * a consistent header whose MAC verifies (or, with fix, any consistent
+ * header: the mutator is about to make its MAC right) is a record, stepped
+ * over whole (killed ones, and those whose stored bytes do not fit, are not
+ * offered to fn); anything else moves on 16 bytes. */
+static void rec_walk(uint8_t *buf, size_t size, const uint8_t *fkey, int fix,
+                     void (*fn)(void *ctx, uint8_t *at, const struct rec *r), void *ctx)
 {
-    uint64_t pos = 0;
+    uint64_t pos = FHDR;
     while (pos + HDR <= size) {
         struct rec r;
-        if (kv__get32(buf + pos) == 0 || !rec_parse(buf + pos, &r) ||
-            pos + HDR + r.slen > size) {
+        if (kv__get32(buf + pos) == 0 || !rec_parse(buf + pos, &r)) {
             pos += 16;
             continue;
         }
-        if (r.dead) {
-            pos += span_of(r.slen);
+        if (!fix && kv__get64(buf + pos + 48) != rec_mac(fkey, buf + pos, pos)) {
+            pos += 16;
             continue;
         }
-        pos += fn(ctx, (uint8_t *)buf + pos, &r);
+        if (!r.dead && pos + HDR + r.slen <= size)
+            fn(ctx, buf + pos, &r);
+        if (fix)   /* over the checksum fn wrote */
+            kv__put64(buf + pos + 48, rec_mac(fkey, buf + pos, pos));
+        pos += span_of(r.slen);
     }
 }
 
 /* ---- the checksum-aware mutator ------------------------------------------- */
 
-static uint64_t fix_one(void *ctx, uint8_t *at, const struct rec *r)
+static void fix_one(void *ctx, uint8_t *at, const struct rec *r)
 {
     (void)ctx;
     uint8_t *v = rec_value(r, at + HDR);
     if (!v)
-        return 16;   /* lz4 that does not decompress stays torn */
-    kv__put64(at + r->sum_at, XXH3_64bits_withSeed(v, r->len, r->seed));
+        return;   /* lz4 that does not decompress stays torn */
+    kv__put64(at + 40, XXH3_64bits_withSeed(v, r->len, r->seed));
     free(v);
-    return span_of(r->slen);
 }
 
+/* Makes the file header read (number 1) and every record's sums right. */
 static void fix_sums(uint8_t *data, size_t size)
 {
-    rec_walk(data, size, fix_one, NULL);
+    if (size < FHDR)
+        return;
+    kv__put32(data, MAGIC_FILE);
+    kv__put32(data + 4, 1);
+    kv__put32(data + 24, 1);
+    kv__put32(data + 28, 0);
+    kv__put64(data + 64, XXH3_64bits(data, 64));
+    kv__put64(data + 72, 0);
+    rec_walk(data, size, data + 32, 1, fix_one, NULL);
 }
 
 static int raw_mode(void)
@@ -207,26 +237,24 @@ struct expect {
     int overflow;
 };
 
-static uint64_t take(void *ctx, uint8_t *at, const struct rec *r)
+static void take(void *ctx, uint8_t *at, const struct rec *r)
 {
     struct expect *x = ctx;
-    /* The rebuild reads both versions (it is a rebuild: legacy allowed). */
     uint8_t *v = rec_value(r, at + HDR);
-    if (!v || XXH3_64bits_withSeed(v, r->len, r->seed) != kv__get64(at + r->sum_at)) {
+    if (!v || XXH3_64bits_withSeed(v, r->len, r->seed) != kv__get64(at + 40)) {
         free(v);
-        return 16;
+        return;
     }
     if (x->n == MAX_FOUND) {
         x->overflow = 1;
         free(v);
-        return span_of(r->slen);
+        return;
     }
     struct found *f = &x->f[x->n++];
     memcpy(f->key, r->key, KEY_LEN);
     f->stamp = r->stamp;
     f->val = v;
     f->len = r->len;
-    return span_of(r->slen);
 }
 
 /* Marks each key's newest copies. */
@@ -272,7 +300,9 @@ static void key_of(const kv_ssd_entry *e, uint8_t *k)
     k[20] = (uint8_t)e->index;
 }
 
-static kv_engine *open_store(const char *path)
+/* The store at path, or NULL when the open is refused (only allowed where
+ * must is 0). */
+static kv_engine *open_store(const char *path, int must)
 {
     kv_config *cfg;
     kv_engine *e = NULL;
@@ -284,10 +314,10 @@ static kv_engine *open_store(const char *path)
     FZ_CHECK(kv_config_set(cfg, "log.level", "error") == KV_OK);
     int rc = kv_open(cfg, &e);
     kv_config_free(cfg);
-    if (rc != KV_OK)
+    if (rc != KV_OK && must)
         fprintf(stderr, "fuzz_vlog: kv_open of a store with only a value log: %s\n",
                 kv_strerror(rc));
-    FZ_CHECK(rc == KV_OK && e);
+    FZ_CHECK(must ? rc == KV_OK && e : (rc == KV_OK) == (e != NULL));
     return e;
 }
 
@@ -312,7 +342,7 @@ static int cmp_entry(const void *a, const void *b)
 
 static void write_file(const char *path, const uint8_t *data, size_t size)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     FZ_CHECK(fd >= 0);
     FZ_CHECK(size == 0 || write(fd, data, size) == (ssize_t)size);
     close(fd);
@@ -322,7 +352,7 @@ static void write_file(const char *path, const uint8_t *data, size_t size)
 static void reopen_same(const char *ssd, struct listed *l1)
 {
     static struct listed l2;
-    kv_engine *e = open_store(ssd);
+    kv_engine *e = open_store(ssd, 1);
     l2.n = 0;
     FZ_CHECK(kv_ssd_scan(e, list_cb, &l2) == KV_OK);
     kv_close(e);
@@ -357,15 +387,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     snprintf(vdir, sizeof vdir, "%s/vlog", ssd);
     snprintf(file, sizeof file, "%s/00000001.vlog", vdir);
     fz_rmtree(ssd);
-    FZ_CHECK(mkdir(ssd, 0755) == 0 && mkdir(vdir, 0755) == 0);
+    FZ_CHECK(mkdir(ssd, 0700) == 0 && mkdir(vdir, 0700) == 0);
     write_file(file, data, size);
 
     x.n = 0;
     x.overflow = 0;
-    rec_walk(data, size, take, &x);
+    const uint8_t *fkey = NULL;
+    int readable = file_ok(data, size, &fkey);
+    if (readable)
+        rec_walk((uint8_t *)data, size, fkey, 0, take, &x);
     mark_newest(&x);
 
-    kv_engine *e = open_store(ssd);
+    /* A file that does not read is all the store has: refused, or (an
+     * empty file: nothing in it) opened empty. */
+    kv_engine *e = open_store(ssd, readable);
+    if (!e) {
+        FZ_CHECK(size > 0);
+        return 0;
+    }
     l1.n = 0;
     FZ_CHECK(kv_ssd_scan(e, list_cb, &l1) == KV_OK);
     /* Every key the log holds intact is listed once, and nothing else. */
@@ -432,8 +471,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 /* ---- seeds: files the store itself wrote, and hand-made records ---------- */
 
-/* Appends a record (version 1 or 2) of val to b at its alignment. */
-static size_t put_rec(uint8_t *b, size_t at, int ver, const uint8_t *key, uint64_t stamp,
+static const uint8_t seed_key[32] = { 0x6b, 0x76, 0x65, 0x6e, 0x67, 0x69, 0x6e, 0x65, 7, 7 };
+
+/* A file header (number 1, seed_key) at the front of b. */
+static size_t put_fhdr(uint8_t *b)
+{
+    memset(b, 0, FHDR);
+    kv__put32(b, MAGIC_FILE);
+    kv__put32(b + 4, 1);
+    memset(b + 8, 0x5d, 16);
+    kv__put32(b + 24, 1);
+    memcpy(b + 32, seed_key, sizeof seed_key);
+    kv__put64(b + 64, XXH3_64bits(b, 64));
+    return FHDR;
+}
+
+/* Appends a record of val to b at its alignment, its MAC under seed_key. */
+static size_t put_rec(uint8_t *b, size_t at, const uint8_t *key, uint64_t stamp,
                       const uint8_t *val, uint32_t len, int lz4)
 {
     uint8_t z[8192];
@@ -445,27 +499,21 @@ static size_t put_rec(uint8_t *b, size_t at, int ver, const uint8_t *key, uint64
         slen = (uint32_t)got;
         stored = z;
     }
+    at = align_up(at, HDR + (uint64_t)slen >= BIG_REC ? 4096 : 16);
     uint8_t *h = b + at;
     memset(h, 0, HDR);
-    if (ver == 2) {
-        kv__put32(h, MAGIC_V2);
-        kv__put32(h + 4, len);
-        kv__put32(h + 8, slen);
-        h[12] = (uint8_t)lz4;
-        memcpy(h + 13, key, KEY_LEN);
-        for (int i = 0; i < 6; i++)
-            h[34 + i] = (uint8_t)(stamp >> (8 * i));
-    } else {
-        kv__put32(h, MAGIC_V1);
-        kv__put32(h + 4, (uint32_t)lz4);
-        kv__put32(h + 8, len);
-        kv__put32(h + 12, slen);
-        memcpy(h + 24, key, KEY_LEN);
-    }
+    kv__put32(h, MAGIC_V3);
+    kv__put32(h + 4, len);
+    kv__put32(h + 8, slen);
+    h[12] = (uint8_t)lz4;
+    memcpy(h + 13, key, KEY_LEN);
+    for (int i = 0; i < 6; i++)
+        h[34 + i] = (uint8_t)(stamp >> (8 * i));
     memcpy(h + HDR, stored, slen);
     struct rec r;
     FZ_CHECK(rec_parse(h, &r));
-    kv__put64(h + r.sum_at, XXH3_64bits_withSeed(val, len, r.seed));
+    kv__put64(h + 40, XXH3_64bits_withSeed(val, len, r.seed));
+    kv__put64(h + 48, rec_mac(seed_key, h, at));
     return at + span_of(slen);
 }
 
@@ -536,23 +584,32 @@ static void write_seeds(const char *dir)
     /* Two copies of one key: the higher stamp wins, wherever it lies. */
     memset(b, 0, sizeof b);
     key[1] = 0x42;
-    n = put_rec(b, 0, 2, key, 9, val, 300, 0);
-    n = put_rec(b, n, 2, key, 5, val + 1, 300, 0);
+    n = put_fhdr(b);
+    n = put_rec(b, n, key, 9, val, 300, 0);
+    n = put_rec(b, n, key, 5, val + 1, 300, 0);
     key[0] = 1;
-    n = put_rec(b, n, 2, key, 7, val, 5000, 1);
+    n = put_rec(b, n, key, 7, val, 5000, 1);
     fz_seed(dir, "stamps", b, n);
 
-    /* A legacy record, a killed one, and a torn tail. */
+    /* A killed record, a value holding a perfect copy of a record (its MAC
+     * right for where the copy was made, not where it lies), and a torn
+     * tail. */
     memset(b, 0, sizeof b);
     key[0] = 0;
     key[20] = 3;
-    n = put_rec(b, 0, 1, key, 0, val, 200, 0);
+    n = put_fhdr(b);
     size_t dead = n;
-    n = put_rec(b, n, 2, key, 4, val, 64, 0);
-    kv__put32(b + dead, DEAD_V2);
+    n = put_rec(b, n, key, 4, val, 64, 0);
+    kv__put32(b + dead, DEAD_V3);
+    uint8_t inner[600];
+    memset(inner, 0, sizeof inner);
+    key[20] = 5;
+    put_rec(inner, 0, key, 1000, val, 200, 0);
+    key[20] = 6;
+    n = put_rec(b, n, key, 8, inner, sizeof inner, 0);
     key[20] = 4;
-    n = put_rec(b, n, 2, key, 6, val, 1000, 0);
-    fz_seed(dir, "legacy-dead-torn", b, n - 500);
+    n = put_rec(b, n, key, 6, val, 1000, 0);
+    fz_seed(dir, "dead-forged-torn", b, n - 500);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
