@@ -15,7 +15,7 @@
 
 /* The first bytes of the exchange: tells a client of this protocol from a
  * stray one, and would let a later version say so. */
-static const uint8_t magic[4] = { 'K', 'V', 'A', '1' };
+static const uint8_t magic[KV__AUTH_MAGIC_LEN] = { 'K', 'V', 'A', '1' };
 
 static const char *const labels[] = { [KV__AUTH_SERVER] = "kvengine/server",
                                       [KV__AUTH_CLIENT] = "kvengine/client" };
@@ -131,4 +131,24 @@ int kv__auth_server(int fd, const char *token, uint64_t deadline)
     uint8_t verdict = (uint8_t)kv__auth_verify(token, KV__AUTH_CLIENT, nc, ns, mc);
     rc = kv__sock_xfer1(fd, &verdict, 1, 1, deadline);
     return rc != KV_OK ? rc : verdict ? KV_OK : KV_EPERM;
+}
+
+int kv__auth_reply(const char *token, const uint8_t *hello, struct kv__auth_state *st,
+                   uint8_t *reply)
+{
+    if (memcmp(hello, magic, sizeof magic) != 0)
+        return KV_EPROTO;
+    memcpy(st->nc, hello + sizeof magic, KV__AUTH_NONCE);
+    memcpy(reply, magic, sizeof magic);
+    int rc = kv__auth_nonce(st->ns);
+    if (rc == KV_OK)
+        memcpy(reply + sizeof magic, st->ns, KV__AUTH_NONCE);
+    return rc == KV_OK ? kv__auth_mac(token, KV__AUTH_SERVER, st->nc, st->ns,
+                                      reply + sizeof magic + KV__AUTH_NONCE)
+                       : rc;
+}
+
+int kv__auth_proof_ok(const char *token, const struct kv__auth_state *st, const uint8_t *proof)
+{
+    return kv__auth_verify(token, KV__AUTH_CLIENT, st->nc, st->ns, proof);
 }

@@ -426,7 +426,9 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     if ((rc = c->ms->ops->join(c->ms, &c->self, &version, &m, &n))) {
         kv__errf(err, errlen, "%s: %s", c->where,
                  rc != KV_EPERM ? kv_strerror(rc)
-                 : cfg->cluster.metadata == KV_META_ETCD ? "refused our cluster.etcd_user"
+                 : cfg->cluster.metadata == KV_META_ETCD
+                     ? "refused us (cluster.token does not match the cluster's, or "
+                       "cluster.etcd_user)"
                                                          : "refused our cluster.token");
         return rc;
     }
@@ -1677,9 +1679,11 @@ int kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr)
 
 void kv__cluster_stats(struct kv__cluster *c, kv_stats *out)
 {
-    /* kv_stats has no cluster fields yet: see kv__cluster_counters. */
-    (void)c;
-    (void)out;
+    /* kv_stats has no cluster fields yet (see kv__cluster_counters); the
+     * loads this client refused for their checksum add to the node's. */
+    if (c && c->t)
+        out->checksum_failures +=
+            atomic_load(&((struct kv__transport_base *)c->t)->checksum_failures);
 }
 
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out)

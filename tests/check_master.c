@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "net/auth.h"
 #include "net/master.h"
 #include "net/serve.h"
 #include "net/sock.h"
@@ -168,6 +169,94 @@ START_TEST(token_refused)
     kv__mclient_close(bad);
     kv__mclient_close(none);
     kv__mclient_close(good);
+}
+END_TEST
+
+/* A JOIN over a connection that proved the token, but whose record is not
+ * signed with it (a record made up or altered by someone else), is refused
+ * and never enters the view (issue 17, 1b). */
+START_TEST(unsigned_record_refused)
+{
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    for (int k = 0; k < 2; k++) {
+        int fd;
+        ck_assert_int_eq(kv__sock_connect(&sa, kv__now_ms() + 2000, &fd), KV_OK);
+        ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 2000), KV_OK);
+        struct kv__member m = who("forger", KV_MEMBER_OWNER);
+        if (k == 1)
+            ck_assert_int_eq(kv__member_sign("other", &m), KV_OK);
+        uint8_t b[KV_PROTO_HDR_LEN + 1024];
+        int blen = kv__join_encode(&m, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+        ck_assert_int_gt(blen, 0);
+        struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen, .req_id = 1 };
+        kv__hdr_encode(&h, b);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1,
+                                        kv__now_ms() + 2000), KV_OK);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN, 0, kv__now_ms() + 2000), KV_OK);
+        ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+        ck_assert_int_eq(h.status, KV_EPERM);
+        close(fd);
+    }
+    struct kv__mclient *good;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &good), KV_OK);
+    struct kv__member g = who("good", 0);
+    ck_assert_int_eq(join(good, &g, NULL, "forger"), 1);
+    kv__mclient_close(good);
+}
+END_TEST
+
+/* A fake kvmaster (a forged cluster.master) answering with its own nonce
+ * and a made-up MAC: the client refuses it (KV_EPERM) before proving
+ * anything, and the fake reads only the 36-byte hello, no token (issue 17,
+ * 1a: before, the JOIN carried the token in clear). */
+struct fakem {
+    int lfd;
+    uint8_t got[4096];
+    size_t n;
+    pthread_t th;
+};
+
+static void *fakem_main(void *arg)
+{
+    struct fakem *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    struct timeval tv = { .tv_usec = 300000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t r = recv(fd, f->got, KV__AUTH_HELLO_LEN, MSG_WAITALL);
+    f->n = r > 0 ? (size_t)r : 0;
+    uint8_t reply[KV__AUTH_REPLY_LEN];
+    memset(reply, 0x33, sizeof reply);
+    memcpy(reply, KV__AUTH_MAGIC, KV__AUTH_MAGIC_LEN);
+    send(fd, reply, sizeof reply, MSG_NOSIGNAL);
+    while ((r = recv(fd, f->got + f->n, sizeof f->got - f->n, 0)) > 0)
+        f->n += (size_t)r;
+    close(fd);
+    return NULL;
+}
+
+START_TEST(fake_master_learns_nothing)
+{
+    struct fakem f = { .lfd = socket(AF_INET, SOCK_STREAM, 0) };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(f.lfd, 4), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(f.lfd, (struct sockaddr *)&sa, &sl);
+    char fa[64];
+    snprintf(fa, sizeof fa, "127.0.0.1:%u", ntohs(sa.sin_port));
+    pthread_create(&f.th, NULL, fakem_main, &f);
+    struct kv__mclient *mc;
+    ck_assert_int_eq(kv__mclient_open(fa, "sesame", 1000, &mc), KV_OK);
+    struct kv__member m = who("victim", KV_MEMBER_OWNER);
+    ck_assert_int_eq(join(mc, &m, NULL, NULL), KV_EPERM);
+    kv__mclient_close(mc);
+    pthread_join(f.th, NULL);
+    close(f.lfd);
+    ck_assert_uint_eq(f.n, KV__AUTH_HELLO_LEN);
+    ck_assert(!memmem(f.got, f.n, "sesame", 6));
 }
 END_TEST
 
@@ -474,6 +563,8 @@ Suite *master_suite(void)
     tcase_set_timeout(tc, 15);
     tcase_add_test(tc, join_leave_versions);
     tcase_add_test(tc, token_refused);
+    tcase_add_test(tc, unsigned_record_refused);
+    tcase_add_test(tc, fake_master_learns_nothing);
     tcase_add_test(tc, ttl_expiry);
     tcase_add_test(tc, hostile_frames);
     tcase_add_test(tc, idle_flood_does_not_lock_out);
