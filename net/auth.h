@@ -83,4 +83,14 @@ int kv__auth_eq(const void *a, const void *b, size_t n);
 int kv__auth_client(int fd, const char *token, uint64_t deadline);
 int kv__auth_server(int fd, const char *token, uint64_t deadline);
 
+/* The cluster token in effect for cfg, into out (KV_CFG_STR bytes):
+ * cluster.token; else the contents of cluster.token_file (one trailing
+ * newline dropped), which must be a regular file of ours with mode 0600 or
+ * 0400 (no symlink); else KVENGINE_TOKEN or KV_TOKEN from the environment;
+ * else "". KV_ECONFIG with err saying why (both token and token_file set, a
+ * file that is not ours or readable by others, too long, controls in it),
+ * KV_EIO when the file cannot be read. */
+struct kv_config;
+int kv__auth_token(const struct kv_config *cfg, char *out, char *err, size_t errlen);
+
 #endif

@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "cluster.h"
 #include "membership.h"
 #include "placement.h"
@@ -355,6 +356,11 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     pthread_mutex_init(&c->fanlock, NULL);
     pthread_cond_init(&c->fancond, NULL);
     c->fantail = &c->fanq;
+    /* The token in effect (cluster.token, its file, or the environment),
+     * into our copy of the config, which is what everything below reads. */
+    int rc = kv__auth_token(&c->cfg, c->cfg.cluster.token, err, errlen);
+    if (rc != KV_OK)
+        return rc;
     const struct kv_config *cfg = &c->cfg;
     struct kv__net_opts o;
     memset(&o, 0, sizeof o);
@@ -373,7 +379,6 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
         kv__errf(err, errlen, "cluster.token: at most %d bytes", KV_PROTO_ID_MAX);
         return KV_ECONFIG;
     }
-    int rc;
     if (c->be && (rc = kv__net_check_exposure("cluster.listen", cfg->cluster.listen,
                                               cfg->cluster.token, cfg->cluster.insecure, err,
                                               errlen)))

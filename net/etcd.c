@@ -65,6 +65,7 @@ struct etcd {
     char key_prefix[KV_CFG_STR + 16];   /* "PREFIX/members/" */
     char user[KV_CFG_STR], password[KV_CFG_STR];
     char token[KV_CFG_STR];             /* cluster.token: signs and checks records */
+    char cacert[KV_CFG_STR], cert[KV_CFG_STR], key[KV_CFG_STR];   /* https when cacert */
     char token_key[KV_CFG_STR + 16];    /* "PREFIX/token" */
     unsigned timeout_ms;
     int64_t ttl_s;
@@ -84,6 +85,7 @@ struct etcd {
     uint64_t version;                   /* revision the records last changed at */
     uint64_t seen_rev;                  /* revision of the last read */
     struct kv__member *members;
+    uint64_t *verified_ms;              /* when each member's record last verified */
     size_t n;
     int have_view;
 
@@ -94,6 +96,22 @@ struct etcd {
     int stop;
     CURLM *multi;
 };
+
+/* etcd over https (cluster.etcd_cacert set): the server is verified
+ * against that CA (peer and host name), and the client shows its own
+ * certificate when one is configured. */
+static void tls_setup(struct etcd *e, CURL *h)
+{
+    if (!e->cacert[0])
+        return;
+    curl_easy_setopt(h, CURLOPT_CAINFO, e->cacert);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (e->cert[0]) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, e->cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, e->key);
+    }
+}
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
@@ -329,7 +347,7 @@ static int post_one(struct etcd *e, int k, const char *path, const char *body, u
                     json_object **out, int *unauth)
 {
     char url[KV_CFG_STR + 64];
-    snprintf(url, sizeof url, "http://%s%s", e->ep[k], path);
+    snprintf(url, sizeof url, "%s://%s%s", e->cacert[0] ? "https" : "http", e->ep[k], path);
     struct answer a = { 0 };
     struct curl_slist *hd = headers(e);
     CURL *h = e->h;
@@ -487,8 +505,11 @@ static int refresh(struct etcd *e, int *changed)
     if (cnt > KV_PROTO_VIEW_MAX)
         cnt = KV_PROTO_VIEW_MAX;
     struct kv__member *list = calloc(cnt ? cnt : 1, sizeof *list);
+    uint64_t *vms = calloc(cnt ? cnt : 1, sizeof *vms), now = kv__now_ms();
     size_t n = 0;
-    if (!list) {
+    if (!list || !vms) {
+        free(list);
+        free(vms);
         json_object_put(ans);
         return KV_ENOMEM;
     }
@@ -511,11 +532,26 @@ static int refresh(struct etcd *e, int *changed)
             int mine = e->joined && strcmp(m->id, e->self.id) == 0;
             if (mine)
                 self_ok = same_member(m, &e->self);
-            if (!mine || self_ok)
-                n++;
-        } else {
-            bad++;
+            if (!mine || self_ok) {
+                vms[n++] = now;
+                free(val);
+                free(key);
+                continue;
+            }
         }
+        bad++;
+        /* A live member's key overwritten by someone else: its last verified
+         * record stands in until the member rewrites it (a heartbeat), for
+         * at most two TTLs, so the forgery cannot take it out of the view
+         * either. */
+        for (size_t j = 0; key && kl > pl && strncmp(key, e->key_prefix, pl) == 0 && j < e->n;
+             j++)
+            if (strcmp(e->members[j].id, key + pl) == 0 &&
+                now - e->verified_ms[j] <= 2000ull * (uint64_t)e->ttl_s) {
+                list[n] = e->members[j];
+                vms[n++] = e->verified_ms[j];
+                break;
+            }
         free(val);
         free(key);
     }
@@ -532,15 +568,21 @@ static int refresh(struct etcd *e, int *changed)
         free(e->members);
         e->members = list;
         e->n = n;
+        free(e->verified_ms);
+        e->verified_ms = vms;
+        vms = NULL;
         e->version = rev;
         e->have_view = 1;
         list = NULL;
         *changed = 1;
     }
+    else
+        memcpy(e->verified_ms, vms, n * sizeof *vms);
     if (rev > e->seen_rev)
         e->seen_rev = rev;
     pthread_mutex_unlock(&e->view_lock);
     free(list);
+    free(vms);
     return KV_OK;
 }
 
@@ -632,7 +674,7 @@ static void refresh_and_notify(struct etcd *e)
 static int watch_stream(struct etcd *e, int k, uint64_t from)
 {
     char url[KV_CFG_STR + 32], end[sizeof e->key_prefix];
-    snprintf(url, sizeof url, "http://%s/v3/watch", e->ep[k]);
+    snprintf(url, sizeof url, "%s://%s/v3/watch", e->cacert[0] ? "https" : "http", e->ep[k]);
     prefix_end(e->key_prefix, end, sizeof end);
     json_object *req = json_object_new_object(), *cr = json_object_new_object();
     jadd_b64(cr, "key", e->key_prefix);
@@ -652,6 +694,7 @@ static int watch_stream(struct etcd *e, int k, uint64_t from)
         return 0;
     }
     curl_easy_setopt(h, CURLOPT_URL, url);
+    tls_setup(e, h);
     curl_easy_setopt(h, CURLOPT_COPYPOSTFIELDS,
                      json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
@@ -893,6 +936,14 @@ static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*no
     snprintf(e->key_prefix, sizeof e->key_prefix, "%s/members/", pre);
     snprintf(e->token_key, sizeof e->token_key, "%s/token", pre);
     snprintf(e->token, sizeof e->token, "%s", cfg->cluster.token);
+    snprintf(e->cacert, sizeof e->cacert, "%s", cfg->cluster.etcd_cacert);
+    snprintf(e->cert, sizeof e->cert, "%s", cfg->cluster.etcd_cert);
+    snprintf(e->key, sizeof e->key, "%s", cfg->cluster.etcd_key);
+    if ((e->cert[0] || e->key[0]) && (!e->cacert[0] || !e->cert[0] || !e->key[0])) {
+        kv__errf(err, errlen, "cluster.etcd_cert / etcd_key: set both, with cluster.etcd_cacert");
+        free(e);
+        return KV_ECONFIG;
+    }
     snprintf(e->user, sizeof e->user, "%s", cfg->cluster.etcd_user);
     snprintf(e->password, sizeof e->password, "%s", cfg->cluster.etcd_password);
     e->timeout_ms = timeout_ms > ETCD_TIMEOUT_MIN_MS ? timeout_ms : ETCD_TIMEOUT_MIN_MS;
@@ -911,6 +962,7 @@ static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*no
     }
     curl_easy_setopt(e->h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e->h, CURLOPT_TCP_NODELAY, 1L);
+    tls_setup(e, e->h);
     *out = &e->base;
     return KV_OK;
 }
@@ -930,6 +982,7 @@ static void etcd_close(struct kv__membership *m)
         curl_multi_cleanup(e->multi);
     curl_easy_cleanup(e->h);
     free(e->members);
+    free(e->verified_ms);
     pthread_mutex_destroy(&e->call_lock);
     pthread_mutex_destroy(&e->view_lock);
     pthread_mutex_destroy(&e->wlock);

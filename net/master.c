@@ -403,11 +403,9 @@ static void master_expire(struct master *ms)
     }
 }
 
-KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
+static int master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
 {
-    if (!cfg || !stop)
-        return KV_EINVAL;
-    kv__log_set_level(cfg->log.level);
+
     /* The exposure check passes a bad address on to the listener, which
      * names it. */
     int lfd, rc = kv__net_check_exposure("cluster.master", cfg->cluster.master,
@@ -486,6 +484,24 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
     close(lfd);
     KV_INFO("kvmaster: stopped");
     return KV_OK;
+}
+
+KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
+{
+    if (!cfg || !stop)
+        return KV_EINVAL;
+    kv__log_set_level(cfg->log.level);
+    /* Our own copy, with the token in effect (its file, the environment). */
+    struct kv_config *own = malloc(sizeof *own);
+    if (!own)
+        return KV_ENOMEM;
+    *own = *cfg;
+    int rc = kv__auth_token(cfg, own->cluster.token, err, errlen);
+    if (rc == KV_OK)
+        rc = master_run(own, stop, err, errlen);
+    memset(own->cluster.token, 0, sizeof own->cluster.token);
+    free(own);
+    return rc;
 }
 
 /* ---- the client --------------------------------------------------------- */

@@ -64,6 +64,9 @@ static int members_from_store(const kv_config *cfg, uint64_t *version,
     return KV_OK;
 }
 
+static int members_query(const kv_config *cfg, uint64_t *version, kv_member_info **members,
+                         size_t *n);
+
 KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_info **members,
                           size_t *n)
 {
@@ -75,6 +78,21 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
         *version = 0;
     if (!cfg || !members || !n)
         return KV_EINVAL;
+    /* The token in effect (its file, the environment), in our own copy. */
+    struct kv_config *own = malloc(sizeof *own);
+    if (!own)
+        return KV_ENOMEM;
+    *own = *cfg;
+    int rc = kv__auth_token(cfg, own->cluster.token, NULL, 0);
+    if (rc == KV_OK)
+        rc = members_query(own, version, members, n);
+    free(own);
+    return rc;
+}
+
+static int members_query(const kv_config *cfg, uint64_t *version, kv_member_info **members,
+                         size_t *n)
+{
     if (cfg->cluster.metadata == KV_META_ETCD)
         return members_from_store(cfg, version, members, n);
     struct sockaddr_in sa;

@@ -19,6 +19,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -322,6 +323,53 @@ START_TEST(hostile_frames)
 }
 END_TEST
 
+/* A member whose token comes from cluster.token_file joins; one whose
+ * file is readable by others is refused at kv_open; kv_members reads the
+ * view with the token from KV_TOKEN (issue 17, 7: before, the token could
+ * only be given as a setting, visible on a command line). */
+START_TEST(token_file_and_env)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/token", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "sesame\n", 7), 7);
+    close(fd);
+    kv_config *cfg = NULL;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", "4MiB"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", "tcp"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.listen", "127.0.0.1:0"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.token_file", path), KV_OK);
+    kv_engine *e = NULL;
+    ck_assert_int_eq(kv_open(cfg, &e), KV_OK);
+    unsetenv("KVENGINE_TOKEN");
+    setenv("KV_TOKEN", "sesame", 1);
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    uint64_t v;
+    kv_member_info *m = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &m, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    free(m);
+    setenv("KV_TOKEN", "wrong", 1);
+    ck_assert_int_eq(kv_members(q, &v, &m, &n), KV_EPERM);
+    unsetenv("KV_TOKEN");
+    kv_config_free(q);
+    kv_close(e);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    e = NULL;
+    ck_assert_int_eq(kv_open(cfg, &e), KV_ECONFIG);
+    ck_assert_ptr_null(e);
+    kv_config_free(cfg);
+}
+END_TEST
+
 START_TEST(sigterm_exits_cleanly)
 {
     uint64_t t0 = tu_now_ms();
@@ -565,6 +613,7 @@ Suite *master_suite(void)
     tcase_add_test(tc, token_refused);
     tcase_add_test(tc, unsigned_record_refused);
     tcase_add_test(tc, fake_master_learns_nothing);
+    tcase_add_test(tc, token_file_and_env);
     tcase_add_test(tc, ttl_expiry);
     tcase_add_test(tc, hostile_frames);
     tcase_add_test(tc, idle_flood_does_not_lock_out);
