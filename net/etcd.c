@@ -526,7 +526,8 @@ static int refresh(struct etcd *e, int *changed)
          * (see the top). */
         if (val && key && strlen(key) == kl && strlen(val) == vl &&
             record_decode(val, m) == 0 && kl > pl && strcmp(key + pl, m->id) == 0 &&
-            m->lease == (uint64_t)jint(kv, "lease") && kv__member_verify(e->token, m)) {
+            m->lease == (uint64_t)jint(kv, "lease") && kv__member_sane(m) &&
+            kv__member_verify(e->token, m)) {
             /* Our own key must hold exactly what we wrote; anything else
              * there (an older record of ours replayed) is not believed. */
             int mine = e->joined && strcmp(m->id, e->self.id) == 0;

@@ -155,6 +155,23 @@ static int send_view(struct master *ms, int fd, uint64_t req_id, const uint8_t *
     return rc;
 }
 
+/* The VIEW must fit one frame however records grow: a JOIN that would push
+ * the encoded view past this is refused (KV_ENOSPC, "the view is full"), so
+ * the members already in it keep their heartbeats, and kv_open and
+ * kvctl members keep working. */
+#define MASTER_VIEW_BYTES (KV_PROTO_BODY_MAX - 12 - KV_PROTO_SECRET_LEN)
+
+/* The encoded view's size with record at (or a new one, at < 0) replaced
+ * by m. */
+static size_t view_bytes_with(const struct master *ms, ssize_t at, const struct kv__member *m)
+{
+    size_t b = kv__member_wire_len(m);
+    for (size_t i = 0; i < ms->n; i++)
+        if ((ssize_t)i != at)
+            b += kv__member_wire_len(&ms->mem[i].m);
+    return b;
+}
+
 /* Constant time, as tokens are (kv__token_eq). */
 static int secret_eq(const uint8_t *a, const uint8_t *b)
 {
@@ -202,6 +219,8 @@ static int master_serve(struct master *ms, struct mconn *c)
      * readers check the same MAC. */
     if (!kv__member_verify(ms->cfg->cluster.token, &m))
         return refuse(ms, c, KV_EPERM, "its record's MAC does not verify", m.id);
+    if (c->h.type == KV_MSG_JOIN && !kv__member_sane(&m))
+        return refuse(ms, c, KV_EINVAL, "its id or address is not host:port-like", m.id);
     uint64_t now = kv__now_ms();
     ssize_t at = find_member(ms, m.id);
     struct mentry *e = at >= 0 ? &ms->mem[at] : NULL;
@@ -226,6 +245,9 @@ static int master_serve(struct master *ms, struct mconn *c)
                           m.id);
         /* answered, not refreshed: the record still ages as its owner's */
     } else if (e && owner) {
+        if (!same_record(&e->m, &m) && view_bytes_with(ms, at, &m) > MASTER_VIEW_BYTES)
+            return refuse(ms, c, KV_ENOSPC, "the view is full (its VIEW would pass 4 MiB)",
+                          m.id);
         if (!same_record(&e->m, &m)) {
             e->m = m;
             ms->version++;
@@ -243,8 +265,8 @@ static int master_serve(struct master *ms, struct mconn *c)
             if (!same_record(&e->m, &m))
                 ms->version++;
         } else {
-            if (ms->n >= KV_PROTO_VIEW_MAX)
-                return 1;
+            if (ms->n >= KV_PROTO_VIEW_MAX || view_bytes_with(ms, -1, &m) > MASTER_VIEW_BYTES)
+                return refuse(ms, c, KV_ENOSPC, "the view is full (4096 records or 4 MiB)", m.id);
             if (ms->n == ms->cap) {
                 size_t nc = ms->cap ? ms->cap * 2 : 16;
                 struct mentry *p = realloc(ms->mem, nc * sizeof *p);
@@ -600,7 +622,8 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
         goto fail;
     }
     if (h.status) {
-        rc = h.status == KV_EPERM || h.status == KV_EBUSY ? h.status : KV_EPROTO;
+        rc = h.status == KV_EPERM || h.status == KV_EBUSY || h.status == KV_ENOSPC ||
+                     h.status == KV_EINVAL ? h.status : KV_EPROTO;
         goto fail;
     }
     body = malloc(h.body_len ? h.body_len : 1);
@@ -621,7 +644,7 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
     /* Only records their members signed (the master cannot make one up). */
     size_t keep = 0;
     for (size_t i = 0; i < cnt; i++) {
-        if (kv__member_verify(m->token, &list[i]))
+        if (kv__member_verify(m->token, &list[i]) && kv__member_sane(&list[i]))
             list[keep++] = list[i];
         else
             KV_WARN("kvmaster client: a record for '%s' in the view fails its MAC; ignored",

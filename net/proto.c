@@ -238,6 +238,31 @@ static int put_member(uint8_t **p, uint8_t *end, const struct kv__member *m)
     return KV_OK;
 }
 
+int kv__member_sane(const struct kv__member *m)
+{
+    if (!m->id[0])
+        return 0;
+    for (const char *p = m->id; *p; p++)
+        if ((unsigned char)*p <= 0x20 || (unsigned char)*p >= 0x7f)
+            return 0;
+    if (!m->addr[0] && !(m->flags & KV_MEMBER_OWNER))
+        return 1;   /* a pure client serves nothing: no address */
+    const char *colon = strrchr(m->addr, ':');
+    if (!colon || colon == m->addr || !colon[1] || strlen(colon + 1) > 5)
+        return 0;
+    for (const char *p = m->addr; p < colon; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+              *p == '.' || *p == '-' || *p == '_'))
+            return 0;
+    unsigned port = 0;
+    for (const char *p = colon + 1; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return 0;
+        port = port * 10 + (unsigned)(*p - '0');
+    }
+    return port >= 1 && port <= 65535;
+}
+
 static const char member_label[] = "kvengine/member";
 
 /* The signed bytes of m: its wire form up to the mac. */
@@ -395,4 +420,30 @@ uint64_t kv__sum_iov(const kv_iov *iov, uint32_t cnt)
         if (iov[i].len)
             XXH3_64bits_update(&st, iov[i].base, iov[i].len);
     return XXH3_64bits_digest(&st);
+}
+
+void *kv__sum_state_new(void)
+{
+    return XXH3_createState();
+}
+
+void kv__sum_reset(void *st)
+{
+    XXH3_64bits_reset(st);
+}
+
+void kv__sum_update(void *st, const void *p, size_t len)
+{
+    if (len)
+        XXH3_64bits_update(st, p, len);
+}
+
+uint64_t kv__sum_digest(void *st)
+{
+    return XXH3_64bits_digest(st);
+}
+
+void kv__sum_state_free(void *st)
+{
+    XXH3_freeState(st);
 }

@@ -142,6 +142,11 @@ struct kv__member {
  * addr, flags, segments, lease). KV_OK, KV_EINVAL (too many segments),
  * KV_EIO. */
 int kv__member_sign(const char *token, struct kv__member *m);
+/* 1 when m's id and address are what a member can have: printable bytes
+ * only (no CR, LF, space or control: they end up in logs and lines), and an
+ * address of the form host:port (host of letters, digits, '.', '-', '_';
+ * port 1..65535; a client that is no owner may have none); else 0. Readers of the view drop records that are not. */
+int kv__member_sane(const struct kv__member *m);
 /* 1 when m's mac is the token's over its fields (constant time), else 0. */
 int kv__member_verify(const char *token, const struct kv__member *m);
 /* JOIN / LEAVE bodies: one member (signed; the token itself is proved by
@@ -174,6 +179,14 @@ size_t kv__member_wire_len(const struct kv__member *m);
  * the caller's iovecs. */
 uint64_t kv__sum(const void *p, size_t len);
 uint64_t kv__sum_iov(const kv_iov *iov, uint32_t cnt);
+/* The same sum fed piece by piece (a receiver sums bytes as they land,
+ * while they are still in cache): new (NULL when out of memory), reset
+ * before each value, update, digest; free. */
+void *kv__sum_state_new(void);
+void kv__sum_reset(void *st);
+void kv__sum_update(void *st, const void *p, size_t len);
+uint64_t kv__sum_digest(void *st);
+void kv__sum_state_free(void *st);
 
 /* A status on the wire is KV_OK or one of the KV_E* codes. */
 static inline int kv__status_valid(int32_t s)

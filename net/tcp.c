@@ -819,7 +819,7 @@ static struct dl dl_make(unsigned timeout_ms, uint64_t bytes)
 #define MOVE_WAIT 1
 
 static int move_some(int fd, struct iovec *iov, size_t *at, size_t cnt, int wr,
-                     uint64_t *since)
+                     uint64_t *since, size_t *moved)
 {
     size_t i = *at;
     int rc = KV_OK;
@@ -841,6 +841,8 @@ static int move_some(int fd, struct iovec *iov, size_t *at, size_t cnt, int wr,
             break;
         }
         *since = kv__now_ms();
+        if (moved)
+            *moved += (size_t)r;
         size_t left = (size_t)r;
         while (i < cnt && left >= iov[i].iov_len) {
             left -= iov[i].iov_len;
@@ -926,6 +928,13 @@ struct call {
     uint8_t hdr[KV_PROTO_HDR_LEN];
     uint8_t *buf;               /* the request frame, then the response body */
     uint8_t *sums;              /* the OK loads' sums, after their bytes */
+    /* Loads are summed as their bytes land (still in cache): the load
+     * being summed (an op index), its iov and offset, and each one's sum. */
+    void *sum_st;
+    size_t sum_op;
+    uint32_t sum_iov;
+    size_t sum_off, sum_idx;
+    uint64_t *got_sum;
     struct kv__wire_req *q;
     struct kv__wire_resp *r;
     struct iovec *iov;
@@ -939,7 +948,9 @@ static void frame_free(struct call *k)
     free(k->r);
     free(k->iov);
     free(k->sums);
+    free(k->got_sum);
     k->sums = NULL;
+    k->got_sum = NULL;
     k->buf = NULL;
     k->q = NULL;
     k->r = NULL;
@@ -972,7 +983,10 @@ static int frame_start(struct call *k)
     k->r = malloc(n * sizeof *k->r);
     k->iov = malloc(((niov > nload_iov ? niov : nload_iov) + 2) * sizeof *k->iov);
     k->sums = malloc(k->nload ? k->nload * KV_PROTO_SUM_LEN : 1);
-    if (!k->buf || !k->q || !k->r || !k->iov || !k->sums)
+    k->got_sum = malloc((k->nload ? k->nload : 1) * sizeof *k->got_sum);
+    if (!k->sum_st)
+        k->sum_st = kv__sum_state_new();
+    if (!k->buf || !k->q || !k->r || !k->iov || !k->sums || !k->got_sum || !k->sum_st)
         return KV_ENOMEM;
     kv__wire_from_ops(ops, n, k->q);
     k->id = k->c->next_id++;
@@ -1010,6 +1024,38 @@ static int reply_hdr(struct call *k)
         return KV_EPROTO;
     k->hdr_ok = 1;
     return KV_OK;
+}
+
+/* The OK loads' bytes, in order, are the first of the data phase: feeds
+ * the next `moved` of them to the sum (at most what remains of them; the
+ * sums that follow are not summed), finishing each load's sum in
+ * got_sum[] as its last byte lands. Zero-length loads finish at once. */
+static void sum_landed(struct call *k, size_t moved)
+{
+    const struct kv__op *ops = k->ops;
+    size_t n = k->m;
+    while (k->sum_op < n) {
+        const struct kv__op *op = &ops[k->sum_op];
+        if (op->kind != KV_OP_LOAD || k->r[k->sum_op].status != KV_OK) {
+            k->sum_op++;
+            continue;
+        }
+        while (k->sum_iov < op->iovcnt) {
+            const kv_iov *v = &op->iov[k->sum_iov];
+            size_t take = v->len - k->sum_off < moved ? v->len - k->sum_off : moved;
+            kv__sum_update(k->sum_st, (const uint8_t *)v->base + k->sum_off, take);
+            k->sum_off += take;
+            moved -= take;
+            if (k->sum_off < v->len)
+                return;     /* the rest of this iov has not landed yet */
+            k->sum_iov++;
+            k->sum_off = 0;
+        }
+        k->got_sum[k->sum_idx++] = kv__sum_digest(k->sum_st);
+        kv__sum_reset(k->sum_st);
+        k->sum_op++;
+        k->sum_iov = 0;
+    }
 }
 
 /* The current phase has moved all its bytes: checks them and sets up the
@@ -1051,6 +1097,12 @@ static int phase_done(struct call *k)
         if (expect + nok * KV_PROTO_SUM_LEN != k->h.data_len)
             return KV_EPROTO;
         k->iov[j++] = (struct iovec){ k->sums, nok * KV_PROTO_SUM_LEN };
+        k->sum_op = 0;
+        k->sum_iov = 0;
+        k->sum_off = 0;
+        k->sum_idx = 0;
+        kv__sum_reset(k->sum_st);
+        sum_landed(k, 0);
         k->at = 0;
         k->cnt = j;
         k->state = C_DATA;
@@ -1062,7 +1114,7 @@ static int phase_done(struct call *k)
             ops[i].result = k->r[i].status;
             /* The bytes that landed must be the ones the server summed. */
             if (ops[i].kind == KV_OP_LOAD && k->r[i].status == KV_OK) {
-                if (kv__sum_iov(ops[i].iov, ops[i].iovcnt) != kv__get64(sum)) {
+                if (k->got_sum[(size_t)(sum - k->sums) / KV_PROTO_SUM_LEN] != kv__get64(sum)) {
                     ops[i].result = KV_ECORRUPT;
                     atomic_fetch_add(&k->c->t->base.checksum_failures, 1);
                     KV_WARN("tcp: a loaded value failed its checksum; dropped");
@@ -1090,7 +1142,10 @@ static void step(struct call *k)
 {
     while (k->state != C_DONE) {
         int sending = k->state == C_SEND;
-        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, sending, &k->since);
+        size_t moved = 0;
+        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, sending, &k->since, &moved);
+        if (k->state == C_DATA && moved)
+            sum_landed(k, moved);
         /* A reply's header is checked as soon as it is in: an error reply
          * has no body to wait for, and its peer may close right after it. */
         if (rc != KV_OK && k->state == C_REPLY && k->at > 0) {
@@ -1177,6 +1232,7 @@ static void tcp_batch_many(struct kv__batch *b, size_t nb)
     for (size_t i = 0; i < nb; i++) {
         b[i].rc = k[i].rc;
         frame_free(&k[i]);
+        kv__sum_state_free(k[i].sum_st);
     }
 out:
     if (k != &one)
