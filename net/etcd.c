@@ -607,7 +607,14 @@ struct stream {
     struct etcd *e;
     json_tokener *tok;
     int event, created, failed;
+    size_t pending;                     /* bytes of the answer not yet whole */
 };
+
+/* The most one watch answer may take before it is whole: the watch is a
+ * doorbell (any event means "read the prefix"), so an answer this big is
+ * dropped with its stream, which reconnects, rather than held in memory
+ * however long an endpoint keeps sending it. */
+#define WATCH_ANSWER_MAX (4u << 20)
 
 static void stream_object(struct stream *s, json_object *o)
 {
@@ -636,14 +643,22 @@ static size_t on_stream(char *d, size_t sz, size_t nm, void *u)
     while (pos < n && !s->failed) {
         json_object *o = json_tokener_parse_ex(s->tok, d + pos, (int)(n - pos));
         enum json_tokener_error je = json_tokener_get_error(s->tok);
-        if (je == json_tokener_continue)
+        if (je == json_tokener_continue) {
+            s->pending += n - pos;
+            if (s->pending > WATCH_ANSWER_MAX) {
+                KV_WARN("etcd watch: an answer passed %u bytes; reconnecting",
+                        (unsigned)WATCH_ANSWER_MAX);
+                s->failed = 1;
+            }
             break;
+        }
         if (je != json_tokener_success) {
             KV_WARN("etcd watch: unreadable answer (%s)", json_tokener_error_desc(je));
             s->failed = 1;
             break;
         }
         pos += json_tokener_get_parse_end(s->tok);
+        s->pending = 0;
         json_tokener_reset(s->tok);
         stream_object(s, o);
         json_object_put(o);
