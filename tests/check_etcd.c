@@ -601,6 +601,103 @@ START_TEST(etcd_with_auth)
 }
 END_TEST
 
+/* Runs a shell command line (openssl) quietly; its exit status. */
+static int sh(const char *fmt, const char *a)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, a, a, a, a, a, a, a, a, a, a, a, a);
+    return system(cmd);
+}
+
+/* etcd over https with client certificates (cluster.etcd_cacert,
+ * etcd_cert, etcd_key): a member joins and is in the view read the same
+ * way; without a client certificate, or trusting another CA, kv_open is
+ * refused; a certificate without its key is a config error (issue 17, 4:
+ * before, etcd could only be reached over plain http). */
+START_TEST(etcd_over_https)
+{
+    if (access("/usr/bin/openssl", X_OK) != 0)
+        return;
+    const char *d = dir;
+    ck_assert_int_eq(sh("cd %s && openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key "
+                        "-out ca.pem -days 1 -subj /CN=kvtest-ca >/dev/null 2>&1 && "
+                        "openssl req -x509 -newkey rsa:2048 -nodes -keyout other.key "
+                        "-out other.pem -days 1 -subj /CN=other-ca >/dev/null 2>&1 && "
+                        "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && "
+                        "openssl req -newkey rsa:2048 -nodes -keyout srv.key -out srv.csr "
+                        "-subj /CN=127.0.0.1 >/dev/null 2>&1 && "
+                        "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                        "-out srv.pem -days 1 -extfile san.ext >/dev/null 2>&1 && "
+                        "openssl req -newkey rsa:2048 -nodes -keyout cli.key -out cli.csr "
+                        "-subj /CN=kvengine >/dev/null 2>&1 && "
+                        "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial "
+                        "-out cli.pem -days 1 >/dev/null 2>&1", d), 0);
+    unsigned cport = tu_free_port(), pport = tu_free_port();
+    char curl[64], purl[64], data[512], cert[512], key[512], ca[512], log[512], cluster[128];
+    snprintf(curl, sizeof curl, "https://127.0.0.1:%u", cport);
+    snprintf(purl, sizeof purl, "http://127.0.0.1:%u", pport);
+    snprintf(cluster, sizeof cluster, "m0=%s", purl);
+    snprintf(data, sizeof data, "%s/etcd-tls", d);
+    snprintf(cert, sizeof cert, "%s/srv.pem", d);
+    snprintf(key, sizeof key, "%s/srv.key", d);
+    snprintf(ca, sizeof ca, "%s/ca.pem", d);
+    snprintf(log, sizeof log, "%s/etcd-tls.log", d);
+    char bin[256];
+    snprintf(bin, sizeof bin, "%s", tu_etcd_bin());
+    char *argv[] = { bin, "--name", "m0", "--data-dir", data, "--listen-client-urls", curl,
+                     "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+                     "--initial-advertise-peer-urls", purl, "--initial-cluster", cluster,
+                     "--cert-file", cert, "--key-file", key, "--client-cert-auth",
+                     "--trusted-ca-file", ca, "--heartbeat-interval", "25",
+                     "--election-timeout", "250", NULL };
+    etcd.n = 1;
+    etcd.pid[0] = tu_spawn(argv, log);   /* the teardown stops it */
+    snprintf(etcd.endpoints, sizeof etcd.endpoints, "127.0.0.1:%u", cport);
+    char cc[512], ck[512], other[512];
+    snprintf(cc, sizeof cc, "%s/cli.pem", d);
+    snprintf(ck, sizeof ck, "%s/cli.key", d);
+    snprintf(other, sizeof other, "%s/other.pem", d);
+    kv_config *cfg = engine_config("16MiB", 1, "cluster.etcd_cacert", ca);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_cert", cc), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_key", ck), KV_OK);
+    kv_engine *e = NULL;
+    int rc = KV_ENET;
+    uint64_t t0 = tu_now_ms();
+    while ((rc = kv_open(cfg, &e)) != KV_OK && tu_now_ms() - t0 < 10000)
+        usleep(100000);
+    ck_assert_msg(rc == KV_OK, "kv_open over https: %s (etcd log %s)", kv_strerror(rc), log);
+    engines[0] = e;
+    uint64_t v;
+    kv_member_info *m = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(cfg, &v, &m, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    free(m);
+    struct tu_set st = tu_set_new(4, 4096, 8);
+    ck_assert_int_eq(tu_task(e, 1, st.dump, st.n), KV_OK);
+    ck_assert_int_eq(tu_task(e, 0, st.load, st.n), KV_OK);
+    ck_assert(memcmp(st.src, st.dst, st.n * st.len) == 0);
+    tu_set_free(&st);
+    kv_config_free(cfg);
+    /* no client certificate: etcd refuses the connection */
+    kv_engine *x = NULL;
+    cfg = engine_config("0", 1, "cluster.etcd_cacert", ca);
+    ck_assert_int_ne(kv_open(cfg, &x), KV_OK);
+    ck_assert_ptr_null(x);
+    /* another CA: we refuse etcd's certificate */
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_cacert", other), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_cert", cc), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_key", ck), KV_OK);
+    ck_assert_int_ne(kv_open(cfg, &x), KV_OK);
+    ck_assert_ptr_null(x);
+    /* a certificate without its key */
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_cacert", ca), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_key", ""), KV_OK);
+    ck_assert_int_eq(kv_open(cfg, &x), KV_ECONFIG);
+    kv_config_free(cfg);
+}
+END_TEST
+
 static void expect_bad(const char *yaml, int line, const char *key, const char *phrase)
 {
     kv_config *c;
@@ -677,6 +774,7 @@ Suite *etcd_suite(void)
     tcase_add_test(tc, member_lease_lost_rejoins);
     tcase_add_test(tc, forged_records_ignored);
     tcase_add_test(tc, wrong_token_refused);
+    tcase_add_test(tc, etcd_over_https);
     suite_add_tcase(s, tc);
     return s;
 }
