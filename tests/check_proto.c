@@ -252,6 +252,41 @@ START_TEST(view_round_trip)
 }
 END_TEST
 
+/* Ids and addresses read from etcd or kvmaster: printable, host:port
+ * (issue 17, 4: a CRLF or a malformed address read from etcd was used). */
+START_TEST(member_sanity)
+{
+    struct kv__member m = member(1);
+    ck_assert(kv__member_sane(&m));
+    static const char *const bad_addr[] = { "10.0.0.1", ":80", "10.0.0.1:", "10.0.0.1:0",
+                                            "10.0.0.1:65536", "10.0.0.1:12a", "a b:1",
+                                            "host\r\n:1", "10.0.0.1:123456" };
+    for (size_t i = 0; i < sizeof bad_addr / sizeof bad_addr[0]; i++) {
+        struct kv__member x = m;
+        snprintf(x.addr, sizeof x.addr, "%s", bad_addr[i]);
+        ck_assert_msg(!kv__member_sane(&x), "%s accepted", bad_addr[i]);
+    }
+    static const char *const good_addr[] = { "127.0.0.1:1", "node-7.example_net:65535" };
+    for (size_t i = 0; i < 2; i++) {
+        struct kv__member x = m;
+        snprintf(x.addr, sizeof x.addr, "%s", good_addr[i]);
+        ck_assert(kv__member_sane(&x));
+    }
+    struct kv__member x = m;
+    snprintf(x.id, sizeof x.id, "node\r\nX-Injected: 1");
+    ck_assert(!kv__member_sane(&x));
+    x.id[0] = 0;
+    ck_assert(!kv__member_sane(&x));
+    /* a pure client has no address; an owner must have one */
+    x = m;
+    x.addr[0] = 0;
+    x.flags = 0;
+    ck_assert(kv__member_sane(&x));
+    x.flags = KV_MEMBER_OWNER;
+    ck_assert(!kv__member_sane(&x));
+}
+END_TEST
+
 /* A member's MAC covers every field: any change, or another token, and it
  * no longer verifies (issue 17, 1b: before, records carried no MAC and a
  * forged record for a live id was believed). */
@@ -341,6 +376,7 @@ Suite *proto_suite(void)
     tcase_add_test(tc, batch_round_trip);
     tcase_add_test(tc, batch_r_round_trip);
     tcase_add_test(tc, member_mac);
+    tcase_add_test(tc, member_sanity);
     tcase_add_test(tc, view_round_trip);
     tcase_add_test(tc, placement_rendezvous);
     suite_add_tcase(s, tc);
