@@ -75,11 +75,20 @@ struct mentry {
     uint64_t last_ms;
     uint8_t secret[KV_PROTO_SECRET_LEN];    /* its creator's: see proto.h */
     int owned;                  /* 0: created by a client without secrets */
+    uint32_t ip;                /* the host that created it */
 };
+
+/* Records one host may create. The token is shared, so a token holder is
+ * known by its host: one that JOINs fresh ids in a loop fills at most this
+ * much of the view (a quarter), and the other hosts' members still join,
+ * heartbeat and read the view. A host runs a kvnode and its inference
+ * processes, far fewer than this. */
+#define KV__MASTER_PER_HOST 1024
 
 struct mconn {
     int fd;
     int authed;                 /* has proved the token */
+    uint32_t ip;                /* the peer's IPv4 address (network order) */
     int astage;                 /* before authed: 0 awaits the hello, 1 the proof */
     struct kv__auth_state auth;
     uint8_t abuf[KV__AUTH_HELLO_LEN];
@@ -267,6 +276,11 @@ static int master_serve(struct master *ms, struct mconn *c)
         } else {
             if (ms->n >= KV_PROTO_VIEW_MAX || view_bytes_with(ms, -1, &m) > MASTER_VIEW_BYTES)
                 return refuse(ms, c, KV_ENOSPC, "the view is full (4096 records or 4 MiB)", m.id);
+            size_t mine = 0;
+            for (size_t i = 0; i < ms->n; i++)
+                mine += ms->mem[i].ip == c->ip;
+            if (mine >= KV__MASTER_PER_HOST)
+                return refuse(ms, c, KV_ENOSPC, "its host has created 1024 records", m.id);
             if (ms->n == ms->cap) {
                 size_t nc = ms->cap ? ms->cap * 2 : 16;
                 struct mentry *p = realloc(ms->mem, nc * sizeof *p);
@@ -284,6 +298,7 @@ static int master_serve(struct master *ms, struct mconn *c)
         e->m = m;
         e->last_ms = now;
         e->owned = give != NULL;
+        e->ip = c->ip;
         memcpy(e->secret, fresh, sizeof fresh);
     }
     return send_view(ms, c->fd, c->h.req_id, give) != KV_OK;
@@ -481,7 +496,11 @@ static int master_run(const kv_config *cfg, volatile int *stop, char *err, size_
                         close(fd);
                         continue;
                     }
-                    ms->conns[ms->nconns++] = (struct mconn){ .fd = fd,
+                    struct sockaddr_in pa;
+                    socklen_t pl = sizeof pa;
+                    uint32_t ip = getpeername(fd, (struct sockaddr *)&pa, &pl) == 0 &&
+                                          pl == sizeof pa ? pa.sin_addr.s_addr : 0;
+                    ms->conns[ms->nconns++] = (struct mconn){ .fd = fd, .ip = ip,
                                                               .born_ms = kv__now_ms() };
                     ms->nunauth++;
                 }

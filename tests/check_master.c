@@ -207,6 +207,69 @@ START_TEST(unsigned_record_refused)
 }
 END_TEST
 
+/* One host that JOINs fresh ids in a loop creates at most 1024 records
+ * (KV_ENOSPC after), so members from other hosts still join, heartbeat and
+ * read the view (issue 17, 4: on main one token holder's 2,800 JOINs broke
+ * every heartbeat, kv_open and kvctl members). The flood comes from
+ * 127.0.0.2, the members from 127.0.0.1. */
+START_TEST(joins_bounded_per_host)
+{
+    kill(master_pid, SIGKILL);
+    waitpid(master_pid, NULL, 0);
+    start_master("sesame", 60000);
+    struct sockaddr_in sa, from = { .sin_family = AF_INET };
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    inet_pton(AF_INET, "127.0.0.2", &from.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 2000), KV_OK);
+    static uint8_t b[1 << 20];
+    int refused_at = -1;
+    for (int i = 0; i <= 1100 && refused_at < 0; i++) {
+        struct kv__member m = who("", KV_MEMBER_OWNER);
+        snprintf(m.id, sizeof m.id, "flood-%d", i);
+        snprintf(m.addr, sizeof m.addr, "127.0.0.2:%d", 1000 + i);
+        ck_assert_int_eq(kv__member_sign("sesame", &m), KV_OK);
+        int blen = kv__join_encode(&m, b + KV_PROTO_HDR_LEN, 4096);
+        struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen,
+                             .req_id = (uint64_t)i + 1 };
+        kv__hdr_encode(&h, b);
+        uint64_t dl = kv__now_ms() + 5000;
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1, dl), KV_OK);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN, 0, dl), KV_OK);
+        ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+        if (h.status) {
+            ck_assert_int_eq(h.status, KV_ENOSPC);
+            refused_at = i;
+            break;
+        }
+        ck_assert_uint_le(h.body_len, sizeof b);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, h.body_len, 0, dl), KV_OK);
+    }
+    close(fd);
+    ck_assert_int_eq(refused_at, 1024);
+    struct kv__mclient *g;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 2000, &g), KV_OK);
+    struct kv__member m = who("real", KV_MEMBER_OWNER);
+    ck_assert_int_eq(join(g, &m, NULL, NULL), 1025);
+    ck_assert_int_eq(join(g, &m, NULL, NULL), 1025);   /* its heartbeat */
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.token", "sesame"), KV_OK);
+    uint64_t v;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &list, &n), KV_OK);
+    ck_assert_uint_eq(n, 1025);
+    free(list);
+    kv_config_free(q);
+    kv__mclient_close(g);
+}
+END_TEST
+
 /* A fake kvmaster (a forged cluster.master) answering with its own nonce
  * and a made-up MAC: the client refuses it (KV_EPERM) before proving
  * anything, and the fake reads only the 36-byte hello, no token (issue 17,
@@ -614,6 +677,7 @@ Suite *master_suite(void)
     tcase_add_test(tc, unsigned_record_refused);
     tcase_add_test(tc, fake_master_learns_nothing);
     tcase_add_test(tc, token_file_and_env);
+    tcase_add_test(tc, joins_bounded_per_host);
     tcase_add_test(tc, ttl_expiry);
     tcase_add_test(tc, hostile_frames);
     tcase_add_test(tc, idle_flood_does_not_lock_out);
