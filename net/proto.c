@@ -9,6 +9,12 @@
 #include <string.h>
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+#if defined(__x86_64__) || defined(__i386__)
+/* The end-to-end sum runs over every loaded byte on both ends: libxxhash's
+ * dispatching entry points pick AVX2 (or AVX-512) where the CPU has it,
+ * 2-3x the SSE2 build's speed; the sums are the same bytes either way. */
+#include <xxh_x86dispatch.h>
+#endif
 
 #include "auth.h"
 #include "proto.h"
