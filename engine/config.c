@@ -211,6 +211,13 @@ static const struct key keys[] = {
     STR("cluster.etcd_password", cluster.etcd_password, "", "password of cluster.etcd_user"),
     U32("cluster.rereplicate_mib_s", cluster.rereplicate_mib_s, 0, 100000, "64",
         "MiB/s a node may spend copying blocks to their new owners after a view change; 0 = off"),
+    STR("cluster.token_file", cluster.token_file, "",
+        "file holding cluster.token (mode 0600 or 0400, ours), read at open; else KVENGINE_TOKEN "
+        "or KV_TOKEN from the environment when cluster.token is empty"),
+    STR("cluster.etcd_cacert", cluster.etcd_cacert, "",
+        "CA certificates (PEM) to verify etcd by; set: etcd is spoken to over https"),
+    STR("cluster.etcd_cert", cluster.etcd_cert, "", "client certificate (PEM) for etcd over https"),
+    STR("cluster.etcd_key", cluster.etcd_key, "", "private key (PEM) of cluster.etcd_cert"),
 
     SECTION("store", "one store per host: processes that name the same store share it"),
     STRC("store.name", store.name, check_store_name, "",

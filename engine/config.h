@@ -75,6 +75,10 @@ struct kv_config {
         char etcd_user[KV_CFG_STR];     /* "" = no authentication */
         char etcd_password[KV_CFG_STR];
         uint32_t rereplicate_mib_s;     /* 0 = no re-replication */
+        char token_file[KV_CFG_STR];    /* "" = none; read at open (net/auth.c) */
+        char etcd_cacert[KV_CFG_STR];   /* etcd over https: CA bundle; "" = http */
+        char etcd_cert[KV_CFG_STR];     /* client certificate (PEM); "" = none */
+        char etcd_key[KV_CFG_STR];      /* its private key (PEM) */
     } cluster;
     struct {
         char name[KV_CFG_STR];          /* "" = shared by ssd.path alone (or not at all) */

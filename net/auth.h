@@ -30,6 +30,26 @@
 
 #define KV__AUTH_NONCE 32
 #define KV__AUTH_MAC   32
+/* The exchange's messages on a stream, for a server that runs it in a
+ * state machine of its own (tcp.c, master.c): the client's hello (magic,
+ * Nc), the server's reply (magic, Ns, Ms), the client's proof (Mc), the
+ * server's verdict (one byte, 1 = accepted). */
+#define KV__AUTH_MAGIC     "KVA1"
+#define KV__AUTH_MAGIC_LEN 4
+#define KV__AUTH_HELLO_LEN (KV__AUTH_MAGIC_LEN + KV__AUTH_NONCE)
+#define KV__AUTH_REPLY_LEN (KV__AUTH_MAGIC_LEN + KV__AUTH_NONCE + KV__AUTH_MAC)
+#define KV__AUTH_PROOF_LEN KV__AUTH_MAC
+
+/* The server's side of one step, on a message that has arrived whole:
+ * hello (KV__AUTH_HELLO_LEN bytes) -> *reply (KV__AUTH_REPLY_LEN), keeping
+ * Nc and Ns in st; then proof (KV__AUTH_PROOF_LEN) -> 1 when the client
+ * proved the token. kv__auth_reply: KV_OK, KV_EPROTO (not a hello), KV_EIO. */
+struct kv__auth_state {
+    uint8_t nc[KV__AUTH_NONCE], ns[KV__AUTH_NONCE];
+};
+int kv__auth_reply(const char *token, const uint8_t *hello, struct kv__auth_state *st,
+                   uint8_t *reply);
+int kv__auth_proof_ok(const char *token, const struct kv__auth_state *st, const uint8_t *proof);
 
 enum kv__auth_role { KV__AUTH_SERVER = 0, KV__AUTH_CLIENT = 1 };
 
@@ -62,5 +82,15 @@ int kv__auth_eq(const void *a, const void *b, size_t n);
  * exchange). Nothing else is read or written. */
 int kv__auth_client(int fd, const char *token, uint64_t deadline);
 int kv__auth_server(int fd, const char *token, uint64_t deadline);
+
+/* The cluster token in effect for cfg, into out (KV_CFG_STR bytes):
+ * cluster.token; else the contents of cluster.token_file (one trailing
+ * newline dropped), which must be a regular file of ours with mode 0600 or
+ * 0400 (no symlink); else KVENGINE_TOKEN or KV_TOKEN from the environment;
+ * else "". KV_ECONFIG with err saying why (both token and token_file set, a
+ * file that is not ours or readable by others, too long, controls in it),
+ * KV_EIO when the file cannot be read. */
+struct kv_config;
+int kv__auth_token(const struct kv_config *cfg, char *out, char *err, size_t errlen);
 
 #endif

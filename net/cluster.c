@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "cluster.h"
 #include "membership.h"
 #include "placement.h"
@@ -355,6 +356,11 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     pthread_mutex_init(&c->fanlock, NULL);
     pthread_cond_init(&c->fancond, NULL);
     c->fantail = &c->fanq;
+    /* The token in effect (cluster.token, its file, or the environment),
+     * into our copy of the config, which is what everything below reads. */
+    int rc = kv__auth_token(&c->cfg, c->cfg.cluster.token, err, errlen);
+    if (rc != KV_OK)
+        return rc;
     const struct kv_config *cfg = &c->cfg;
     struct kv__net_opts o;
     memset(&o, 0, sizeof o);
@@ -373,7 +379,6 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
         kv__errf(err, errlen, "cluster.token: at most %d bytes", KV_PROTO_ID_MAX);
         return KV_ECONFIG;
     }
-    int rc;
     if (c->be && (rc = kv__net_check_exposure("cluster.listen", cfg->cluster.listen,
                                               cfg->cluster.token, cfg->cluster.insecure, err,
                                               errlen)))
@@ -426,7 +431,9 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     if ((rc = c->ms->ops->join(c->ms, &c->self, &version, &m, &n))) {
         kv__errf(err, errlen, "%s: %s", c->where,
                  rc != KV_EPERM ? kv_strerror(rc)
-                 : cfg->cluster.metadata == KV_META_ETCD ? "refused our cluster.etcd_user"
+                 : cfg->cluster.metadata == KV_META_ETCD
+                     ? "refused us (cluster.token does not match the cluster's, or "
+                       "cluster.etcd_user)"
                                                          : "refused our cluster.token");
         return rc;
     }
@@ -1728,9 +1735,11 @@ int kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr)
 
 void kv__cluster_stats(struct kv__cluster *c, kv_stats *out)
 {
-    /* kv_stats has no cluster fields yet: see kv__cluster_counters. */
-    (void)c;
-    (void)out;
+    /* kv_stats has no cluster fields yet (see kv__cluster_counters); the
+     * loads this client refused for their checksum add to the node's. */
+    if (c && c->t)
+        out->checksum_failures +=
+            atomic_load(&((struct kv__transport_base *)c->t)->checksum_failures);
 }
 
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out)

@@ -19,6 +19,20 @@
  * the heartbeat reads again, which keeps views right even while no watch
  * stream is up (an endpoint died and the thread is reconnecting).
  *
+ * Trust: anyone who can write to etcd can write a record, so a record is
+ * believed only when it proves itself. Each carries the lease it lives on
+ * and a MAC by its member under the cluster token over every field
+ * (kv__member_sign); a record is a member only when its MAC verifies, its
+ * id is its key's last part (so two records cannot claim one id: keys are
+ * unique), and the lease it names is the one etcd keeps it on. Members
+ * read their own record back at every read of the view and rewrite it at
+ * the next heartbeat when it was changed or removed. Records that do not
+ * verify are never counted, so they cannot push real members out of a
+ * view. The token itself is checked at join against PREFIX/token, a salt
+ * and its HMAC under the token that the first member writes (create-only):
+ * a member with another token is refused (KV_EPERM) before it puts a
+ * record.
+ *
  * Endpoints are tried in turn, starting from the one that answered last;
  * an endpoint that cannot be reached or has no leader ("unavailable")
  * sends the call to the next. Unary calls share one libcurl handle (and its
@@ -32,6 +46,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "membership.h"
 
 #define EP_MAX 16
@@ -49,6 +64,9 @@ struct etcd {
     _Atomic int cur;                    /* the endpoint that answered last */
     char key_prefix[KV_CFG_STR + 16];   /* "PREFIX/members/" */
     char user[KV_CFG_STR], password[KV_CFG_STR];
+    char token[KV_CFG_STR];             /* cluster.token: signs and checks records */
+    char cacert[KV_CFG_STR], cert[KV_CFG_STR], key[KV_CFG_STR];   /* https when cacert */
+    char token_key[KV_CFG_STR + 16];    /* "PREFIX/token" */
     unsigned timeout_ms;
     int64_t ttl_s;
     void (*notify)(void *);
@@ -60,12 +78,14 @@ struct etcd {
     int64_t lease;                      /* 0 = none */
     struct kv__member self;
     int joined;
+    int self_ok;                        /* our record read back as we wrote it */
     char local_ip[64];
 
     pthread_mutex_t view_lock;          /* the view below */
     uint64_t version;                   /* revision the records last changed at */
     uint64_t seen_rev;                  /* revision of the last read */
     struct kv__member *members;
+    uint64_t *verified_ms;              /* when each member's record last verified */
     size_t n;
     int have_view;
 
@@ -76,6 +96,22 @@ struct etcd {
     int stop;
     CURLM *multi;
 };
+
+/* etcd over https (cluster.etcd_cacert set): the server is verified
+ * against that CA (peer and host name), and the client shows its own
+ * certificate when one is configured. */
+static void tls_setup(struct etcd *e, CURL *h)
+{
+    if (!e->cacert[0])
+        return;
+    curl_easy_setopt(h, CURLOPT_CAINFO, e->cacert);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYPEER, 1L);
+    curl_easy_setopt(h, CURLOPT_SSL_VERIFYHOST, 2L);
+    if (e->cert[0]) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, e->cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, e->key);
+    }
+}
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static void curl_init_once(void) { curl_global_init(CURL_GLOBAL_DEFAULT); }
@@ -175,9 +211,32 @@ static void jadd_int(json_object *o, const char *key, int64_t v)
 
 /* ---- records ------------------------------------------------------------ */
 
+static void hex(const uint8_t *p, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        snprintf(out + 2 * i, 3, "%02x", p[i]);
+}
+
+/* n bytes from exactly 2n hex digits; -1 otherwise. */
+static int unhex(const char *s, uint8_t *out, size_t n)
+{
+    if (!s || strlen(s) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (!strchr("0123456789abcdef", s[2 * i]) || !strchr("0123456789abcdef", s[2 * i + 1]) ||
+            sscanf(s + 2 * i, "%2x", &v) != 1)
+            return -1;
+        out[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
 static char *record_encode(const struct kv__member *m)
 {
     json_object *o = json_object_new_object(), *segs = json_object_new_array();
+    char mac[2 * sizeof m->mac + 1];
+    hex(m->mac, sizeof m->mac, mac);
     json_object_object_add(o, "id", json_object_new_string(m->id));
     json_object_object_add(o, "addr", json_object_new_string(m->addr));
     json_object_object_add(o, "flags", json_object_new_int64(m->flags));
@@ -189,6 +248,8 @@ static char *record_encode(const struct kv__member *m)
         json_object_array_add(segs, s);
     }
     json_object_object_add(o, "segs", segs);
+    jadd_int(o, "lease", (int64_t)m->lease);
+    json_object_object_add(o, "mac", json_object_new_string(mac));
     char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
     return out;
@@ -216,7 +277,8 @@ static int record_decode(const char *text, struct kv__member *m)
             m->seg[i].len = (uint64_t)jint(s, "len");
             m->seg[i].rkey = (uint32_t)jint(s, "rkey");
         }
-        rc = 0;
+        m->lease = (uint64_t)jint(o, "lease");
+        rc = unhex(jstr(o, "mac"), m->mac, sizeof m->mac);
     }
     json_object_put(o);
     return rc;
@@ -225,7 +287,7 @@ static int record_decode(const char *text, struct kv__member *m)
 static int same_member(const struct kv__member *a, const struct kv__member *b)
 {
     if (strcmp(a->id, b->id) || strcmp(a->addr, b->addr) || a->flags != b->flags ||
-        a->nseg != b->nseg)
+        a->nseg != b->nseg || a->lease != b->lease || memcmp(a->mac, b->mac, sizeof a->mac))
         return 0;
     for (uint32_t i = 0; i < a->nseg; i++)
         if (a->seg[i].base != b->seg[i].base || a->seg[i].len != b->seg[i].len ||
@@ -285,7 +347,7 @@ static int post_one(struct etcd *e, int k, const char *path, const char *body, u
                     json_object **out, int *unauth)
 {
     char url[KV_CFG_STR + 64];
-    snprintf(url, sizeof url, "http://%s%s", e->ep[k], path);
+    snprintf(url, sizeof url, "%s://%s%s", e->cacert[0] ? "https" : "http", e->ep[k], path);
     struct answer a = { 0 };
     struct curl_slist *hd = headers(e);
     CURL *h = e->h;
@@ -436,27 +498,68 @@ static int refresh(struct etcd *e, int *changed)
         return rc;
     uint64_t rev = (uint64_t)jint(jget(ans, "header"), "revision");
     json_object *kvs = jget(ans, "kvs");
-    size_t cnt = kvs && json_object_is_type(kvs, json_type_array) ? json_object_array_length(kvs)
-                                                                  : 0;
+    size_t total = kvs && json_object_is_type(kvs, json_type_array)
+                       ? json_object_array_length(kvs) : 0, cnt = total;
+    /* Only verified records count towards the bound, so records that sort
+     * first cannot push real members out. */
     if (cnt > KV_PROTO_VIEW_MAX)
         cnt = KV_PROTO_VIEW_MAX;
     struct kv__member *list = calloc(cnt ? cnt : 1, sizeof *list);
+    uint64_t *vms = calloc(cnt ? cnt : 1, sizeof *vms), now = kv__now_ms();
     size_t n = 0;
-    if (!list) {
+    if (!list || !vms) {
+        free(list);
+        free(vms);
         json_object_put(ans);
         return KV_ENOMEM;
     }
-    for (size_t i = 0; i < cnt; i++) {
+    int self_ok = 0;
+    size_t bad = 0;
+    for (size_t i = 0; i < total && n < cnt; i++) {
         json_object *kv = json_object_array_get_idx(kvs, i);
-        size_t vl = 0;
-        const char *v64 = jstr(kv, "value");
-        char *val = v64 ? b64_decode(v64, &vl) : NULL;
-        if (val && record_decode(val, &list[n]) == 0)
-            n++;
-        else
-            KV_WARN("etcd: a record under %s is not a member's; skipped", e->key_prefix);
+        size_t vl = 0, kl = 0;
+        const char *v64 = jstr(kv, "value"), *k64 = jstr(kv, "key");
+        char *val = v64 ? b64_decode(v64, &vl) : NULL, *key = k64 ? b64_decode(k64, &kl) : NULL;
+        struct kv__member *m = &list[n];
+        size_t pl = strlen(e->key_prefix);
+        /* A member only when it proves itself: its MAC, its key, its lease
+         * (see the top). */
+        if (val && key && strlen(key) == kl && strlen(val) == vl &&
+            record_decode(val, m) == 0 && kl > pl && strcmp(key + pl, m->id) == 0 &&
+            m->lease == (uint64_t)jint(kv, "lease") && kv__member_sane(m) &&
+            kv__member_verify(e->token, m)) {
+            /* Our own key must hold exactly what we wrote; anything else
+             * there (an older record of ours replayed) is not believed. */
+            int mine = e->joined && strcmp(m->id, e->self.id) == 0;
+            if (mine)
+                self_ok = same_member(m, &e->self);
+            if (!mine || self_ok) {
+                vms[n++] = now;
+                free(val);
+                free(key);
+                continue;
+            }
+        }
+        bad++;
+        /* A live member's key overwritten by someone else: its last verified
+         * record stands in until the member rewrites it (a heartbeat), for
+         * at most two TTLs, so the forgery cannot take it out of the view
+         * either. */
+        for (size_t j = 0; key && kl > pl && strncmp(key, e->key_prefix, pl) == 0 && j < e->n;
+             j++)
+            if (strcmp(e->members[j].id, key + pl) == 0 &&
+                now - e->verified_ms[j] <= 2000ull * (uint64_t)e->ttl_s) {
+                list[n] = e->members[j];
+                vms[n++] = e->verified_ms[j];
+                break;
+            }
         free(val);
+        free(key);
     }
+    if (bad)
+        KV_WARN("etcd: %zu record(s) under %s do not verify (MAC, key or lease); ignored", bad,
+                e->key_prefix);
+    e->self_ok = self_ok;
     json_object_put(ans);
     pthread_mutex_lock(&e->view_lock);
     int same = e->have_view && e->n == n;
@@ -466,15 +569,21 @@ static int refresh(struct etcd *e, int *changed)
         free(e->members);
         e->members = list;
         e->n = n;
+        free(e->verified_ms);
+        e->verified_ms = vms;
+        vms = NULL;
         e->version = rev;
         e->have_view = 1;
         list = NULL;
         *changed = 1;
     }
+    else
+        memcpy(e->verified_ms, vms, n * sizeof *vms);
     if (rev > e->seen_rev)
         e->seen_rev = rev;
     pthread_mutex_unlock(&e->view_lock);
     free(list);
+    free(vms);
     return KV_OK;
 }
 
@@ -498,7 +607,14 @@ struct stream {
     struct etcd *e;
     json_tokener *tok;
     int event, created, failed;
+    size_t pending;                     /* bytes of the answer not yet whole */
 };
+
+/* The most one watch answer may take before it is whole: the watch is a
+ * doorbell (any event means "read the prefix"), so an answer this big is
+ * dropped with its stream, which reconnects, rather than held in memory
+ * however long an endpoint keeps sending it. */
+#define WATCH_ANSWER_MAX (4u << 20)
 
 static void stream_object(struct stream *s, json_object *o)
 {
@@ -527,14 +643,22 @@ static size_t on_stream(char *d, size_t sz, size_t nm, void *u)
     while (pos < n && !s->failed) {
         json_object *o = json_tokener_parse_ex(s->tok, d + pos, (int)(n - pos));
         enum json_tokener_error je = json_tokener_get_error(s->tok);
-        if (je == json_tokener_continue)
+        if (je == json_tokener_continue) {
+            s->pending += n - pos;
+            if (s->pending > WATCH_ANSWER_MAX) {
+                KV_WARN("etcd watch: an answer passed %u bytes; reconnecting",
+                        (unsigned)WATCH_ANSWER_MAX);
+                s->failed = 1;
+            }
             break;
+        }
         if (je != json_tokener_success) {
             KV_WARN("etcd watch: unreadable answer (%s)", json_tokener_error_desc(je));
             s->failed = 1;
             break;
         }
         pos += json_tokener_get_parse_end(s->tok);
+        s->pending = 0;
         json_tokener_reset(s->tok);
         stream_object(s, o);
         json_object_put(o);
@@ -566,7 +690,7 @@ static void refresh_and_notify(struct etcd *e)
 static int watch_stream(struct etcd *e, int k, uint64_t from)
 {
     char url[KV_CFG_STR + 32], end[sizeof e->key_prefix];
-    snprintf(url, sizeof url, "http://%s/v3/watch", e->ep[k]);
+    snprintf(url, sizeof url, "%s://%s/v3/watch", e->cacert[0] ? "https" : "http", e->ep[k]);
     prefix_end(e->key_prefix, end, sizeof end);
     json_object *req = json_object_new_object(), *cr = json_object_new_object();
     jadd_b64(cr, "key", e->key_prefix);
@@ -586,6 +710,7 @@ static int watch_stream(struct etcd *e, int k, uint64_t from)
         return 0;
     }
     curl_easy_setopt(h, CURLOPT_URL, url);
+    tls_setup(e, h);
     curl_easy_setopt(h, CURLOPT_COPYPOSTFIELDS,
                      json_object_to_json_string_ext(req, JSON_C_TO_STRING_PLAIN));
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
@@ -667,13 +792,21 @@ static int put_record(struct etcd *e)
 {
     char key[sizeof e->key_prefix + KV_PROTO_ID_MAX + 1];
     snprintf(key, sizeof key, "%s%s", e->key_prefix, e->self.id);
-    char *val = record_encode(&e->self);
-    if (!val)
-        return KV_ENOMEM;
+    char *val = NULL;
     int rc = KV_OK;
     for (int tries = 0; tries < 2; tries++) {
         if (!e->lease && (rc = grant(e)))
             break;
+        /* Signed with the lease it goes on: readers check both. */
+        e->self.lease = (uint64_t)e->lease;
+        free(val);
+        val = NULL;
+        if ((rc = kv__member_sign(e->token, &e->self)) != KV_OK)
+            break;
+        if (!(val = record_encode(&e->self))) {
+            rc = KV_ENOMEM;
+            break;
+        }
         json_object *req = json_object_new_object(), *ans = NULL;
         jadd_b64(req, "key", key);
         jadd_b64(req, "value", val);
@@ -686,7 +819,98 @@ static int put_record(struct etcd *e)
         e->lease = 0;   /* expired between grant and put: once more */
     }
     free(val);
+    if (rc == KV_OK)
+        e->self_ok = 1;
     return rc == KV_ENOTFOUND ? KV_ENET : rc;
+}
+
+/* The cluster token's check value at PREFIX/token: "v1:" salt ":" HMAC
+ * under the token of the salt, both hex. Written once by the first member
+ * (a create-only transaction); every later one must match it: KV_EPERM when
+ * it does not (another cluster's token). Caller holds call_lock. */
+static const char token_label[] = "kvengine/etcd-token";
+
+static int token_value(const char *token, const uint8_t salt[16], char *out, size_t cap)
+{
+    uint8_t mac[KV__AUTH_MAC];
+    int rc = kv__auth_sign(token, token_label, salt, 16, mac);
+    if (rc != KV_OK)
+        return rc;
+    char hs[33], hm[2 * KV__AUTH_MAC + 1];
+    hex(salt, 16, hs);
+    hex(mac, sizeof mac, hm);
+    snprintf(out, cap, "v1:%s:%s", hs, hm);
+    return KV_OK;
+}
+
+static int check_token(struct etcd *e)
+{
+    uint8_t salt[KV__AUTH_NONCE];   /* its first 16 bytes */
+    char mine[128];
+    int rc = kv__auth_nonce(salt);
+    if (rc == KV_OK)
+        rc = token_value(e->token, salt, mine, sizeof mine);
+    if (rc != KV_OK)
+        return rc;
+    json_object *req = json_object_new_object(), *ans = NULL;
+    json_object *cmp = json_object_new_object(), *cmps = json_object_new_array();
+    jadd_b64(cmp, "key", e->token_key);
+    json_object_object_add(cmp, "target", json_object_new_string("CREATE"));
+    json_object_object_add(cmp, "result", json_object_new_string("EQUAL"));
+    jadd_int(cmp, "create_revision", 0);
+    json_object_array_add(cmps, cmp);
+    json_object_object_add(req, "compare", cmps);
+    json_object *put = json_object_new_object(), *rp = json_object_new_object();
+    jadd_b64(put, "key", e->token_key);
+    jadd_b64(put, "value", mine);
+    json_object_object_add(rp, "request_put", put);
+    json_object *succ = json_object_new_array();
+    json_object_array_add(succ, rp);
+    json_object_object_add(req, "success", succ);
+    json_object *rg = json_object_new_object(), *rr = json_object_new_object();
+    jadd_b64(rg, "key", e->token_key);
+    json_object_object_add(rr, "request_range", rg);
+    json_object *fail = json_object_new_array();
+    json_object_array_add(fail, rr);
+    json_object_object_add(req, "failure", fail);
+    rc = post(e, "/v3/kv/txn", req, &ans);
+    json_object_put(req);
+    if (rc != KV_OK) {
+        json_object_put(ans);
+        return rc;
+    }
+    json_object *ok = jget(ans, "succeeded");
+    if (ok && json_object_get_boolean(ok)) {
+        json_object_put(ans);
+        return KV_OK;       /* we are the first: ours is the check value */
+    }
+    json_object *resp = jget(ans, "responses");
+    json_object *r0 = resp && json_object_is_type(resp, json_type_array)
+                          ? json_object_array_get_idx(resp, 0) : NULL;
+    json_object *kvs = jget(jget(r0, "response_range"), "kvs");
+    json_object *kv = kvs && json_object_is_type(kvs, json_type_array)
+                          ? json_object_array_get_idx(kvs, 0) : NULL;
+    const char *v64 = jstr(kv, "value");
+    size_t vl = 0;
+    char *val = v64 ? b64_decode(v64, &vl) : NULL, want[128];
+    uint8_t theirs[16];
+    rc = KV_EPERM;
+    if (val && strlen(val) == vl && strncmp(val, "v1:", 3) == 0 && strlen(val) > 36 &&
+        val[35] == ':') {
+        char hs[33];
+        memcpy(hs, val + 3, 32);
+        hs[32] = 0;
+        if (unhex(hs, theirs, sizeof theirs) == 0 &&
+            token_value(e->token, theirs, want, sizeof want) == KV_OK &&
+            strlen(want) == vl && kv__auth_eq(want, val, vl))
+            rc = KV_OK;
+    }
+    if (rc != KV_OK)
+        KV_ERROR("etcd: cluster.token does not match this cluster's (the check value at %s); "
+                 "refusing to join", e->token_key);
+    free(val);
+    json_object_put(ans);
+    return rc;
 }
 
 static int start_watch(struct etcd *e)
@@ -726,6 +950,16 @@ static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*no
         return KV_ECONFIG;
     }
     snprintf(e->key_prefix, sizeof e->key_prefix, "%s/members/", pre);
+    snprintf(e->token_key, sizeof e->token_key, "%s/token", pre);
+    snprintf(e->token, sizeof e->token, "%s", cfg->cluster.token);
+    snprintf(e->cacert, sizeof e->cacert, "%s", cfg->cluster.etcd_cacert);
+    snprintf(e->cert, sizeof e->cert, "%s", cfg->cluster.etcd_cert);
+    snprintf(e->key, sizeof e->key, "%s", cfg->cluster.etcd_key);
+    if ((e->cert[0] || e->key[0]) && (!e->cacert[0] || !e->cert[0] || !e->key[0])) {
+        kv__errf(err, errlen, "cluster.etcd_cert / etcd_key: set both, with cluster.etcd_cacert");
+        free(e);
+        return KV_ECONFIG;
+    }
     snprintf(e->user, sizeof e->user, "%s", cfg->cluster.etcd_user);
     snprintf(e->password, sizeof e->password, "%s", cfg->cluster.etcd_password);
     e->timeout_ms = timeout_ms > ETCD_TIMEOUT_MIN_MS ? timeout_ms : ETCD_TIMEOUT_MIN_MS;
@@ -744,6 +978,7 @@ static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*no
     }
     curl_easy_setopt(e->h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e->h, CURLOPT_TCP_NODELAY, 1L);
+    tls_setup(e, e->h);
     *out = &e->base;
     return KV_OK;
 }
@@ -763,6 +998,7 @@ static void etcd_close(struct kv__membership *m)
         curl_multi_cleanup(e->multi);
     curl_easy_cleanup(e->h);
     free(e->members);
+    free(e->verified_ms);
     pthread_mutex_destroy(&e->call_lock);
     pthread_mutex_destroy(&e->view_lock);
     pthread_mutex_destroy(&e->wlock);
@@ -792,8 +1028,11 @@ static int etcd_join(struct kv__membership *m, const struct kv__member *self, ui
     int changed;
     pthread_mutex_lock(&e->call_lock);
     e->self = *self;
-    e->joined = 1;
-    int rc = put_record(e);
+    int rc = check_token(e);
+    if (rc == KV_OK) {
+        e->joined = 1;
+        rc = put_record(e);
+    }
     if (rc == KV_OK)
         rc = refresh(e, &changed);
     if (rc == KV_OK)
@@ -808,7 +1047,13 @@ static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *sel
     struct etcd *e = (struct etcd *)m;
     int rc = KV_OK, changed;
     pthread_mutex_lock(&e->call_lock);
+    /* The record as signed keeps its lease and MAC until it is rewritten. */
+    uint64_t lease = e->self.lease;
+    uint8_t mac[sizeof e->self.mac];
+    memcpy(mac, e->self.mac, sizeof mac);
     e->self = *self;
+    e->self.lease = lease;
+    memcpy(e->self.mac, mac, sizeof mac);
     if (e->lease) {
         json_object *req = json_object_new_object(), *ans = NULL;
         jadd_int(req, "ID", e->lease);
@@ -828,6 +1073,14 @@ static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *sel
         /* Something changed in etcd since the view was read; the watch may
          * not have told us (it may be reconnecting). */
         if (stale && e->lease)
+            rc = refresh(e, &changed);
+    }
+    /* Our record changed or vanished under its live lease (someone with
+     * write access to etcd): put it back now. */
+    if (rc == KV_OK && e->lease && !e->self_ok) {
+        KV_WARN("etcd: the record of %s was changed or removed by someone else; rewriting it",
+                e->self.id);
+        if ((rc = put_record(e)) == KV_OK)
             rc = refresh(e, &changed);
     }
     if (rc == KV_OK && !e->lease && (rc = put_record(e)) == KV_OK)

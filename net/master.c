@@ -7,6 +7,12 @@
  * shard or cache. Frames are read nonblocking and bounded (bodies at most
  * MASTER_BODY_MAX); answers are small and written with a short deadline,
  * and a peer too slow to take one is dropped rather than waited for.
+ *
+ * Trust: every connection first runs auth.h's challenge-response (in the
+ * poll loop, a step per message, so a slow peer holds nothing but its
+ * slot); a JOIN's record must carry its member's own MAC under the token
+ * (kv__member_sign), which the master keeps and hands on in the VIEW, and
+ * the client checks every record of a VIEW before it believes it.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,14 +27,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "master.h"
 #include "serve.h"
 #include "sock.h"
 
 #define MASTER_BODY_MAX (64u << 10)
 #define MASTER_SEND_MS 1000
-/* Connections that have not yet presented the token. A node sends its JOIN
- * as soon as it connects, so 64 fill up only under a flood; then the
+/* Connections that have not yet proved the token. A node runs the
+ * challenge-response as soon as it connects, so 64 fill up only under a flood; then the
  * oldest is closed to let the newest in, and idle connections cannot lock
  * nodes (or kvctl members) out. */
 #define KV__MASTER_UNAUTH_MAX 64
@@ -68,11 +75,23 @@ struct mentry {
     uint64_t last_ms;
     uint8_t secret[KV_PROTO_SECRET_LEN];    /* its creator's: see proto.h */
     int owned;                  /* 0: created by a client without secrets */
+    uint32_t ip;                /* the host that created it */
 };
+
+/* Records one host may create. The token is shared, so a token holder is
+ * known by its host: one that JOINs fresh ids in a loop fills at most this
+ * much of the view (a quarter), and the other hosts' members still join,
+ * heartbeat and read the view. A host runs a kvnode and its inference
+ * processes, far fewer than this. */
+#define KV__MASTER_PER_HOST 1024
 
 struct mconn {
     int fd;
-    int authed;                 /* has presented the token */
+    int authed;                 /* has proved the token */
+    uint32_t ip;                /* the peer's IPv4 address (network order) */
+    int astage;                 /* before authed: 0 awaits the hello, 1 the proof */
+    struct kv__auth_state auth;
+    uint8_t abuf[KV__AUTH_HELLO_LEN];
     uint64_t born_ms, frame_ms; /* accepted at; the frame in flight began at */
     uint8_t hdr[KV_PROTO_HDR_LEN];
     size_t got;
@@ -111,7 +130,8 @@ static ssize_t find_member(struct master *ms, const char *id)
 static int same_record(const struct kv__member *a, const struct kv__member *b)
 {
     return strcmp(a->addr, b->addr) == 0 && a->flags == b->flags && a->nseg == b->nseg &&
-           memcmp(a->seg, b->seg, a->nseg * sizeof a->seg[0]) == 0;
+           memcmp(a->seg, b->seg, a->nseg * sizeof a->seg[0]) == 0 && a->lease == b->lease &&
+           memcmp(a->mac, b->mac, sizeof a->mac) == 0;
 }
 
 /* Sends the view; with secret, appends it (the answer to the JOIN that
@@ -142,6 +162,23 @@ static int send_view(struct master *ms, int fd, uint64_t req_id, const uint8_t *
                                   kv__now_ms() + MASTER_SEND_MS);
     free(b);
     return rc;
+}
+
+/* The VIEW must fit one frame however records grow: a JOIN that would push
+ * the encoded view past this is refused (KV_ENOSPC, "the view is full"), so
+ * the members already in it keep their heartbeats, and kv_open and
+ * kvctl members keep working. */
+#define MASTER_VIEW_BYTES (KV_PROTO_BODY_MAX - 12 - KV_PROTO_SECRET_LEN)
+
+/* The encoded view's size with record at (or a new one, at < 0) replaced
+ * by m. */
+static size_t view_bytes_with(const struct master *ms, ssize_t at, const struct kv__member *m)
+{
+    size_t b = kv__member_wire_len(m);
+    for (size_t i = 0; i < ms->n; i++)
+        if ((ssize_t)i != at)
+            b += kv__member_wire_len(&ms->mem[i].m);
+    return b;
 }
 
 /* Constant time, as tokens are (kv__token_eq). */
@@ -178,22 +215,21 @@ static int refuse(struct master *ms, struct mconn *c, int status, const char *wh
  */
 static int master_serve(struct master *ms, struct mconn *c)
 {
-    char token[KV_PROTO_ID_MAX + 1];
     struct kv__member m;
     uint8_t secret[KV_PROTO_SECRET_LEN], fresh[KV_PROTO_SECRET_LEN];
     int has = 0;
     memset(&m, 0, sizeof m);
     if ((c->h.type != KV_MSG_JOIN && c->h.type != KV_MSG_LEAVE) ||
-        kv__join_decode_secret(c->body, c->h.body_len, token, sizeof token, &m, secret, &has)) {
+        kv__join_decode_secret(c->body, c->h.body_len, &m, secret, &has)) {
         KV_WARN("kvmaster: malformed frame (type %u); closing", c->h.type);
         return 1;
     }
-    if (!kv__token_eq(token, ms->cfg->cluster.token))
-        return refuse(ms, c, KV_EPERM, "wrong cluster token", m.id);
-    if (!c->authed) {
-        c->authed = 1;
-        ms->nunauth--;
-    }
+    /* Only a record its member signed is kept and handed on: the VIEW's
+     * readers check the same MAC. */
+    if (!kv__member_verify(ms->cfg->cluster.token, &m))
+        return refuse(ms, c, KV_EPERM, "its record's MAC does not verify", m.id);
+    if (c->h.type == KV_MSG_JOIN && !kv__member_sane(&m))
+        return refuse(ms, c, KV_EINVAL, "its id or address is not host:port-like", m.id);
     uint64_t now = kv__now_ms();
     ssize_t at = find_member(ms, m.id);
     struct mentry *e = at >= 0 ? &ms->mem[at] : NULL;
@@ -218,6 +254,9 @@ static int master_serve(struct master *ms, struct mconn *c)
                           m.id);
         /* answered, not refreshed: the record still ages as its owner's */
     } else if (e && owner) {
+        if (!same_record(&e->m, &m) && view_bytes_with(ms, at, &m) > MASTER_VIEW_BYTES)
+            return refuse(ms, c, KV_ENOSPC, "the view is full (its VIEW would pass 4 MiB)",
+                          m.id);
         if (!same_record(&e->m, &m)) {
             e->m = m;
             ms->version++;
@@ -235,8 +274,13 @@ static int master_serve(struct master *ms, struct mconn *c)
             if (!same_record(&e->m, &m))
                 ms->version++;
         } else {
-            if (ms->n >= KV_PROTO_VIEW_MAX)
-                return 1;
+            if (ms->n >= KV_PROTO_VIEW_MAX || view_bytes_with(ms, -1, &m) > MASTER_VIEW_BYTES)
+                return refuse(ms, c, KV_ENOSPC, "the view is full (4096 records or 4 MiB)", m.id);
+            size_t mine = 0;
+            for (size_t i = 0; i < ms->n; i++)
+                mine += ms->mem[i].ip == c->ip;
+            if (mine >= KV__MASTER_PER_HOST)
+                return refuse(ms, c, KV_ENOSPC, "its host has created 1024 records", m.id);
             if (ms->n == ms->cap) {
                 size_t nc = ms->cap ? ms->cap * 2 : 16;
                 struct mentry *p = realloc(ms->mem, nc * sizeof *p);
@@ -254,6 +298,7 @@ static int master_serve(struct master *ms, struct mconn *c)
         e->m = m;
         e->last_ms = now;
         e->owned = give != NULL;
+        e->ip = c->ip;
         memcpy(e->secret, fresh, sizeof fresh);
     }
     return send_view(ms, c->fd, c->h.req_id, give) != KV_OK;
@@ -276,10 +321,51 @@ static int recv_some(int fd, uint8_t *p, size_t want, size_t *got)
     return 1;
 }
 
+/* One message of the challenge-response is in abuf: answers it; nonzero
+ * means drop the connection. The answers are a few bytes, which a fresh
+ * socket's buffer always takes. */
+static int master_auth(struct master *ms, struct mconn *c)
+{
+    const char *token = ms->cfg->cluster.token;
+    uint64_t dl = kv__now_ms() + MASTER_SEND_MS;
+    if (c->astage == 0) {
+        uint8_t reply[KV__AUTH_REPLY_LEN];
+        if (kv__auth_reply(token, c->abuf, &c->auth, reply) != KV_OK) {
+            KV_WARN("kvmaster: a peer did not open with the challenge-response; closing");
+            return 1;
+        }
+        c->astage = 1;
+        return kv__sock_xfer1(c->fd, reply, sizeof reply, 1, dl) != KV_OK;
+    }
+    uint8_t verdict = (uint8_t)kv__auth_proof_ok(token, &c->auth, c->abuf);
+    if (kv__sock_xfer1(c->fd, &verdict, 1, 1, dl) != KV_OK)
+        return 1;
+    if (!verdict) {
+        KV_WARN("kvmaster: refused a connection: it did not prove the cluster token");
+        return 1;
+    }
+    c->authed = 1;
+    ms->nunauth--;
+    return 0;
+}
+
 /* Reads what is there; nonzero means drop the connection. */
 static int master_read(struct master *ms, struct mconn *c)
 {
     for (;;) {
+        if (!c->authed) {
+            size_t had = c->got;
+            size_t want = c->astage == 0 ? KV__AUTH_HELLO_LEN : KV__AUTH_PROOF_LEN;
+            int r = recv_some(c->fd, c->abuf, want, &c->got);
+            if (had == 0 && c->got > 0)
+                c->frame_ms = kv__now_ms();
+            if (r <= 0)
+                return r < 0;
+            c->got = 0;
+            if (master_auth(ms, c))
+                return 1;
+            continue;
+        }
         if (!c->in_body) {
             size_t had = c->got;
             int r = recv_some(c->fd, c->hdr, KV_PROTO_HDR_LEN, &c->got);
@@ -354,11 +440,9 @@ static void master_expire(struct master *ms)
     }
 }
 
-KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
+static int master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
 {
-    if (!cfg || !stop)
-        return KV_EINVAL;
-    kv__log_set_level(cfg->log.level);
+
     /* The exposure check passes a bad address on to the listener, which
      * names it. */
     int lfd, rc = kv__net_check_exposure("cluster.master", cfg->cluster.master,
@@ -412,7 +496,11 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
                         close(fd);
                         continue;
                     }
-                    ms->conns[ms->nconns++] = (struct mconn){ .fd = fd,
+                    struct sockaddr_in pa;
+                    socklen_t pl = sizeof pa;
+                    uint32_t ip = getpeername(fd, (struct sockaddr *)&pa, &pl) == 0 &&
+                                          pl == sizeof pa ? pa.sin_addr.s_addr : 0;
+                    ms->conns[ms->nconns++] = (struct mconn){ .fd = fd, .ip = ip,
                                                               .born_ms = kv__now_ms() };
                     ms->nunauth++;
                 }
@@ -437,6 +525,24 @@ KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err
     close(lfd);
     KV_INFO("kvmaster: stopped");
     return KV_OK;
+}
+
+KV__EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err, size_t errlen)
+{
+    if (!cfg || !stop)
+        return KV_EINVAL;
+    kv__log_set_level(cfg->log.level);
+    /* Our own copy, with the token in effect (its file, the environment). */
+    struct kv_config *own = malloc(sizeof *own);
+    if (!own)
+        return KV_ENOMEM;
+    *own = *cfg;
+    int rc = kv__auth_token(cfg, own->cluster.token, err, errlen);
+    if (rc == KV_OK)
+        rc = master_run(own, stop, err, errlen);
+    memset(own->cluster.token, 0, sizeof own->cluster.token);
+    free(own);
+    return rc;
 }
 
 /* ---- the client --------------------------------------------------------- */
@@ -485,11 +591,18 @@ void kv__mclient_close(struct kv__mclient *m)
     free(m);
 }
 
+/* Connects and runs the challenge-response: the master proves the token
+ * first (KV_EPERM when it cannot, or when it refuses our proof). */
 static int mc_connect(struct kv__mclient *m, uint64_t deadline)
 {
     struct sockaddr_in sa;
     kv__net_parse_addr(m->addr, &sa);   /* checked when m was made */
-    return kv__sock_connect(&sa, deadline, &m->fd);
+    int rc = kv__sock_connect(&sa, deadline, &m->fd);
+    if (rc == KV_OK && (rc = kv__auth_client(m->fd, m->token, deadline)) != KV_OK) {
+        close(m->fd);
+        m->fd = -1;
+    }
+    return rc;
 }
 
 static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member *self,
@@ -497,7 +610,11 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
 {
     uint8_t buf[KV_PROTO_HDR_LEN + 2 + KV_PROTO_ID_MAX + sizeof(struct kv__member) + 64 +
                 KV_PROTO_SECRET_LEN];
-    int blen = kv__join_encode(m->token, self, buf + KV_PROTO_HDR_LEN,
+    struct kv__member me = *self;
+    me.lease = 0;
+    if (kv__member_sign(m->token, &me) != KV_OK)
+        return KV_EINVAL;
+    int blen = kv__join_encode(&me, buf + KV_PROTO_HDR_LEN,
                                sizeof buf - KV_PROTO_HDR_LEN - KV_PROTO_SECRET_LEN);
     if (blen < 0)
         return KV_EINVAL;
@@ -524,7 +641,8 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
         goto fail;
     }
     if (h.status) {
-        rc = h.status == KV_EPERM || h.status == KV_EBUSY ? h.status : KV_EPROTO;
+        rc = h.status == KV_EPERM || h.status == KV_EBUSY || h.status == KV_ENOSPC ||
+                     h.status == KV_EINVAL ? h.status : KV_EPROTO;
         goto fail;
     }
     body = malloc(h.body_len ? h.body_len : 1);
@@ -542,6 +660,16 @@ static int mc_call(struct kv__mclient *m, uint8_t type, const struct kv__member 
     if ((rc = kv__view_decode_secret(body, h.body_len, &v, &list, &cnt, secret, &has)))
         goto fail;
     free(body);
+    /* Only records their members signed (the master cannot make one up). */
+    size_t keep = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        if (kv__member_verify(m->token, &list[i]) && kv__member_sane(&list[i]))
+            list[keep++] = list[i];
+        else
+            KV_WARN("kvmaster client: a record for '%s' in the view fails its MAC; ignored",
+                    list[i].id);
+    }
+    cnt = keep;
     if (has && type == KV_MSG_JOIN) {
         snprintf(m->secret_id, sizeof m->secret_id, "%s", self->id);
         memcpy(m->secret, secret, sizeof secret);

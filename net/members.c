@@ -6,8 +6,9 @@
  * The master answers every JOIN and LEAVE with its current view, and a
  * LEAVE for an unknown id changes nothing (no version bump, no log line),
  * so a read-only query needs no new message type and no change to the
- * master: an old master answers it too. The token travels as in a JOIN,
- * so a master with a token refuses a query without it (KV_EPERM).
+ * master. The connection proves the token by challenge-response, as every
+ * one does, so a master with another token refuses it (KV_EPERM), and
+ * only records their members signed are shown.
  * With cluster.metadata etcd the view is read from etcd instead
  * (membership.h), the same records the members read.
  */
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "engine/config.h"
 #include "membership.h"
 #include "proto.h"
@@ -62,6 +64,9 @@ static int members_from_store(const kv_config *cfg, uint64_t *version,
     return KV_OK;
 }
 
+static int members_query(const kv_config *cfg, uint64_t *version, kv_member_info **members,
+                         size_t *n);
+
 KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_info **members,
                           size_t *n)
 {
@@ -73,6 +78,21 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
         *version = 0;
     if (!cfg || !members || !n)
         return KV_EINVAL;
+    /* The token in effect (its file, the environment), in our own copy. */
+    struct kv_config *own = malloc(sizeof *own);
+    if (!own)
+        return KV_ENOMEM;
+    *own = *cfg;
+    int rc = kv__auth_token(cfg, own->cluster.token, NULL, 0);
+    if (rc == KV_OK)
+        rc = members_query(own, version, members, n);
+    free(own);
+    return rc;
+}
+
+static int members_query(const kv_config *cfg, uint64_t *version, kv_member_info **members,
+                         size_t *n)
+{
     if (cfg->cluster.metadata == KV_META_ETCD)
         return members_from_store(cfg, version, members, n);
     struct sockaddr_in sa;
@@ -86,7 +106,9 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
     snprintf(q.id, sizeof q.id, "kv_members-query-%ld-%llu", (long)getpid(),
              (unsigned long long)kv__now_ns());
     uint8_t body[2 * (KV_PROTO_ID_MAX + 2) + 64 + KV_CFG_STR];
-    int blen = kv__join_encode(cfg->cluster.token, &q, body, sizeof body);
+    int blen = kv__member_sign(cfg->cluster.token, &q);
+    if (blen == KV_OK)
+        blen = kv__join_encode(&q, body, sizeof body);
     if (blen < 0)
         return blen;
 
@@ -94,6 +116,11 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
     int rc = kv__sock_connect(&sa, deadline, &fd);
     if (rc != KV_OK)
         return rc;
+    /* The master proves the token before we prove ours (auth.h). */
+    if ((rc = kv__auth_client(fd, cfg->cluster.token, deadline)) != KV_OK) {
+        close(fd);
+        return rc;
+    }
     uint8_t h[KV_PROTO_HDR_LEN];
     struct kv__hdr hd = { .type = KV_MSG_LEAVE, .req_id = 1, .body_len = (uint32_t)blen };
     kv__hdr_encode(&hd, h);
@@ -120,6 +147,11 @@ KV__EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_inf
     free(vb);
     if (rc != KV_OK)
         return rc;
+    size_t keep = 0;    /* only records their members signed */
+    for (size_t i = 0; i < cnt; i++)
+        if (kv__member_verify(cfg->cluster.token, &list[i]))
+            list[keep++] = list[i];
+    cnt = keep;
     kv_member_info *out = NULL;
     if (cnt && !(out = calloc(cnt, sizeof *out))) {
         free(list);

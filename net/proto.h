@@ -16,21 +16,29 @@
  *   data    data_len bytes of values, in item order
  * All integers little-endian.
  *
+ * Before any frame, every connection (tcp, rdma's side channel, kvmaster,
+ * view queries) runs auth.h's challenge-response, so the token itself never
+ * crosses the wire; version 1's HELLO, which carried it, is gone (types 1
+ * and 2 stay unused).
+ *
  * Bodies:
- *   HELLO      token_len u16, token, id_len u16, id          (client->server)
- *   HELLO_OK   empty; status says whether the token was accepted
  *   BATCH      count u32, then count items of 32 bytes:
  *              kind u8 | ns u8 | pad u16 | index u32 | id[16] | len u64
  *              (dump: value length, all in data; load: expected length)
- *   BATCH_R    count u32, then count results of 40 bytes:
+ *   BATCH_R    count u32, then count results of 48 bytes:
  *              status i32 | hit u8 pad[3] | len u64 | addr u64 | rkey u32 |
- *              pad u32 | handle u64
- *              (data: the values of the items that are OK loads, in order;
- *              addr/rkey/handle are for RDMA RPCs, 0 on tcp)
+ *              pad u32 | handle u64 | sum u64
+ *              (data: the values of the items that are OK loads, in order,
+ *              then on tcp one sum u64 per OK load, the server's XXH3-64
+ *              of the bytes it sent (KV_PROTO_SUM_LEN each), checked by the
+ *              client over what landed; addr/rkey/handle are for RDMA RPCs,
+ *              0 on tcp; sum is rdma's PREP's, 0 on tcp)
  *   JOIN       a member (below), the sender's own record      (node->master)
  *   VIEW       version u64, count u32, count members          (master->node)
  *   member     id_len u16, id, addr_len u16, addr, flags u32, nseg u32,
- *              nseg x (base u64, len u64, rkey u32)
+ *              nseg x (base u64, len u64, rkey u32), lease u64, mac[32]
+ *              (mac: kv__member_sign's, made by the member itself, so
+ *              neither kvmaster nor etcd can make up or alter a record)
  * The RDMA transport adds its own types from KV_MSG_RDMA_FIRST up, with
  * BATCH / BATCH_R bodies.
  */
@@ -43,22 +51,19 @@
 #include "transport.h"
 
 #define KV_PROTO_MAGIC    0x454e564bu   /* "KVNE" little-endian */
-#define KV_PROTO_VERSION  1
+#define KV_PROTO_VERSION  2           /* 2: challenge-response, signed members, sums */
 #define KV_PROTO_HDR_LEN  32
 #define KV_PROTO_BODY_MAX (4u << 20)    /* descriptors, never values */
 #define KV_PROTO_BATCH_MAX 65536u       /* items per batch frame */
 #define KV_PROTO_REQ_ITEM 32
-#define KV_PROTO_RESP_ITEM 40
+#define KV_PROTO_RESP_ITEM 48
 #define KV_PROTO_ID_MAX   128           /* node id / address / token bytes */
+#define KV_PROTO_SUM_LEN  8             /* a load's checksum on tcp */
 #define KV_PROTO_SEG_MAX  64            /* segment descriptors per member */
 #define KV_PROTO_VIEW_MAX 4096          /* members per view */
-/* The largest valid HELLO body (two strings of at most KV_PROTO_ID_MAX):
- * what a server buffers from a peer before it has authenticated. */
-#define KV_PROTO_HELLO_MAX (2 * (KV_PROTO_ID_MAX + 2))
 
 enum kv__msg {
-    KV_MSG_HELLO = 1,
-    KV_MSG_HELLO_OK = 2,
+    /* 1, 2: version 1's HELLO / HELLO_OK, retired */
     KV_MSG_BATCH = 3,
     KV_MSG_BATCH_R = 4,
     KV_MSG_JOIN = 5,
@@ -103,6 +108,7 @@ struct kv__wire_resp {
     uint8_t hit;
     uint64_t len, addr, handle;
     uint32_t rkey;
+    uint64_t sum;               /* rdma PREP: XXH3-64 of the pinned value */
 };
 
 /* Batch bodies. The encoders return bytes written or KV_ENOBUFS; the
@@ -121,11 +127,6 @@ int kv__batch_r_decode(const uint8_t *body, size_t len, struct kv__wire_resp *ou
 /* The count of a batch body, checked against its length; KV_EPROTO. */
 int kv__batch_count(const uint8_t *body, size_t len, size_t item_len, size_t *n);
 
-/* HELLO body. */
-int kv__hello_encode(const char *token, const char *id, uint8_t *out, size_t cap);
-int kv__hello_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
-                     char *id, size_t idcap);
-
 /* A member of the view. */
 struct kv__member {
     char id[KV_PROTO_ID_MAX + 1];
@@ -133,11 +134,25 @@ struct kv__member {
     uint32_t flags;
     uint32_t nseg;
     struct kv__segdesc seg[KV_PROTO_SEG_MAX];
+    uint64_t lease;             /* etcd: the lease the record lives on; 0 with kvmaster */
+    uint8_t mac[32];            /* kv__member_sign's */
 };
-/* JOIN / LEAVE bodies: one member (plus the token, checked by the master). */
-int kv__join_encode(const char *token, const struct kv__member *m, uint8_t *out, size_t cap);
-int kv__join_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
-                    struct kv__member *m);
+/* A member's record signed with the token: mac = HMAC-SHA256 under the
+ * label "kvengine/member" of the member's wire form up to the mac (id,
+ * addr, flags, segments, lease). KV_OK, KV_EINVAL (too many segments),
+ * KV_EIO. */
+int kv__member_sign(const char *token, struct kv__member *m);
+/* 1 when m's id and address are what a member can have: printable bytes
+ * only (no CR, LF, space or control: they end up in logs and lines), and an
+ * address of the form host:port (host of letters, digits, '.', '-', '_';
+ * port 1..65535; a client that is no owner may have none); else 0. Readers of the view drop records that are not. */
+int kv__member_sane(const struct kv__member *m);
+/* 1 when m's mac is the token's over its fields (constant time), else 0. */
+int kv__member_verify(const char *token, const struct kv__member *m);
+/* JOIN / LEAVE bodies: one member (signed; the token itself is proved by
+ * the connection's challenge-response, never sent). */
+int kv__join_encode(const struct kv__member *m, uint8_t *out, size_t cap);
+int kv__join_decode(const uint8_t *body, size_t len, struct kv__member *m);
 /* A member's secret: kvmaster hands one out in the VIEW answering the JOIN
  * that creates a record (appended to the VIEW body), and only a JOIN or
  * LEAVE carrying it (appended to the JOIN / LEAVE body) may change or drop
@@ -149,8 +164,8 @@ int kv__join_decode(const uint8_t *body, size_t len, char *token, size_t tokcap,
  * given one, so a client built before secrets (which refuses bytes after
  * the VIEW's members) still reads the VIEW; its records stay unowned. */
 #define KV_HDR_SECRET 1u
-int kv__join_decode_secret(const uint8_t *body, size_t len, char *token, size_t tokcap,
-                           struct kv__member *m, uint8_t *secret, int *has);
+int kv__join_decode_secret(const uint8_t *body, size_t len, struct kv__member *m,
+                           uint8_t *secret, int *has);
 int kv__view_decode_secret(const uint8_t *body, size_t len, uint64_t *version,
                            struct kv__member **members, size_t *n, uint8_t *secret, int *has);
 /* VIEW body. kv__view_decode allocates *members (count entries; free()). */
@@ -159,6 +174,19 @@ int kv__view_encode(uint64_t version, const struct kv__member *m, size_t n,
 int kv__view_decode(const uint8_t *body, size_t len, uint64_t *version,
                     struct kv__member **members, size_t *n);
 size_t kv__member_wire_len(const struct kv__member *m);
+
+/* The end-to-end checksum of a load's bytes (XXH3-64), over a buffer or
+ * the caller's iovecs. */
+uint64_t kv__sum(const void *p, size_t len);
+uint64_t kv__sum_iov(const kv_iov *iov, uint32_t cnt);
+/* The same sum fed piece by piece (a receiver sums bytes as they land,
+ * while they are still in cache): new (NULL when out of memory), reset
+ * before each value, update, digest; free. */
+void *kv__sum_state_new(void);
+void kv__sum_reset(void *st);
+void kv__sum_update(void *st, const void *p, size_t len);
+uint64_t kv__sum_digest(void *st);
+void kv__sum_state_free(void *st);
 
 /* A status on the wire is KV_OK or one of the KV_E* codes. */
 static inline int kv__status_valid(int32_t s)

@@ -41,11 +41,16 @@
  * plus its bytes at the floor), whatever other frames it sends meanwhile.
  *
  * Integrity: a value is READ only while the server holds it pinned (from
- * PREP to RELEASE), and values are never rewritten in place, so a READ
- * cannot see a torn or recycled value; that pin is what stands in here for
- * the checksum DESIGN asks of one-sided reads (a lock-free read without the
- * PREP round trip would need a stored checksum the engine does not expose).
- * A WRITE lands in a reservation nobody else can see until COMMIT.
+ * PREP to RELEASE), and values are never rewritten in place; on top of
+ * that, PREP's answer carries the XXH3-64 of the pinned bytes, and the
+ * client checks it over what the READs landed, so a torn, recycled or
+ * misplaced read fails its item (KV_ECORRUPT, counted in
+ * checksum_failures) instead of returning other bytes. A BATCH's inline
+ * loads end with their sums as on tcp (proto.h). A WRITE lands in a
+ * reservation nobody else can see until COMMIT.
+ *
+ * The side channel opens with auth.h's challenge-response (the server
+ * proves the token first; the token never crosses the wire).
  *
  * Exposure: the segment is registered once with remote read and write
  * access, as Mooncake does, so a peer that passed the token check could
@@ -80,6 +85,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "proto.h"
 #include "serve.h"
 #include "sock.h"
@@ -520,7 +526,8 @@ static void prep_item(struct sconn *sc, const struct kv__wire_req *q, struct kv_
         }
         sc->h[(uint32_t)hv].pin = pin;
         *o = (struct kv__wire_resp){ .status = KV_OK, .len = len, .addr = (uintptr_t)d,
-                                     .rkey = r->seg[0].rkey, .handle = hv };
+                                     .rkey = r->seg[0].rkey, .handle = hv,
+                                     .sum = kv__sum(d, len) };
         return;
     }
     case KV_OP_DUMP: {
@@ -639,7 +646,7 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
         return KV_EPROTO;
     struct kv__wire_req *q = malloc((n ? n : 1) * sizeof *q);
     struct kv__wire_resp *o = calloc(n ? n : 1, sizeof *o);
-    uint8_t *hb = malloc(KV_PROTO_HDR_LEN + kv__batch_r_body_len(n));
+    uint8_t *hb = malloc(KV_PROTO_HDR_LEN + kv__batch_r_body_len(n)), *sums = NULL;
     uint64_t sum = 0;
     int rc = KV_ENOMEM;
     if (!q || !o || !hb)
@@ -675,9 +682,16 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
     }
     if ((rc = kv__serve_items(sv, q, o, n, &out)))
         goto out;
+    /* The OK loads' sums follow their bytes (proto.h). */
+    size_t nv = out.cnt - 1;
+    rc = KV_ENOMEM;
+    if (!(sums = malloc(nv ? nv * KV_PROTO_SUM_LEN : 1)))
+        goto out;
+    rc = KV_OK;
     size_t blen = kv__batch_r_body_len(n);
     struct kv__hdr rh = { .type = KV_MSG_BATCH_R, .req_id = h->req_id,
-                          .body_len = (uint32_t)blen, .data_len = out.data };
+                          .body_len = (uint32_t)blen,
+                          .data_len = out.data + nv * KV_PROTO_SUM_LEN };
     kv__hdr_encode(&rh, hb);
     kv__batch_r_encode(o, n, hb + KV_PROTO_HDR_LEN, blen);
     out.iov[0] = (struct iovec){ hb, KV_PROTO_HDR_LEN + blen };
@@ -687,9 +701,15 @@ static int on_batch(struct sconn *sc, const struct kv__hdr *h, const uint8_t *bo
             KV_WARN("rdma: a value went away while its response was being sent; closing");
             break;
         }
+        for (size_t j = at ? at : 1; j < at + cnt; j++)
+            kv__put64(sums + (j - 1) * KV_PROTO_SUM_LEN,
+                      kv__sum(out.iov[j].iov_base, out.iov[j].iov_len));
         rc = kv__sock_xfer(sc->fd, out.iov + at, cnt, 1, sc->deadline);
     }
+    if (rc == KV_OK)
+        rc = kv__sock_xfer1(sc->fd, sums, nv * KV_PROTO_SUM_LEN, 1, sc->deadline);
 out:
+    free(sums);
     kv__serve_out_free(sv, &out);
     free(q);
     free(o);
@@ -760,19 +780,17 @@ static void *sconn_main(void *arg)
     /* A frame, once begun, must arrive and be answered within the timeout:
      * a stalled peer is dropped and what it held is given back. */
     sc->deadline = kv__now_ms() + r->o.timeout_ms;
-    int rc = recv_frame(sc->fd, 0, KV_PROTO_HELLO_MAX, &h, &body, sc->deadline);
-    char token[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1] = "?";
-    if (rc == KV_OK && (h.type != KV_MSG_HELLO ||
-                        kv__hello_decode(body, h.body_len, token, sizeof token, id, sizeof id)))
-        rc = KV_EPROTO;
-    free(body);
-    if (rc == KV_OK && !kv__token_eq(token, r->o.token)) {
-        KV_WARN("rdma: refused a connection from '%s': wrong cluster token", id);
-        send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_EPERM, NULL, 0, 0, sc->deadline);
-        rc = KV_EPERM;
-    } else if (rc == KV_OK) {
-        rc = send_frame(sc->fd, KV_MSG_HELLO_OK, h.req_id, KV_OK, NULL, 0, 0, sc->deadline);
+    char id[64] = "?";
+    struct sockaddr_in pa;
+    socklen_t pl = sizeof pa;
+    if (getpeername(sc->fd, (struct sockaddr *)&pa, &pl) == 0 && pl == sizeof pa) {
+        char ip[INET_ADDRSTRLEN] = "?";
+        inet_ntop(AF_INET, &pa.sin_addr, ip, sizeof ip);
+        snprintf(id, sizeof id, "%s:%u", ip, (unsigned)ntohs(pa.sin_port));
     }
+    int rc = kv__auth_server(sc->fd, r->o.token, sc->deadline);
+    if (rc == KV_EPERM)
+        KV_WARN("rdma: refused a connection from %s: it did not prove the cluster token", id);
     while (rc == KV_OK && !atomic_load(&r->stopping)) {
         /* An idle pooled connection may wait for ever; one holding pins or
          * reservations must finish its batch (RELEASE / COMMIT) in time:
@@ -1185,27 +1203,9 @@ static int rdma_connect(struct kv__transport *tp, const char *addr, struct kv__c
         rc = KV_ENET;
     if (rc != KV_OK)
         goto fail;
-    uint8_t b[KV_PROTO_HELLO_MAX];
-    int blen = kv__hello_encode(r->o.token, r->id, b, sizeof b);
-    if (blen < 0) {
-        rc = KV_EINVAL;
+    /* The server proves the token before we do (auth.h). */
+    if ((rc = kv__auth_client(c->fd, r->o.token, deadline)) != KV_OK)
         goto fail;
-    }
-    uint64_t id = c->next_id++;
-    struct kv__hdr h;
-    uint8_t *body;
-    if ((rc = send_frame(c->fd, KV_MSG_HELLO, id, KV_OK, b, (size_t)blen, 0, deadline)) ||
-        (rc = recv_frame(c->fd, 0, 0, &h, &body, deadline)))
-        goto fail;
-    free(body);
-    if (h.type != KV_MSG_HELLO_OK || h.req_id != id) {
-        rc = KV_EPROTO;
-        goto fail;
-    }
-    if (h.status) {
-        rc = h.status == KV_EPERM ? KV_EPERM : KV_EPROTO;
-        goto fail;
-    }
     if ((rc = qp_setup(c, deadline)))
         goto fail;
     /* One region, so no larger than the device allows. */
@@ -1437,24 +1437,37 @@ static int run_pieces(struct cconn *c, struct piece *p, size_t np, int *item_rc,
     }
 }
 
+/* A load whose landed bytes failed their sum: counted, and its item's
+ * status. */
+static int sum_failed(struct rdma *r)
+{
+    atomic_fetch_add(&r->base.checksum_failures, 1);
+    KV_WARN("rdma: a loaded value failed its checksum; dropped");
+    return KV_ECORRUPT;
+}
+
 /* Items that RDMA cannot serve, as a plain BATCH with inline bytes. */
 static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t deadline)
 {
-    size_t blen = kv__batch_body_len(n), rlen = kv__batch_r_body_len(n), niov = 1;
+    size_t blen = kv__batch_body_len(n), rlen = kv__batch_r_body_len(n), niov = 1, nload = 0;
     uint64_t dump_bytes = 0, load_bytes = 0;
     for (size_t i = 0; i < n; i++) {
         niov += ops[i].iovcnt;
         if (ops[i].kind == KV_OP_DUMP)
             dump_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
-        else if (ops[i].kind == KV_OP_LOAD)
+        else if (ops[i].kind == KV_OP_LOAD) {
             load_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
+            nload++;
+        }
     }
+    niov++;     /* the sums */
     uint8_t *buf = malloc(KV_PROTO_HDR_LEN + (blen > rlen ? blen : rlen));
+    uint8_t *sums = malloc(nload ? nload * KV_PROTO_SUM_LEN : 1);
     struct kv__wire_req *q = malloc(n * sizeof *q);
     struct kv__wire_resp *o = malloc(n * sizeof *o);
     struct iovec *iov = malloc(niov * sizeof *iov);
     int rc = KV_ENOMEM;
-    if (!buf || !q || !o || !iov)
+    if (!buf || !q || !o || !iov || !sums)
         goto out;
     kv__wire_from_ops(ops, n, q);
     uint64_t id = c->next_id++;
@@ -1472,7 +1485,8 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
     uint8_t hb[KV_PROTO_HDR_LEN];
     if ((rc = kv__sock_xfer1(c->fd, hb, sizeof hb, 0, deadline)))
         goto out;
-    if (kv__hdr_decode(hb, load_bytes, &h) || h.type != KV_MSG_BATCH_R || h.req_id != id ||
+    if (kv__hdr_decode(hb, load_bytes + nload * KV_PROTO_SUM_LEN, &h) ||
+        h.type != KV_MSG_BATCH_R || h.req_id != id ||
         h.status || h.body_len != rlen) {
         rc = KV_EPROTO;
         goto out;
@@ -1485,6 +1499,7 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
         goto out;
     }
     uint64_t expect = 0;
+    size_t nok = 0;
     k = 0;
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind != KV_OP_LOAD || o[i].status != KV_OK)
@@ -1494,23 +1509,32 @@ static int plain_batch(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
             goto out;
         }
         expect += o[i].len;
+        nok++;
         for (uint32_t j = 0; j < ops[i].iovcnt; j++)
             iov[k++] = (struct iovec){ ops[i].iov[j].base, ops[i].iov[j].len };
     }
-    if (expect != h.data_len) {
+    if (expect + nok * KV_PROTO_SUM_LEN != h.data_len) {
         rc = KV_EPROTO;
         goto out;
     }
+    iov[k++] = (struct iovec){ sums, nok * KV_PROTO_SUM_LEN };
     if ((rc = kv__sock_xfer(c->fd, iov, k, 0, deadline)))
         goto out;
+    const uint8_t *sp = sums;
     for (size_t i = 0; i < n; i++) {
         ops[i].result = o[i].status;
+        if (ops[i].kind == KV_OP_LOAD && o[i].status == KV_OK) {
+            if (kv__sum_iov(ops[i].iov, ops[i].iovcnt) != kv__get64(sp))
+                ops[i].result = sum_failed(c->r);
+            sp += KV_PROTO_SUM_LEN;
+        }
         ops[i].hit = o[i].hit;
         if (kv__op_answers_len(ops[i].kind))
             ops[i].len = o[i].len;
     }
 out:
     free(buf);
+    free(sums);
     free(q);
     free(o);
     free(iov);
@@ -1589,6 +1613,11 @@ static int batch_chunk(struct cconn *c, struct kv__op *ops, size_t n, uint64_t d
     locked = 0;
     if (rc)
         goto out;
+    /* What the READs landed must be the bytes the server pinned and summed. */
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].kind == KV_OP_LOAD && o[i].status == KV_OK && o[i].handle && !item_rc[i] &&
+            kv__sum_iov(ops[i].iov, ops[i].iovcnt) != o[i].sum)
+            item_rc[i] = sum_failed(c->r);
     for (size_t i = 0; i < n; i++)
         if (item_rc[i] && (ops[i].kind == KV_OP_LOAD || ops[i].kind == KV_OP_DUMP))
             ops[i].result = item_rc[i];

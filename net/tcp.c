@@ -16,9 +16,13 @@
  * A connection is a small state machine (HDR -> BODY -> DATA -> WRITE ->
  * HDR) owned by one loop thread. One request is in flight per connection
  * (the client waits for each response), so a connection never reads while
- * it writes. Anything wrong with a frame — bad magic/version/type, a body
- * or data length off, a first frame that is not HELLO or a HELLO longer
- * than a valid one, a wrong token — closes that connection only. So does
+ * it writes. A connection opens with auth.h's challenge-response (the
+ * server proves the token first, the client second; the token never
+ * crosses the wire), run here by the same state machine before the first
+ * frame: until it is done the server reads only the exchange's fixed-size
+ * messages. Anything wrong — bad magic/version/type, a body or data length
+ * off, a peer that cannot prove the token — closes that connection only. So
+ * does
  * a peer that does not authenticate within the timeout, or moves a frame
  * slower than serve.h's floor rate; unauthenticated connections are capped
  * (the oldest make room), all connections too, and at EMFILE a spare
@@ -32,6 +36,13 @@
  * so one thread can drive batches on several conns with one poll()
  * (batch_many, what the cluster uses for a batch spanning several owners);
  * batch() is the case of one conn.
+ *
+ * Integrity: a response ends with one XXH3-64 per OK load, computed by the
+ * server over the bytes it sends as it sends them (from pinned DRAM, or
+ * from the bounce buffer an SSD read filled after that record's own
+ * checksum passed), and the client checks each over what landed in the
+ * caller's memory: a mismatch fails that item with KV_ECORRUPT (counted in
+ * checksum_failures), never KV_OK.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +61,7 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "auth.h"
 #include "proto.h"
 #include "serve.h"
 #include "sock.h"
@@ -62,7 +74,7 @@
  * node, so thousands are normal; past this, new ones are closed at once
  * rather than let the process run out of descriptors for its own files. */
 #define KV__TCP_CONNS_MAX 8192
-/* Connections that have not said HELLO yet. A real one authenticates in a
+/* Connections that have not authenticated yet. A real one authenticates in a
  * round trip, so 256 (a few hundred clients starting at once) fill up only
  * under a flood; then the oldest is closed to let the newest in, and idle
  * ones cannot lock real clients out. */
@@ -78,6 +90,9 @@ struct sconn {
     int fd;
     int state;
     int authed, close_after;
+    int astage;                     /* before authed: 0 awaits the hello, 1 the proof */
+    struct kv__auth_state auth;
+    uint8_t abuf[KV__AUTH_REPLY_LEN];
     int evicted;                    /* shut down by the acceptor (under loop.lock) */
     uint64_t born_ms;               /* accepted at */
     uint64_t progress_ms;           /* last time a frame moved (see reap_stalled) */
@@ -98,6 +113,8 @@ struct sconn {
     uint8_t *obuf;
     struct kv__serve_out out;
     size_t oidx;
+    size_t sum_at, sum_next;        /* the sums' iov in out; the next value to sum */
+    uint8_t *sums;
 };
 
 struct loop {
@@ -149,6 +166,9 @@ static void release_response(struct sconn *sc)
     free(sc->req);
     free(sc->resp);
     free(sc->body);
+    free(sc->sums);
+    sc->sums = NULL;
+    sc->sum_at = sc->sum_next = 0;
     sc->obuf = NULL;
     sc->req = NULL;
     sc->resp = NULL;
@@ -206,6 +226,11 @@ static int try_write(struct sconn *sc)
         }
         if (cnt > IOV_MAX)
             cnt = IOV_MAX;
+        /* Each value's sum just before its first byte goes (a copied one is
+         * in the buffer only from now on). */
+        for (size_t j = sc->sum_next; j < sc->oidx + cnt && j < sc->sum_at; j++, sc->sum_next++)
+            kv__put64(sc->sums + (j - 1) * KV_PROTO_SUM_LEN,
+                      kv__sum(out->iov[j].iov_base, out->iov[j].iov_len));
         ssize_t w = send_iov(sc->fd, out->iov + sc->oidx, cnt);
         if (w < 0) {
             if (errno == EINTR)
@@ -245,45 +270,63 @@ static int try_write(struct sconn *sc)
     return 0;
 }
 
-/* Queues a header-and-body-only response and starts writing it. */
-static int respond_simple(struct sconn *sc, uint8_t type, int status)
+/* Queues raw bytes (an auth message) and starts writing them. */
+static int respond_raw(struct sconn *sc, const void *p, size_t len)
 {
-    struct kv__hdr h = { .type = type, .status = status, .req_id = sc->h.req_id };
-    sc->obuf = malloc(KV_PROTO_HDR_LEN);
+    sc->obuf = malloc(len);
     sc->out.iov = malloc(sizeof *sc->out.iov);
     sc->out.item = calloc(1, sizeof *sc->out.item);
     if (!sc->obuf || !sc->out.iov || !sc->out.item) {
         sconn_close(sc);
         return 1;
     }
-    kv__hdr_encode(&h, sc->obuf);
-    sc->out.iov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN };
+    memcpy(sc->obuf, p, len);
+    sc->out.iov[0] = (struct iovec){ sc->obuf, len };
     sc->out.cnt = 1;
     sc->oidx = 0;
     sc->state = S_WRITE;
     return try_write(sc);
 }
 
-static int on_hello(struct sconn *sc)
+static const char *peer_name(int fd, char *buf, size_t cap)
 {
-    char token[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1];
-    if (kv__hello_decode(sc->body, sc->h.body_len, token, sizeof token, id, sizeof id)) {
-        sconn_close(sc);
-        return 1;
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    char ip[INET_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&sa, &sl) == 0)
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    snprintf(buf, cap, "%s:%u", ip, sl == sizeof sa ? (unsigned)ntohs(sa.sin_port) : 0u);
+    return buf;
+}
+
+/* One message of the challenge-response is in abuf: answers it. */
+static int on_auth(struct sconn *sc)
+{
+    const char *token = sc->lp->t->o.token;
+    if (sc->astage == 0) {
+        uint8_t reply[KV__AUTH_REPLY_LEN];
+        if (kv__auth_reply(token, sc->abuf, &sc->auth, reply) != KV_OK) {
+            KV_WARN("tcp: a peer did not open with the challenge-response; closing");
+            sconn_close(sc);
+            return 1;
+        }
+        sc->astage = 1;
+        return respond_raw(sc, reply, sizeof reply);
     }
-    free(sc->body);
-    sc->body = NULL;
-    if (!kv__token_eq(token, sc->lp->t->o.token)) {
-        KV_WARN("tcp: refused a connection from '%s': wrong cluster token", id);
+    uint8_t verdict = (uint8_t)kv__auth_proof_ok(token, &sc->auth, sc->abuf);
+    if (!verdict) {
+        char who[64];
+        KV_WARN("tcp: refused a connection from %s: it did not prove the cluster token",
+                peer_name(sc->fd, who, sizeof who));
         sc->close_after = 1;
-        return respond_simple(sc, KV_MSG_HELLO_OK, KV_EPERM);
+        return respond_raw(sc, &verdict, 1);
     }
     pthread_mutex_lock(&sc->lp->lock);
     if (!sc->evicted)
         atomic_fetch_sub(&sc->lp->t->nunauth, 1);
     sc->authed = 1;
     pthread_mutex_unlock(&sc->lp->lock);
-    return respond_simple(sc, KV_MSG_HELLO_OK, KV_OK);
+    return respond_raw(sc, &verdict, 1);
 }
 
 /* Serves the non-dump items once all dump data is in, then responds. */
@@ -296,8 +339,26 @@ static int finish_batch(struct sconn *sc)
         sconn_close(sc);
         return 1;
     }
+    /* The sums go last, as one more iov after the values. */
+    size_t nv = sc->out.cnt - 1;
+    struct iovec *iov = realloc(sc->out.iov, (sc->out.cnt + 1) * sizeof *iov);
+    if (iov)
+        sc->out.iov = iov;
+    uint32_t *item = iov ? realloc(sc->out.item, (sc->out.cnt + 1) * sizeof *item) : NULL;
+    if (item)
+        sc->out.item = item;
+    sc->sums = malloc(nv ? nv * KV_PROTO_SUM_LEN : 1);
+    if (!iov || !item || !sc->sums) {
+        sconn_close(sc);
+        return 1;
+    }
+    sc->sum_at = sc->out.cnt;
+    sc->sum_next = 1;
+    sc->out.item[sc->out.cnt] = 0;
+    sc->out.iov[sc->out.cnt++] = (struct iovec){ sc->sums, nv * KV_PROTO_SUM_LEN };
     struct kv__hdr h = { .type = KV_MSG_BATCH_R, .req_id = sc->h.req_id,
-                         .body_len = (uint32_t)blen, .data_len = sc->out.data };
+                         .body_len = (uint32_t)blen,
+                         .data_len = sc->out.data + nv * KV_PROTO_SUM_LEN };
     kv__hdr_encode(&h, sc->obuf);
     kv__batch_r_encode(sc->resp, n, sc->obuf + KV_PROTO_HDR_LEN, blen);
     sc->out.iov[0] = (struct iovec){ sc->obuf, KV_PROTO_HDR_LEN + blen };
@@ -305,7 +366,7 @@ static int finish_batch(struct sconn *sc)
     sc->state = S_WRITE;
     /* The response is a transfer of its own, held to the same floor. */
     sc->frame_ms = kv__now_ms();
-    sc->frame_bytes = KV_PROTO_HDR_LEN + blen + sc->out.data;
+    sc->frame_bytes = KV_PROTO_HDR_LEN + blen + sc->out.data + nv * KV_PROTO_SUM_LEN;
     return try_write(sc);
 }
 
@@ -405,6 +466,23 @@ static int on_data(struct sconn *sc)
 static void on_readable(struct sconn *sc)
 {
     for (;;) {
+        if (sc->state == S_HDR && !sc->authed) {
+            size_t want = sc->astage == 0 ? KV__AUTH_HELLO_LEN : KV__AUTH_PROOF_LEN;
+            ssize_t r = sconn_read(sc, sc->abuf + sc->got, want - sc->got);
+            if (r <= 0)
+                return;
+            if (sc->got == 0) {
+                sc->frame_ms = sc->progress_ms;
+                sc->frame_bytes = want;
+            }
+            sc->got += (size_t)r;
+            if (sc->got < want)
+                continue;
+            sc->got = 0;
+            if (on_auth(sc) || sc->state == S_WRITE)
+                return;
+            continue;
+        }
         if (sc->state == S_HDR) {
             ssize_t r = sconn_read(sc, sc->hdrbuf + sc->got, KV_PROTO_HDR_LEN - sc->got);
             if (r <= 0)
@@ -417,16 +495,8 @@ static void on_readable(struct sconn *sc)
             if (sc->got < KV_PROTO_HDR_LEN)
                 continue;
             if (kv__hdr_decode(sc->hdrbuf, UINT64_MAX, &sc->h) != KV_OK ||
-                sc->h.type != (sc->authed ? KV_MSG_BATCH : KV_MSG_HELLO)) {
+                sc->h.type != KV_MSG_BATCH) {
                 KV_WARN("tcp: bad frame (type %u) from a peer; closing", sc->hdrbuf[5]);
-                sconn_close(sc);
-                return;
-            }
-            /* Before authentication a peer gets no more buffer than a
-             * valid HELLO needs. */
-            if (!sc->authed && sc->h.body_len > KV_PROTO_HELLO_MAX) {
-                KV_WARN("tcp: a HELLO of %u bytes (at most %u); closing", sc->h.body_len,
-                        (unsigned)KV_PROTO_HELLO_MAX);
                 sconn_close(sc);
                 return;
             }
@@ -446,8 +516,7 @@ static void on_readable(struct sconn *sc)
                     return;
                 sc->got += (size_t)r;
             }
-            int rc = sc->h.type == KV_MSG_HELLO ? on_hello(sc) : on_batch(sc);
-            if (rc)
+            if (on_batch(sc))
                 return;
             if (sc->state == S_WRITE)
                 return;
@@ -467,7 +536,7 @@ static void on_readable(struct sconn *sc)
 
 /*
  * Makes room for a new unauthenticated connection when KV__TCP_UNAUTH_MAX
- * are open: the oldest one that has not said HELLO is shut down. Its own
+ * are open: the oldest one that has not authenticated is shut down. Its own
  * loop thread sees the end of the stream and closes it; shutting down is
  * all another thread may do to a connection it does not own, and the
  * descriptor is still open because a connection leaves its list (under
@@ -744,30 +813,13 @@ static struct dl dl_make(unsigned timeout_ms, uint64_t bytes)
                         .idle = timeout_ms };
 }
 
-/* Waits for ev on fd; since is when the call last made progress. */
-static int wait_fd(int fd, short ev, const struct dl *d, uint64_t since)
-{
-    uint64_t until = since + d->idle < d->end ? since + d->idle : d->end;
-    for (;;) {
-        uint64_t now = kv__now_ms();
-        if (now >= until)
-            return KV_ETIMEDOUT;
-        struct pollfd p = { .fd = fd, .events = ev };
-        int k = poll(&p, 1, (int)(until - now));
-        if (k > 0)
-            return KV_OK;
-        if (k < 0 && errno != EINTR)
-            return KV_ENET;
-    }
-}
-
 /* Moves what it can of iov[*at..cnt) (which it consumes) through fd
  * without waiting: KV_OK when all of it moved, MOVE_WAIT when fd would
  * block, or an error. *since is set to the time of the last byte moved. */
 #define MOVE_WAIT 1
 
 static int move_some(int fd, struct iovec *iov, size_t *at, size_t cnt, int wr,
-                     uint64_t *since)
+                     uint64_t *since, size_t *moved)
 {
     size_t i = *at;
     int rc = KV_OK;
@@ -789,6 +841,8 @@ static int move_some(int fd, struct iovec *iov, size_t *at, size_t cnt, int wr,
             break;
         }
         *since = kv__now_ms();
+        if (moved)
+            *moved += (size_t)r;
         size_t left = (size_t)r;
         while (i < cnt && left >= iov[i].iov_len) {
             left -= iov[i].iov_len;
@@ -803,37 +857,6 @@ static int move_some(int fd, struct iovec *iov, size_t *at, size_t cnt, int wr,
     return rc;
 }
 
-/* Moves all of iov[0..cnt) (which it consumes) through fd. */
-static int xfer(int fd, struct iovec *iov, size_t cnt, int wr, const struct dl *deadline)
-{
-    size_t i = 0;
-    uint64_t since = kv__now_ms();
-    int rc;
-    while ((rc = move_some(fd, iov, &i, cnt, wr, &since)) == MOVE_WAIT)
-        if ((rc = wait_fd(fd, wr ? POLLOUT : POLLIN, deadline, since)))
-            return rc;
-    return rc;
-}
-
-static int xfer1(int fd, void *p, size_t len, int wr, const struct dl *deadline)
-{
-    struct iovec v = { p, len };
-    return xfer(fd, &v, 1, wr, deadline);
-}
-
-/* Reads a response header and checks it answers req_id with type. */
-static int read_hdr(int fd, uint8_t type, uint64_t req_id, uint64_t max_data,
-                    struct kv__hdr *h, const struct dl *deadline)
-{
-    uint8_t b[KV_PROTO_HDR_LEN];
-    int rc = xfer1(fd, b, sizeof b, 0, deadline);
-    if (rc)
-        return rc;
-    if (kv__hdr_decode(b, max_data, h) || h->type != type || h->req_id != req_id)
-        return KV_EPROTO;
-    return KV_OK;
-}
-
 static int tcp_connect(struct kv__transport *tp, const char *addr, struct kv__conn **out)
 {
     struct tcp *t = (struct tcp *)tp;
@@ -845,27 +868,10 @@ static int tcp_connect(struct kv__transport *tp, const char *addr, struct kv__co
     int fd, rc = kv__sock_connect(&sa, d.end, &fd);
     if (rc != KV_OK)
         return rc;
-    uint8_t buf[KV_PROTO_HDR_LEN + KV_PROTO_HELLO_MAX];
-    int blen = kv__hello_encode(t->o.token, t->id, buf + KV_PROTO_HDR_LEN,
-                                sizeof buf - KV_PROTO_HDR_LEN);
-    if (blen < 0) {
-        rc = KV_EINVAL;
+    /* The server proves the token before we do (auth.h): a forged
+     * address learns nothing it could use elsewhere. */
+    if ((rc = kv__auth_client(fd, t->o.token, deadline->end)) != KV_OK)
         goto fail;
-    }
-    struct kv__hdr h = { .type = KV_MSG_HELLO, .body_len = (uint32_t)blen, .req_id = 1 };
-    kv__hdr_encode(&h, buf);
-    if ((rc = xfer1(fd, buf, KV_PROTO_HDR_LEN + (size_t)blen, 1, deadline)))
-        goto fail;
-    if ((rc = read_hdr(fd, KV_MSG_HELLO_OK, 1, 0, &h, deadline)))
-        goto fail;
-    if (h.body_len) {
-        rc = KV_EPROTO;
-        goto fail;
-    }
-    if (h.status) {
-        rc = h.status == KV_EPERM ? KV_EPERM : KV_EPROTO;
-        goto fail;
-    }
     struct tcp_conn *c = calloc(1, sizeof *c);
     if (!c) {
         rc = KV_ENOMEM;
@@ -917,10 +923,18 @@ struct call {
     struct dl dl;
     uint64_t since;             /* when a byte last moved */
     uint64_t id, load_bytes;
-    size_t rlen;
+    size_t rlen, nload;
     struct kv__hdr h;
     uint8_t hdr[KV_PROTO_HDR_LEN];
     uint8_t *buf;               /* the request frame, then the response body */
+    uint8_t *sums;              /* the OK loads' sums, after their bytes */
+    /* Loads are summed as their bytes land (still in cache): the load
+     * being summed (an op index), its iov and offset, and each one's sum. */
+    void *sum_st;
+    size_t sum_op;
+    uint32_t sum_iov;
+    size_t sum_off, sum_idx;
+    uint64_t *got_sum;
     struct kv__wire_req *q;
     struct kv__wire_resp *r;
     struct iovec *iov;
@@ -933,6 +947,10 @@ static void frame_free(struct call *k)
     free(k->q);
     free(k->r);
     free(k->iov);
+    free(k->sums);
+    free(k->got_sum);
+    k->sums = NULL;
+    k->got_sum = NULL;
     k->buf = NULL;
     k->q = NULL;
     k->r = NULL;
@@ -949,12 +967,14 @@ static int frame_start(struct call *k)
     uint64_t dump_bytes = 0;
     k->rlen = kv__batch_r_body_len(n);
     k->load_bytes = 0;
+    k->nload = 0;
     for (size_t i = 0; i < n; i++) {
         if (ops[i].kind == KV_OP_DUMP) {
             niov += ops[i].iovcnt;
             dump_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
         } else if (ops[i].kind == KV_OP_LOAD) {
             nload_iov += ops[i].iovcnt;
+            k->nload++;
             k->load_bytes += kv__iov_len(ops[i].iov, ops[i].iovcnt);
         }
     }
@@ -962,7 +982,11 @@ static int frame_start(struct call *k)
     k->q = malloc(n * sizeof *k->q);
     k->r = malloc(n * sizeof *k->r);
     k->iov = malloc(((niov > nload_iov ? niov : nload_iov) + 2) * sizeof *k->iov);
-    if (!k->buf || !k->q || !k->r || !k->iov)
+    k->sums = malloc(k->nload ? k->nload * KV_PROTO_SUM_LEN : 1);
+    k->got_sum = malloc((k->nload ? k->nload : 1) * sizeof *k->got_sum);
+    if (!k->sum_st)
+        k->sum_st = kv__sum_state_new();
+    if (!k->buf || !k->q || !k->r || !k->iov || !k->sums || !k->got_sum || !k->sum_st)
         return KV_ENOMEM;
     kv__wire_from_ops(ops, n, k->q);
     k->id = k->c->next_id++;
@@ -990,7 +1014,8 @@ static int reply_hdr(struct call *k)
 {
     if (k->hdr_ok)
         return KV_OK;
-    if (kv__hdr_decode(k->hdr, k->load_bytes, &k->h) || k->h.type != KV_MSG_BATCH_R ||
+    if (kv__hdr_decode(k->hdr, k->load_bytes + k->nload * KV_PROTO_SUM_LEN, &k->h) ||
+        k->h.type != KV_MSG_BATCH_R ||
         k->h.req_id != k->id)
         return KV_EPROTO;
     if (k->h.status)
@@ -999,6 +1024,38 @@ static int reply_hdr(struct call *k)
         return KV_EPROTO;
     k->hdr_ok = 1;
     return KV_OK;
+}
+
+/* The OK loads' bytes, in order, are the first of the data phase: feeds
+ * the next `moved` of them to the sum (at most what remains of them; the
+ * sums that follow are not summed), finishing each load's sum in
+ * got_sum[] as its last byte lands. Zero-length loads finish at once. */
+static void sum_landed(struct call *k, size_t moved)
+{
+    const struct kv__op *ops = k->ops;
+    size_t n = k->m;
+    while (k->sum_op < n) {
+        const struct kv__op *op = &ops[k->sum_op];
+        if (op->kind != KV_OP_LOAD || k->r[k->sum_op].status != KV_OK) {
+            k->sum_op++;
+            continue;
+        }
+        while (k->sum_iov < op->iovcnt) {
+            const kv_iov *v = &op->iov[k->sum_iov];
+            size_t take = v->len - k->sum_off < moved ? v->len - k->sum_off : moved;
+            kv__sum_update(k->sum_st, (const uint8_t *)v->base + k->sum_off, take);
+            k->sum_off += take;
+            moved -= take;
+            if (k->sum_off < v->len)
+                return;     /* the rest of this iov has not landed yet */
+            k->sum_iov++;
+            k->sum_off = 0;
+        }
+        k->got_sum[k->sum_idx++] = kv__sum_digest(k->sum_st);
+        kv__sum_reset(k->sum_st);
+        k->sum_op++;
+        k->sum_iov = 0;
+    }
 }
 
 /* The current phase has moved all its bytes: checks them and sets up the
@@ -1026,26 +1083,44 @@ static int phase_done(struct call *k)
         /* The data is exactly the OK loads' bytes, each its expected size:
          * check before any of it lands in the caller's memory. */
         uint64_t expect = 0;
-        size_t j = 0;
+        size_t j = 0, nok = 0;
         for (size_t i = 0; i < n; i++) {
             if (ops[i].kind != KV_OP_LOAD || k->r[i].status != KV_OK)
                 continue;
             if (k->r[i].len != k->q[i].len)
                 return KV_EPROTO;
             expect += k->r[i].len;
+            nok++;
             for (uint32_t x = 0; x < ops[i].iovcnt; x++)
                 k->iov[j++] = (struct iovec){ ops[i].iov[x].base, ops[i].iov[x].len };
         }
-        if (expect != k->h.data_len)
+        if (expect + nok * KV_PROTO_SUM_LEN != k->h.data_len)
             return KV_EPROTO;
+        k->iov[j++] = (struct iovec){ k->sums, nok * KV_PROTO_SUM_LEN };
+        k->sum_op = 0;
+        k->sum_iov = 0;
+        k->sum_off = 0;
+        k->sum_idx = 0;
+        kv__sum_reset(k->sum_st);
+        sum_landed(k, 0);
         k->at = 0;
         k->cnt = j;
         k->state = C_DATA;
         return KV_OK;
     }
-    case C_DATA:
+    case C_DATA: {
+        const uint8_t *sum = k->sums;
         for (size_t i = 0; i < n; i++) {
             ops[i].result = k->r[i].status;
+            /* The bytes that landed must be the ones the server summed. */
+            if (ops[i].kind == KV_OP_LOAD && k->r[i].status == KV_OK) {
+                if (k->got_sum[(size_t)(sum - k->sums) / KV_PROTO_SUM_LEN] != kv__get64(sum)) {
+                    ops[i].result = KV_ECORRUPT;
+                    atomic_fetch_add(&k->c->t->base.checksum_failures, 1);
+                    KV_WARN("tcp: a loaded value failed its checksum; dropped");
+                }
+                sum += KV_PROTO_SUM_LEN;
+            }
             ops[i].hit = k->r[i].hit;
             if (kv__op_answers_len(ops[i].kind))
                 ops[i].len = k->r[i].len;
@@ -1058,6 +1133,7 @@ static int phase_done(struct call *k)
         k->state = C_DONE;
         return KV_OK;
     }
+    }
     return KV_EPROTO;
 }
 
@@ -1066,7 +1142,10 @@ static void step(struct call *k)
 {
     while (k->state != C_DONE) {
         int sending = k->state == C_SEND;
-        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, sending, &k->since);
+        size_t moved = 0;
+        int rc = move_some(k->c->fd, k->iov, &k->at, k->cnt, sending, &k->since, &moved);
+        if (k->state == C_DATA && moved)
+            sum_landed(k, moved);
         /* A reply's header is checked as soon as it is in: an error reply
          * has no body to wait for, and its peer may close right after it. */
         if (rc != KV_OK && k->state == C_REPLY && k->at > 0) {
@@ -1153,6 +1232,7 @@ static void tcp_batch_many(struct kv__batch *b, size_t nb)
     for (size_t i = 0; i < nb; i++) {
         b[i].rc = k[i].rc;
         frame_free(&k[i]);
+        kv__sum_state_free(k[i].sum_st);
     }
 out:
     if (k != &one)

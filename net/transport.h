@@ -210,6 +210,9 @@ int kv__transport_pick(int protocol, const struct kv__net_opts *o,
  * ops from a kv__transport pointer. */
 struct kv__transport_base {
     const struct kv__transport_ops *ops;
+    /* Loads this client refused because the bytes that landed failed the
+     * sum the server sent with them (each item KV_ECORRUPT). */
+    _Atomic uint64_t checksum_failures;
 };
 
 #endif

@@ -10,6 +10,8 @@ libmicrohttpd-dev gnuplot-nox libcurl4-openssl-dev libjson-c-dev libssl-dev etcd
 [ $# -gt 0 ] && PKGS="$PKGS $*"
 # clang and its sanitizer and libFuzzer runtimes: make fuzz (tests/fuzz/).
 PKGS="$PKGS clang libclang-rt-14-dev"
+# openssl (the command): the etcd suite's https test makes its certificates.
+PKGS="$PKGS openssl"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

@@ -4,11 +4,15 @@
  * refused, and no frame carries the token.
  */
 #include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/config.h"
 #include "net/auth.h"
 #include "engine/internal.h"
 #include "testutil.h"
@@ -133,6 +137,81 @@ START_TEST(token_never_on_the_wire)
 }
 END_TEST
 
+static void write_file(const char *path, const char *text, mode_t mode)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+static int resolve(const char *token, const char *file, char *out, char *err, size_t errlen)
+{
+    struct kv_config cfg;
+    kv__config_defaults(&cfg);
+    snprintf(cfg.cluster.token, sizeof cfg.cluster.token, "%s", token);
+    snprintf(cfg.cluster.token_file, sizeof cfg.cluster.token_file, "%.200s", file);
+    return kv__auth_token(&cfg, out, err, errlen);
+}
+
+/* cluster.token_file and KVENGINE_TOKEN / KV_TOKEN, so the token need not
+ * be on a command line (issue 17, 7): the file must be a regular file of
+ * ours, mode 0600 or 0400, no symlink; one trailing newline is dropped. */
+START_TEST(token_from_file_and_environment)
+{
+    char *dir = tu_mkdtemp(), f[200], l[200], d[200], out[KV_CFG_STR], err[256];
+    snprintf(f, sizeof f, "%s/token", dir);
+    snprintf(l, sizeof l, "%s/link", dir);
+    snprintf(d, sizeof d, "%s/sub", dir);
+    unsetenv("KVENGINE_TOKEN");
+    unsetenv("KV_TOKEN");
+    write_file(f, "s3cret\n", 0600);
+    ck_assert_int_eq(resolve("", f, out, err, sizeof err), KV_OK);
+    ck_assert_str_eq(out, "s3cret");
+    ck_assert_int_eq(chmod(f, 0400), 0);
+    ck_assert_int_eq(resolve("", f, out, err, sizeof err), KV_OK);
+    ck_assert_str_eq(out, "s3cret");
+    static const mode_t bad[] = { 0640, 0604, 0644, 0660 };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(chmod(f, bad[i]), 0);
+        err[0] = 0;
+        ck_assert_int_eq(resolve("", f, out, err, sizeof err), KV_ECONFIG);
+        ck_assert_msg(strstr(err, "0600 or 0400"), "said: %s", err);
+    }
+    ck_assert_int_eq(chmod(f, 0600), 0);
+    ck_assert_int_eq(symlink(f, l), 0);
+    ck_assert_int_eq(resolve("", l, out, err, sizeof err), KV_ECONFIG);
+    ck_assert_int_eq(mkdir(d, 0700), 0);
+    ck_assert_int_eq(resolve("", d, out, err, sizeof err), KV_ECONFIG);
+    ck_assert_int_ne(resolve("", "/nonexistent/kv-token", out, err, sizeof err), KV_OK);
+    ck_assert_int_eq(resolve("x", f, out, err, sizeof err), KV_ECONFIG);   /* both set */
+    write_file(f, "", 0600);
+    ck_assert_int_eq(resolve("", f, out, err, sizeof err), KV_ECONFIG);    /* empty */
+    write_file(f, "a\nb", 0600);
+    ck_assert_int_eq(resolve("", f, out, err, sizeof err), KV_ECONFIG);    /* a control */
+    char big[200];
+    memset(big, 'k', sizeof big - 1);
+    big[sizeof big - 1] = 0;
+    write_file(f, big, 0600);
+    ck_assert_int_eq(resolve("", f, out, err, sizeof err), KV_ECONFIG);    /* too long */
+    /* the environment, when neither key is set; the config wins over it */
+    setenv("KV_TOKEN", "from-kv", 1);
+    ck_assert_int_eq(resolve("", "", out, err, sizeof err), KV_OK);
+    ck_assert_str_eq(out, "from-kv");
+    setenv("KVENGINE_TOKEN", "from-kvengine", 1);
+    ck_assert_int_eq(resolve("", "", out, err, sizeof err), KV_OK);
+    ck_assert_str_eq(out, "from-kvengine");
+    ck_assert_int_eq(resolve("given", "", out, err, sizeof err), KV_OK);
+    ck_assert_str_eq(out, "given");
+    unsetenv("KVENGINE_TOKEN");
+    unsetenv("KV_TOKEN");
+    ck_assert_int_eq(resolve("", "", out, err, sizeof err), KV_OK);
+    ck_assert_str_eq(out, "");
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *auth_suite(void)
 {
     Suite *s = suite_create("auth");
@@ -142,6 +221,7 @@ Suite *auth_suite(void)
     tcase_add_test(tc, wrong_token_is_refused_by_the_client_first);
     tcase_add_test(tc, macs_depend_on_role_nonces_and_token);
     tcase_add_test(tc, token_never_on_the_wire);
+    tcase_add_test(tc, token_from_file_and_environment);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -19,9 +19,11 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "net/auth.h"
 #include "net/master.h"
 #include "net/serve.h"
 #include "net/sock.h"
@@ -171,6 +173,157 @@ START_TEST(token_refused)
 }
 END_TEST
 
+/* A JOIN over a connection that proved the token, but whose record is not
+ * signed with it (a record made up or altered by someone else), is refused
+ * and never enters the view (issue 17, 1b). */
+START_TEST(unsigned_record_refused)
+{
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    for (int k = 0; k < 2; k++) {
+        int fd;
+        ck_assert_int_eq(kv__sock_connect(&sa, kv__now_ms() + 2000, &fd), KV_OK);
+        ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 2000), KV_OK);
+        struct kv__member m = who("forger", KV_MEMBER_OWNER);
+        if (k == 1)
+            ck_assert_int_eq(kv__member_sign("other", &m), KV_OK);
+        uint8_t b[KV_PROTO_HDR_LEN + 1024];
+        int blen = kv__join_encode(&m, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+        ck_assert_int_gt(blen, 0);
+        struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen, .req_id = 1 };
+        kv__hdr_encode(&h, b);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1,
+                                        kv__now_ms() + 2000), KV_OK);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN, 0, kv__now_ms() + 2000), KV_OK);
+        ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+        ck_assert_int_eq(h.status, KV_EPERM);
+        close(fd);
+    }
+    struct kv__mclient *good;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &good), KV_OK);
+    struct kv__member g = who("good", 0);
+    ck_assert_int_eq(join(good, &g, NULL, "forger"), 1);
+    kv__mclient_close(good);
+}
+END_TEST
+
+/* One host that JOINs fresh ids in a loop creates at most 1024 records
+ * (KV_ENOSPC after), so members from other hosts still join, heartbeat and
+ * read the view (issue 17, 4: on main one token holder's 2,800 JOINs broke
+ * every heartbeat, kv_open and kvctl members). The flood comes from
+ * 127.0.0.2, the members from 127.0.0.1. */
+START_TEST(joins_bounded_per_host)
+{
+    kill(master_pid, SIGKILL);
+    waitpid(master_pid, NULL, 0);
+    start_master("sesame", 60000);
+    struct sockaddr_in sa, from = { .sin_family = AF_INET };
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    inet_pton(AF_INET, "127.0.0.2", &from.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 2000), KV_OK);
+    static uint8_t b[1 << 20];
+    int refused_at = -1;
+    for (int i = 0; i <= 1100 && refused_at < 0; i++) {
+        struct kv__member m = who("", KV_MEMBER_OWNER);
+        snprintf(m.id, sizeof m.id, "flood-%d", i);
+        snprintf(m.addr, sizeof m.addr, "127.0.0.2:%d", 1000 + i);
+        ck_assert_int_eq(kv__member_sign("sesame", &m), KV_OK);
+        int blen = kv__join_encode(&m, b + KV_PROTO_HDR_LEN, 4096);
+        struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen,
+                             .req_id = (uint64_t)i + 1 };
+        kv__hdr_encode(&h, b);
+        uint64_t dl = kv__now_ms() + 5000;
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1, dl), KV_OK);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN, 0, dl), KV_OK);
+        ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+        if (h.status) {
+            ck_assert_int_eq(h.status, KV_ENOSPC);
+            refused_at = i;
+            break;
+        }
+        ck_assert_uint_le(h.body_len, sizeof b);
+        ck_assert_int_eq(kv__sock_xfer1(fd, b, h.body_len, 0, dl), KV_OK);
+    }
+    close(fd);
+    ck_assert_int_eq(refused_at, 1024);
+    struct kv__mclient *g;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 2000, &g), KV_OK);
+    struct kv__member m = who("real", KV_MEMBER_OWNER);
+    ck_assert_int_eq(join(g, &m, NULL, NULL), 1025);
+    ck_assert_int_eq(join(g, &m, NULL, NULL), 1025);   /* its heartbeat */
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.token", "sesame"), KV_OK);
+    uint64_t v;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &list, &n), KV_OK);
+    ck_assert_uint_eq(n, 1025);
+    free(list);
+    kv_config_free(q);
+    kv__mclient_close(g);
+}
+END_TEST
+
+/* A fake kvmaster (a forged cluster.master) answering with its own nonce
+ * and a made-up MAC: the client refuses it (KV_EPERM) before proving
+ * anything, and the fake reads only the 36-byte hello, no token (issue 17,
+ * 1a: before, the JOIN carried the token in clear). */
+struct fakem {
+    int lfd;
+    uint8_t got[4096];
+    size_t n;
+    pthread_t th;
+};
+
+static void *fakem_main(void *arg)
+{
+    struct fakem *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    struct timeval tv = { .tv_usec = 300000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t r = recv(fd, f->got, KV__AUTH_HELLO_LEN, MSG_WAITALL);
+    f->n = r > 0 ? (size_t)r : 0;
+    uint8_t reply[KV__AUTH_REPLY_LEN];
+    memset(reply, 0x33, sizeof reply);
+    memcpy(reply, KV__AUTH_MAGIC, KV__AUTH_MAGIC_LEN);
+    send(fd, reply, sizeof reply, MSG_NOSIGNAL);
+    while ((r = recv(fd, f->got + f->n, sizeof f->got - f->n, 0)) > 0)
+        f->n += (size_t)r;
+    close(fd);
+    return NULL;
+}
+
+START_TEST(fake_master_learns_nothing)
+{
+    struct fakem f = { .lfd = socket(AF_INET, SOCK_STREAM, 0) };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(f.lfd, 4), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(f.lfd, (struct sockaddr *)&sa, &sl);
+    char fa[64];
+    snprintf(fa, sizeof fa, "127.0.0.1:%u", ntohs(sa.sin_port));
+    pthread_create(&f.th, NULL, fakem_main, &f);
+    struct kv__mclient *mc;
+    ck_assert_int_eq(kv__mclient_open(fa, "sesame", 1000, &mc), KV_OK);
+    struct kv__member m = who("victim", KV_MEMBER_OWNER);
+    ck_assert_int_eq(join(mc, &m, NULL, NULL), KV_EPERM);
+    kv__mclient_close(mc);
+    pthread_join(f.th, NULL);
+    close(f.lfd);
+    ck_assert_uint_eq(f.n, KV__AUTH_HELLO_LEN);
+    ck_assert(!memmem(f.got, f.n, "sesame", 6));
+}
+END_TEST
+
 START_TEST(ttl_expiry)
 {
     struct kv__mclient *a, *b;
@@ -230,6 +383,53 @@ START_TEST(hostile_frames)
     struct kv__member m = who("after", 0);
     ck_assert_int_eq(join(g, &m, NULL, NULL), 1);
     kv__mclient_close(g);
+}
+END_TEST
+
+/* A member whose token comes from cluster.token_file joins; one whose
+ * file is readable by others is refused at kv_open; kv_members reads the
+ * view with the token from KV_TOKEN (issue 17, 7: before, the token could
+ * only be given as a setting, visible on a command line). */
+START_TEST(token_file_and_env)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/token", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "sesame\n", 7), 7);
+    close(fd);
+    kv_config *cfg = NULL;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", "4MiB"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", "tcp"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.listen", "127.0.0.1:0"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.token_file", path), KV_OK);
+    kv_engine *e = NULL;
+    ck_assert_int_eq(kv_open(cfg, &e), KV_OK);
+    unsetenv("KVENGINE_TOKEN");
+    setenv("KV_TOKEN", "sesame", 1);
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    uint64_t v;
+    kv_member_info *m = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &m, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    free(m);
+    setenv("KV_TOKEN", "wrong", 1);
+    ck_assert_int_eq(kv_members(q, &v, &m, &n), KV_EPERM);
+    unsetenv("KV_TOKEN");
+    kv_config_free(q);
+    kv_close(e);
+    ck_assert_int_eq(chmod(path, 0644), 0);
+    e = NULL;
+    ck_assert_int_eq(kv_open(cfg, &e), KV_ECONFIG);
+    ck_assert_ptr_null(e);
+    kv_config_free(cfg);
 }
 END_TEST
 
@@ -474,6 +674,10 @@ Suite *master_suite(void)
     tcase_set_timeout(tc, 15);
     tcase_add_test(tc, join_leave_versions);
     tcase_add_test(tc, token_refused);
+    tcase_add_test(tc, unsigned_record_refused);
+    tcase_add_test(tc, fake_master_learns_nothing);
+    tcase_add_test(tc, token_file_and_env);
+    tcase_add_test(tc, joins_bounded_per_host);
     tcase_add_test(tc, ttl_expiry);
     tcase_add_test(tc, hostile_frames);
     tcase_add_test(tc, idle_flood_does_not_lock_out);

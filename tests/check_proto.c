@@ -47,7 +47,7 @@ START_TEST(hdr_refusals)
     ck_assert_int_eq(kv__hdr_decode(b, UINT64_MAX, &h), KV_EPROTO);
     hdr_bytes(b, KV_MSG_BATCH, 0, 1001);                       /* data over the cap */
     ck_assert_int_eq(kv__hdr_decode(b, 1000, &h), KV_EPROTO);
-    hdr_bytes(b, KV_MSG_HELLO, 10, 1);                         /* data where none goes */
+    hdr_bytes(b, KV_MSG_JOIN, 10, 1);                          /* data where none goes */
     ck_assert_int_eq(kv__hdr_decode(b, UINT64_MAX, &h), KV_EPROTO);
     hdr_bytes(b, KV_MSG_JOIN, 10, 0);
     b[4] = KV_PROTO_VERSION + 1;                               /* unknown version */
@@ -55,6 +55,10 @@ START_TEST(hdr_refusals)
     hdr_bytes(b, 0, 0, 0);                                     /* unknown types */
     ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_EPROTO);
     hdr_bytes(b, 99, 0, 0);
+    ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_EPROTO);
+    hdr_bytes(b, 1, 0, 0);                                     /* version 1's HELLO */
+    ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_EPROTO);
+    hdr_bytes(b, 2, 0, 0);
     ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_EPROTO);
     hdr_bytes(b, KV_MSG_LEAVE + 1, 0, 0);
     ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_EPROTO);
@@ -151,7 +155,8 @@ START_TEST(batch_r_round_trip)
     for (size_t i = 0; i < N; i++)
         r[i] = (struct kv__wire_resp){ .status = i % 3 ? KV_OK : KV_ENOTFOUND, .hit = i & 1,
                                        .len = i * 77, .addr = 0xdead0000 + i,
-                                       .rkey = (uint32_t)i + 5, .handle = i << 40 };
+                                       .rkey = (uint32_t)i + 5, .handle = i << 40,
+                                       .sum = 0x1234567890abcdefull ^ i };
     size_t len = kv__batch_r_body_len(N);
     uint8_t b[4 + N * KV_PROTO_RESP_ITEM];
     ck_assert_int_eq(kv__batch_r_encode(r, N, b, sizeof b), (int)len);
@@ -164,6 +169,7 @@ START_TEST(batch_r_round_trip)
         ck_assert_uint_eq(r2[i].addr, r[i].addr);
         ck_assert_uint_eq(r2[i].rkey, r[i].rkey);
         ck_assert_uint_eq(r2[i].handle, r[i].handle);
+        ck_assert_uint_eq(r2[i].sum, r[i].sum);
     }
     for (size_t cut = 0; cut < len; cut++) {
         n = N;
@@ -174,30 +180,6 @@ START_TEST(batch_r_round_trip)
     ck_assert_int_eq(kv__batch_r_decode(b, len, r2, &n), KV_EPROTO);
     kv__put32(b + 4, (uint32_t)-1);   /* nor is a code outside the map */
     ck_assert_int_eq(kv__batch_r_decode(b, len, r2, &n), KV_EPROTO);
-}
-END_TEST
-
-START_TEST(hello_round_trip)
-{
-    uint8_t b[600];
-    char tok[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1];
-    int len = kv__hello_encode("s3cret", "node-a", b, sizeof b);
-    ck_assert_int_gt(len, 0);
-    ck_assert_int_eq(kv__hello_decode(b, (size_t)len, tok, sizeof tok, id, sizeof id), KV_OK);
-    ck_assert_str_eq(tok, "s3cret");
-    ck_assert_str_eq(id, "node-a");
-    for (int cut = 0; cut < len; cut++)
-        ck_assert_int_eq(kv__hello_decode(b, (size_t)cut, tok, sizeof tok, id, sizeof id),
-                         KV_EPROTO);
-    /* a string length past the limit */
-    kv__put16(b, KV_PROTO_ID_MAX + 1);
-    ck_assert_int_eq(kv__hello_decode(b, (size_t)len, tok, sizeof tok, id, sizeof id),
-                     KV_EPROTO);
-    /* an embedded NUL */
-    len = kv__hello_encode("ab", "c", b, sizeof b);
-    b[3] = 0;
-    ck_assert_int_eq(kv__hello_decode(b, (size_t)len, tok, sizeof tok, id, sizeof id),
-                     KV_EPROTO);
 }
 END_TEST
 
@@ -251,17 +233,89 @@ START_TEST(view_round_trip)
     kv__put32(b + 8, 1000);
     ck_assert_int_eq(kv__view_decode(b, (size_t)len, &v, &out, &n), KV_EPROTO);
 
-    /* join: token + member; too many segments refused */
+    /* join: a member, no token; too many segments refused */
     struct kv__member m = member(4), m2;
-    char tok[KV_PROTO_ID_MAX + 1];
-    len = kv__join_encode("t", &m, b, sizeof b);
+    m.lease = 0x1122334455667788ull;
+    ck_assert_int_eq(kv__member_sign("t", &m), KV_OK);
+    len = kv__join_encode(&m, b, sizeof b);
     ck_assert_int_gt(len, 0);
-    ck_assert_int_eq(kv__join_decode(b, (size_t)len, tok, sizeof tok, &m2), KV_OK);
+    ck_assert(!memmem(b, (size_t)len, "\x01\x00t", 3));
+    ck_assert_int_eq(kv__join_decode(b, (size_t)len, &m2), KV_OK);
     ck_assert_str_eq(m2.addr, m.addr);
-    ck_assert_int_eq(kv__join_decode(b, (size_t)len - 1, tok, sizeof tok, &m2), KV_EPROTO);
-    size_t segat = 2 + 1 + 2 + strlen(m.id) + 2 + strlen(m.addr) + 4;
+    ck_assert_uint_eq(m2.lease, m.lease);
+    ck_assert(memcmp(m2.mac, m.mac, sizeof m.mac) == 0);
+    ck_assert(kv__member_verify("t", &m2));
+    ck_assert_int_eq(kv__join_decode(b, (size_t)len - 1, &m2), KV_EPROTO);
+    size_t segat = 2 + strlen(m.id) + 2 + strlen(m.addr) + 4;
     kv__put32(b + segat, KV_PROTO_SEG_MAX + 1);
-    ck_assert_int_eq(kv__join_decode(b, (size_t)len, tok, sizeof tok, &m2), KV_EPROTO);
+    ck_assert_int_eq(kv__join_decode(b, (size_t)len, &m2), KV_EPROTO);
+}
+END_TEST
+
+/* Ids and addresses read from etcd or kvmaster: printable, host:port
+ * (issue 17, 4: a CRLF or a malformed address read from etcd was used). */
+START_TEST(member_sanity)
+{
+    struct kv__member m = member(1);
+    ck_assert(kv__member_sane(&m));
+    static const char *const bad_addr[] = { "10.0.0.1", ":80", "10.0.0.1:", "10.0.0.1:0",
+                                            "10.0.0.1:65536", "10.0.0.1:12a", "a b:1",
+                                            "host\r\n:1", "10.0.0.1:123456" };
+    for (size_t i = 0; i < sizeof bad_addr / sizeof bad_addr[0]; i++) {
+        struct kv__member x = m;
+        snprintf(x.addr, sizeof x.addr, "%s", bad_addr[i]);
+        ck_assert_msg(!kv__member_sane(&x), "%s accepted", bad_addr[i]);
+    }
+    static const char *const good_addr[] = { "127.0.0.1:1", "node-7.example_net:65535" };
+    for (size_t i = 0; i < 2; i++) {
+        struct kv__member x = m;
+        snprintf(x.addr, sizeof x.addr, "%s", good_addr[i]);
+        ck_assert(kv__member_sane(&x));
+    }
+    struct kv__member x = m;
+    snprintf(x.id, sizeof x.id, "node\r\nX-Injected: 1");
+    ck_assert(!kv__member_sane(&x));
+    x.id[0] = 0;
+    ck_assert(!kv__member_sane(&x));
+    /* a pure client has no address; an owner must have one */
+    x = m;
+    x.addr[0] = 0;
+    x.flags = 0;
+    ck_assert(kv__member_sane(&x));
+    x.flags = KV_MEMBER_OWNER;
+    ck_assert(!kv__member_sane(&x));
+}
+END_TEST
+
+/* A member's MAC covers every field: any change, or another token, and it
+ * no longer verifies (issue 17, 1b: before, records carried no MAC and a
+ * forged record for a live id was believed). */
+START_TEST(member_mac)
+{
+    struct kv__member m = member(2);
+    m.lease = 77;
+    ck_assert_int_eq(kv__member_sign("sesame", &m), KV_OK);
+    ck_assert(kv__member_verify("sesame", &m));
+    ck_assert(!kv__member_verify("sesamE", &m));
+    ck_assert(!kv__member_verify("", &m));
+    for (int f = 0; f < 7; f++) {
+        struct kv__member x = m;
+        switch (f) {
+        case 0: x.id[0] ^= 1; break;
+        case 1: snprintf(x.addr, sizeof x.addr, "10.0.0.9:1"); break;
+        case 2: x.flags ^= KV_MEMBER_OWNER; break;
+        case 3: x.nseg--; break;
+        case 4: x.seg[0].rkey++; break;
+        case 5: x.lease++; break;
+        case 6: x.mac[31] ^= 0x80; break;
+        }
+        ck_assert_msg(!kv__member_verify("sesame", &x), "field %d not covered", f);
+    }
+    /* an unsigned record does not verify even under the empty token */
+    struct kv__member u = member(1);
+    ck_assert(!kv__member_verify("", &u));
+    ck_assert_int_eq(kv__member_sign("", &u), KV_OK);
+    ck_assert(kv__member_verify("", &u));
 }
 END_TEST
 
@@ -321,7 +375,8 @@ Suite *proto_suite(void)
     tcase_add_test(tc, hdr_refusals);
     tcase_add_test(tc, batch_round_trip);
     tcase_add_test(tc, batch_r_round_trip);
-    tcase_add_test(tc, hello_round_trip);
+    tcase_add_test(tc, member_mac);
+    tcase_add_test(tc, member_sanity);
     tcase_add_test(tc, view_round_trip);
     tcase_add_test(tc, placement_rendezvous);
     suite_add_tcase(s, tc);

@@ -34,6 +34,7 @@
 #include "testutil.h"
 #include "testutil_int.h"
 #include "net/transport.h"
+#include "net/auth.h"
 #include "net/proto.h"
 #include "net/sock.h"
 
@@ -906,7 +907,8 @@ START_TEST(transport_wrong_token_and_hostile_frames)
     T->destroy(t);
 
     /* Raw frames: a RELEASE of a handle never handed out, a PREP before
-     * HELLO, a frame with a bad magic. Each closes that connection only. */
+     * the challenge-response, a frame with a bad magic. Each closes that
+     * connection only. */
     struct sockaddr_in sa;
     ck_assert_int_eq(kv__net_parse_addr(addr, &sa), KV_OK);
     for (int k = 0; k < 3; k++) {
@@ -915,14 +917,9 @@ START_TEST(transport_wrong_token_and_hostile_frames)
         struct timeval tv = { .tv_sec = 3 };
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
         uint8_t b[256];
-        struct kv__hdr h = { .type = KV_MSG_HELLO, .req_id = 1 };
+        struct kv__hdr h;
         if (k == 0) {
-            int n = kv__hello_encode(TOKEN, "raw", b + KV_PROTO_HDR_LEN, 200);
-            ck_assert_int_gt(n, 0);
-            h.body_len = (uint32_t)n;
-            kv__hdr_encode(&h, b);
-            ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
-            ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN), 0);   /* HELLO_OK */
+            ck_assert_int_eq(kv__auth_client(fd, TOKEN, tu_now_ms() + 3000), KV_OK);
             h = (struct kv__hdr){ .type = KV_MSG_RDMA_FIRST + 4, .req_id = 2, .body_len = 12 };
             kv__hdr_encode(&h, b);
             kv__put32(b + KV_PROTO_HDR_LEN, 1);
@@ -957,11 +954,9 @@ START_TEST(transport_wrong_token_and_hostile_frames)
     struct timeval tv = { .tv_sec = 5 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     uint8_t b[512];
-    int n = kv__hello_encode(TOKEN, "quiet", b + KV_PROTO_HDR_LEN, 200);
-    struct kv__hdr h = { .type = KV_MSG_HELLO, .req_id = 1, .body_len = (uint32_t)n };
-    kv__hdr_encode(&h, b);
-    ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
-    ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN), 0);
+    ck_assert_int_eq(kv__auth_client(fd, TOKEN, tu_now_ms() + 3000), KV_OK);
+    int n;
+    struct kv__hdr h;
     struct kv__wire_req item = { .kind = KV_OP_LOAD, .ns = KV_NS_BLOCK, .index = 3,
                                  .id = tu_id(1, 9), .len = sizeof w };
     n = kv__batch_encode(&item, 1, b + KV_PROTO_HDR_LEN, 256);
@@ -1006,11 +1001,9 @@ START_TEST(transport_reservation_lifetime)
     struct timeval tv = { .tv_sec = 3 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     uint8_t b[512];
-    int n = kv__hello_encode(TOKEN, "holder", b + KV_PROTO_HDR_LEN, 200);
-    struct kv__hdr h = { .type = KV_MSG_HELLO, .req_id = 1, .body_len = (uint32_t)n };
-    kv__hdr_encode(&h, b);
-    ck_assert_int_eq(xwrite(fd, b, KV_PROTO_HDR_LEN + (size_t)n), 0);
-    ck_assert_int_eq(xread(fd, b, KV_PROTO_HDR_LEN), 0);
+    ck_assert_int_eq(kv__auth_client(fd, TOKEN, tu_now_ms() + 3000), KV_OK);
+    int n;
+    struct kv__hdr h;
     /* reserve 6 of the 8 MiB */
     struct kv__wire_req item = { .kind = KV_OP_DUMP, .ns = KV_NS_BLOCK, .id = tu_id(40, 9),
                                  .len = 6u << 20 };
@@ -1118,8 +1111,7 @@ static int fake_server(int lfd, const uint64_t *off, size_t n)
         return 30;
     static uint8_t b[65536];
     struct kv__hdr h;
-    if (frame_in(fd, &h, b, sizeof b) || h.type != KV_MSG_HELLO ||
-        frame_out(fd, KV_MSG_HELLO_OK, h.req_id, NULL, 0))
+    if (kv__auth_server(fd, "", kv__now_ms() + 5000) != KV_OK)
         return 31;
     if (frame_in(fd, &h, b, sizeof b) || h.type != KV_MSG_RDMA_FIRST || h.body_len != 28)
         return 32;
@@ -1152,10 +1144,16 @@ static int fake_server(int lfd, const uint64_t *off, size_t n)
     size_t got = 8;
     if (kv__batch_decode(b, h.body_len, q, &got) || got != n)
         return 37;
+    /* The sum of the bytes at each address; the last item's is another
+     * value's (a server handing back other bytes than it claims). */
     for (size_t i = 0; i < n; i++)
         o[i] = (struct kv__wire_resp){ .status = KV_OK, .len = q[i].len,
                                        .addr = mine.addr + off[i], .rkey = mine.rkey,
-                                       .handle = 100 + i };
+                                       .handle = 100 + i,
+                                       .sum = off[i] + q[i].len <= 4096
+                                                  ? kv__sum((uint8_t *)e.buf + off[i], q[i].len)
+                                                  : 0 };
+    o[n - 1].sum ^= 1;
     int blen = kv__batch_r_encode(o, n, b, sizeof b);
     if (blen < 0 || frame_out(fd, KV_MSG_RDMA_FIRST + 3, h.req_id, b, (size_t)blen))
         return 38;
@@ -1183,14 +1181,15 @@ START_TEST(transport_client_refuses_addresses_outside_the_regions)
     getsockname(lfd, (struct sockaddr *)&sa, &sl);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%u", ntohs(sa.sin_port));
-    /* good; one byte past the end; before the start (wraps around) */
-    static const uint64_t off[3] = { 0, 3997, (uint64_t)-8 };
+    /* good; one byte past the end; before the start (wraps around); good
+     * bytes under a sum that is not theirs */
+    static const uint64_t off[4] = { 0, 3997, (uint64_t)-8, 1000 };
     child = fork();
     ck_assert_int_ge(child, 0);
     if (child == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         alarm(20);
-        _exit(fake_server(lfd, off, 3));
+        _exit(fake_server(lfd, off, 4));
     }
     close(lfd);
     struct kv__net_opts o = opts("");
@@ -1198,12 +1197,18 @@ START_TEST(transport_client_refuses_addresses_outside_the_regions)
     ck_assert_int_eq(T->create(&o, NULL, &t, NULL, 0), KV_OK);
     struct kv__conn *c = NULL;
     ck_assert_int_eq(T->connect(t, addr, &c), KV_OK);
-    uint8_t dst[3][100];
+    uint8_t dst[4][100];
     memset(dst, 0xEE, sizeof dst);
-    kv_iov v[3] = { { dst[0], 100 }, { dst[1], 100 }, { dst[2], 100 } };
-    struct kv__op ops[3] = { op(KV_OP_LOAD, 1, 0, &v[0], 1), op(KV_OP_LOAD, 2, 0, &v[1], 1),
-                             op(KV_OP_LOAD, 3, 0, &v[2], 1) };
-    ck_assert_int_eq(T->batch(c, ops, 3), KV_OK);
+    kv_iov v[4] = { { dst[0], 100 }, { dst[1], 100 }, { dst[2], 100 }, { dst[3], 100 } };
+    struct kv__op ops[4] = { op(KV_OP_LOAD, 1, 0, &v[0], 1), op(KV_OP_LOAD, 2, 0, &v[1], 1),
+                             op(KV_OP_LOAD, 3, 0, &v[2], 1), op(KV_OP_LOAD, 4, 0, &v[3], 1) };
+    uint64_t bad0 = atomic_load(&((struct kv__transport_base *)t)->checksum_failures);
+    ck_assert_int_eq(T->batch(c, ops, 4), KV_OK);
+    /* issue 17, 1c: the READ landed bytes the server's sum does not cover:
+     * the item fails, never KV_OK */
+    ck_assert_int_eq(ops[3].result, KV_ECORRUPT);
+    ck_assert_uint_eq(atomic_load(&((struct kv__transport_base *)t)->checksum_failures),
+                      bad0 + 1);
     ck_assert_int_eq(ops[0].result, KV_OK);
     ck_assert(tu_check_fill(dst[0], 100, 77));
     ck_assert_int_eq(ops[1].result, KV_EPROTO);

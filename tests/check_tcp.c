@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "net/auth.h"
 #include "net/proto.h"
 #include "net/serve.h"
 #include "net/sock.h"
@@ -196,18 +197,12 @@ static void raw_send(int fd, const void *p, size_t len)
     ck_assert_int_eq(send(fd, p, len, MSG_NOSIGNAL), (ssize_t)len);
 }
 
-/* A raw connection that has said HELLO with the right token. */
+/* A raw connection that has run the challenge-response with the right
+ * token. */
 static int raw_hello(void)
 {
     int fd = raw_connect();
-    uint8_t b[256];
-    int blen = kv__hello_encode("tok", "raw", b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
-    struct kv__hdr h = { .type = KV_MSG_HELLO, .body_len = (uint32_t)blen, .req_id = 1 };
-    kv__hdr_encode(&h, b);
-    raw_send(fd, b, KV_PROTO_HDR_LEN + (size_t)blen);
-    ck_assert_int_eq(recv(fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL), KV_PROTO_HDR_LEN);
-    ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
-    ck_assert_int_eq(h.status, KV_OK);
+    ck_assert_int_eq(kv__auth_client(fd, "tok", kv__now_ms() + 3000), KV_OK);
     return fd;
 }
 
@@ -381,8 +376,8 @@ START_TEST(transport_pick)
 }
 END_TEST
 
-/* A peer that says HELLO_OK and then nothing: it accepts one connection on
- * lfd, answers its HELLO and holds it silently (the test closes fd). With
+/* A peer that authenticates and then says nothing: it accepts one
+ * connection on lfd, runs the challenge-response and holds it silently (the test closes fd). With
  * status set, it first answers one batch with that status and no body. */
 struct mute {
     int lfd, fd;
@@ -398,13 +393,8 @@ static void *mute_main(void *arg)
         return NULL;
     uint8_t b[KV_PROTO_HDR_LEN + 512];
     struct kv__hdr h;
-    if (recv(m->fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL) != KV_PROTO_HDR_LEN ||
-        kv__hdr_decode(b, 0, &h) || h.body_len > sizeof b - KV_PROTO_HDR_LEN ||
-        recv(m->fd, b, h.body_len, MSG_WAITALL) != (ssize_t)h.body_len)
+    if (kv__auth_server(m->fd, "tok", kv__now_ms() + 3000) != KV_OK)
         return NULL;
-    h = (struct kv__hdr){ .type = KV_MSG_HELLO_OK, .req_id = 1 };
-    kv__hdr_encode(&h, b);
-    send(m->fd, b, KV_PROTO_HDR_LEN, MSG_NOSIGNAL);
     if (!m->status)
         return NULL;
     if (recv(m->fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL) != KV_PROTO_HDR_LEN ||
@@ -621,18 +611,191 @@ START_TEST(unauthenticated_idle_closed)
 }
 END_TEST
 
-/* A HELLO announcing more body than a valid HELLO can have is refused from
- * its header, before anything is buffered. */
+/* A peer that opens with a frame (version 1's HELLO announcing 1 MiB of
+ * body) instead of the challenge-response is closed as soon as the
+ * exchange's first message is in, before anything is buffered. */
 START_TEST(hello_body_capped)
 {
     int fd = raw_connect();
-    uint8_t b[KV_PROTO_HDR_LEN];
-    struct kv__hdr h = { .type = KV_MSG_HELLO, .body_len = 1u << 20, .req_id = 1 };
+    uint8_t b[KV_PROTO_HDR_LEN + 8] = { 0 };
+    struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = 1u << 20, .req_id = 1 };
     kv__hdr_encode(&h, b);
+    b[5] = 1;
     raw_send(fd, b, sizeof b);
     uint64_t dt = ms_until_closed(fd, 1500);
     close(fd);
     ck_assert_msg(dt < 500, "a 1 MiB HELLO was kept %llu ms", (unsigned long long)dt);
+    assert_serving();
+}
+END_TEST
+
+/* A fake server (a forged address in the view) that answers the client's
+ * hello with its own nonce and a MAC it made up, or with garbage: the
+ * client refuses it before proving anything, and all the fake ever reads
+ * is the 36-byte hello, which holds no token (issue 17, 1a: before, the
+ * first frame was a HELLO carrying the token in clear). */
+struct capture {
+    int lfd;
+    int garbage;
+    uint8_t got[4096];
+    size_t n;
+    pthread_t th;
+};
+
+static void *capture_main(void *arg)
+{
+    struct capture *k = arg;
+    int fd = accept(k->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    struct timeval tv = { .tv_usec = 300000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t r = recv(fd, k->got, KV__AUTH_HELLO_LEN, MSG_WAITALL);
+    if (r > 0)
+        k->n = (size_t)r;
+    uint8_t reply[KV__AUTH_REPLY_LEN];
+    for (size_t i = 0; i < sizeof reply; i++)
+        reply[i] = (uint8_t)(i * 37 + 11);
+    if (!k->garbage)
+        memcpy(reply, KV__AUTH_MAGIC, KV__AUTH_MAGIC_LEN);
+    send(fd, reply, sizeof reply, MSG_NOSIGNAL);
+    while ((r = recv(fd, k->got + k->n, sizeof k->got - k->n, 0)) > 0)
+        k->n += (size_t)r;
+    close(fd);
+    return NULL;
+}
+
+START_TEST(fake_server_learns_nothing)
+{
+    for (int garbage = 0; garbage < 2; garbage++) {
+        struct capture k = { .lfd = socket(AF_INET, SOCK_STREAM, 0), .garbage = garbage };
+        struct sockaddr_in sa = { .sin_family = AF_INET,
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        ck_assert_int_eq(bind(k.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+        ck_assert_int_eq(listen(k.lfd, 4), 0);
+        socklen_t sl = sizeof sa;
+        getsockname(k.lfd, (struct sockaddr *)&sa, &sl);
+        char fa[64];
+        snprintf(fa, sizeof fa, "127.0.0.1:%u", ntohs(sa.sin_port));
+        pthread_create(&k.th, NULL, capture_main, &k);
+        struct kv__conn *c = NULL;
+        int rc = T->connect(cli, fa, &c);
+        ck_assert_int_eq(rc, garbage ? KV_EPROTO : KV_EPERM);
+        ck_assert_ptr_null(c);
+        pthread_join(k.th, NULL);
+        close(k.lfd);
+        ck_assert_uint_eq(k.n, KV__AUTH_HELLO_LEN);   /* the hello, and no proof */
+        ck_assert(!memmem(k.got, k.n, "tok", 3));
+    }
+}
+END_TEST
+
+/* A peer that proves the token (a member gone bad, or bytes hurt on the way)
+ * answers loads with bytes other than those its sums cover: each such item
+ * fails with KV_ECORRUPT and is counted, and an item whose sum matches is
+ * still KV_OK (issue 17, 1c: before, tcp loads carried no sum and other
+ * bytes came back with KV_OK). */
+struct liar {
+    int lfd;
+    pthread_t th;
+};
+
+static void *liar_main(void *arg)
+{
+    struct liar *l = arg;
+    int fd = accept(l->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    if (kv__auth_server(fd, "tok", kv__now_ms() + 3000) != KV_OK) {
+        close(fd);
+        return NULL;
+    }
+    uint8_t b[KV_PROTO_HDR_LEN + 4096];
+    struct kv__hdr h;
+    struct kv__wire_req q[4];
+    size_t n = 4;
+    if (recv(fd, b, KV_PROTO_HDR_LEN, MSG_WAITALL) != KV_PROTO_HDR_LEN ||
+        kv__hdr_decode(b, 0, &h) || h.body_len > 4096 ||
+        recv(fd, b, h.body_len, MSG_WAITALL) != (ssize_t)h.body_len ||
+        kv__batch_decode(b, h.body_len, q, &n) || n != 2) {
+        close(fd);
+        return NULL;
+    }
+    static uint8_t val[2][1000];
+    struct kv__wire_resp r[2];
+    uint8_t sums[16];
+    for (int i = 0; i < 2; i++) {
+        memset(val[i], 0x5a + i, sizeof val[i]);
+        r[i] = (struct kv__wire_resp){ .status = KV_OK, .len = q[i].len };
+        kv__put64(sums + 8 * i, kv__sum(val[i], q[i].len));
+    }
+    val[1][500] ^= 1;   /* item 1: one byte off what its sum says */
+    size_t blen = kv__batch_r_body_len(2);
+    h = (struct kv__hdr){ .type = KV_MSG_BATCH_R, .req_id = h.req_id, .body_len = (uint32_t)blen,
+                          .data_len = q[0].len + q[1].len + 16 };
+    kv__hdr_encode(&h, b);
+    kv__batch_r_encode(r, 2, b + KV_PROTO_HDR_LEN, blen);
+    send(fd, b, KV_PROTO_HDR_LEN + blen, MSG_NOSIGNAL);
+    send(fd, val[0], q[0].len, MSG_NOSIGNAL);
+    send(fd, val[1], q[1].len, MSG_NOSIGNAL);
+    send(fd, sums, 16, MSG_NOSIGNAL);
+    while (recv(fd, b, sizeof b, 0) > 0)
+        ;
+    close(fd);
+    return NULL;
+}
+
+START_TEST(other_bytes_fail)
+{
+    struct liar l = { .lfd = socket(AF_INET, SOCK_STREAM, 0) };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(l.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(l.lfd, 4), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(l.lfd, (struct sockaddr *)&sa, &sl);
+    char la[64];
+    snprintf(la, sizeof la, "127.0.0.1:%u", ntohs(sa.sin_port));
+    pthread_create(&l.th, NULL, liar_main, &l);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(cli, la, &c), KV_OK);
+    uint8_t w[2][1000];
+    kv_iov wi[2] = { { w[0], 1000 }, { w[1], 600 } };
+    struct kv__op ops[2] = { op(KV_OP_LOAD, 1, 0, &wi[0], 1), op(KV_OP_LOAD, 2, 0, &wi[1], 1) };
+    uint64_t bad0 = atomic_load(&((struct kv__transport_base *)cli)->checksum_failures);
+    ck_assert_int_eq(T->batch(c, ops, 2), KV_OK);
+    ck_assert_int_eq(ops[0].result, KV_OK);
+    ck_assert_int_eq(ops[1].result, KV_ECORRUPT);
+    ck_assert_uint_eq(atomic_load(&((struct kv__transport_base *)cli)->checksum_failures),
+                      bad0 + 1);
+    T->close(c);
+    pthread_join(l.th, NULL);
+    close(l.lfd);
+}
+END_TEST
+
+/* A server holding another token: the client refuses it (KV_EPERM) from
+ * the server's proof, and a client with another token is refused by the
+ * server; the server still serves a proper client after both. */
+START_TEST(wrong_token_server)
+{
+    struct kv__net_opts so;
+    memset(&so, 0, sizeof so);
+    snprintf(so.token, sizeof so.token, "other");
+    so.timeout_ms = 2000;
+    so.threads = 1;
+    struct kv__backend *b2 = kv__memstore_new(1 << 20);
+    struct kv__transport *s2 = NULL;
+    ck_assert_int_eq(T->create(&so, b2, &s2, NULL, 0), KV_OK);
+    char a2[64];
+    ck_assert_int_eq(T->listen(s2, "127.0.0.1:0", a2, sizeof a2, NULL, 0), KV_OK);
+    const char *colon = strrchr(a2, ':');
+    char a3[64];
+    snprintf(a3, sizeof a3, "127.0.0.1%s", colon);
+    struct kv__conn *c = NULL;
+    ck_assert_int_eq(T->connect(cli, a3, &c), KV_EPERM);
+    ck_assert_ptr_null(c);
+    T->destroy(s2);
+    kv__memstore_free(b2);
     assert_serving();
 }
 END_TEST
@@ -981,6 +1144,9 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, round_trip);
     tcase_add_test(tc, large_values);
     tcase_add_test(tc, wrong_token);
+    tcase_add_test(tc, fake_server_learns_nothing);
+    tcase_add_test(tc, wrong_token_server);
+    tcase_add_test(tc, other_bytes_fail);
     tcase_add_test(tc, malformed_frames);
     tcase_add_test(tc, deadline);
     tcase_add_test(tc, stalled_peer_reaped);

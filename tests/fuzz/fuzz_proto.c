@@ -4,16 +4,18 @@
  * Key design choice: each decoder is checked by a round trip, not only for
  * crashes. The first input byte picks a decoder; what it accepts is encoded
  * again and decoded again, and both decodings must agree field by field.
- * Where the wire form has no free bytes (header, BATCH, HELLO, JOIN, VIEW)
+ * Where the wire form has no free bytes (header, BATCH, JOIN, VIEW)
  * the encoding must also equal the input byte for byte; BATCH_R items have
- * pad bytes the decoder ignores, so only the other bytes are compared.
+ * pad bytes the decoder ignores, so only the other bytes are compared. A
+ * decoded member's MAC is checked as a reader checks it: it verifies under
+ * the token exactly when it is kv__member_sign's over the decoded fields.
  */
 #include <string.h>
 
 #include "net/proto.h"
 #include "fuzzutil.h"
 
-enum { SEL_HDR, SEL_BATCH, SEL_BATCH_R, SEL_HELLO, SEL_JOIN, SEL_VIEW, SEL_COUNT,
+enum { SEL_HDR, SEL_BATCH, SEL_BATCH_R, SEL_MEMBER_MAC, SEL_JOIN, SEL_VIEW, SEL_COUNT,
        SEL_JOIN_SECRET, SEL_VIEW_SECRET, SEL_N };
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -50,7 +52,8 @@ static int req_equal(const struct kv__wire_req *a, const struct kv__wire_req *b)
 static int resp_equal(const struct kv__wire_resp *a, const struct kv__wire_resp *b)
 {
     return a->status == b->status && a->hit == b->hit && a->len == b->len &&
-           a->addr == b->addr && a->rkey == b->rkey && a->handle == b->handle;
+           a->addr == b->addr && a->rkey == b->rkey && a->handle == b->handle &&
+           a->sum == b->sum;
 }
 
 /* Input and re-encoding agree outside the item's pad bytes [p0, p1) and
@@ -139,25 +142,10 @@ static void batch_r_case(const uint8_t *in, size_t n)
     free(out);
 }
 
-static void hello_case(const uint8_t *in, size_t n)
-{
-    char tok[KV_PROTO_ID_MAX + 1], id[KV_PROTO_ID_MAX + 1];
-    char tok2[KV_PROTO_ID_MAX + 1], id2[KV_PROTO_ID_MAX + 1];
-    if (kv__hello_decode(in, n, tok, sizeof tok, id, sizeof id) != KV_OK)
-        return;
-    uint8_t out[2 * (KV_PROTO_ID_MAX + 2)];
-    int len = kv__hello_encode(tok, id, out, sizeof out);
-    FZ_CHECK(len == (int)n && memcmp(out, in, n) == 0);
-    FZ_CHECK(kv__hello_decode(out, (size_t)len, tok2, sizeof tok2, id2, sizeof id2) == KV_OK);
-    FZ_CHECK(strcmp(tok, tok2) == 0 && strcmp(id, id2) == 0);
-    /* A buffer one byte short must be refused. */
-    FZ_CHECK(kv__hello_encode(tok, id, out, n - 1) == KV_ENOBUFS);
-}
-
 static int member_equal(const struct kv__member *a, const struct kv__member *b)
 {
     if (strcmp(a->id, b->id) || strcmp(a->addr, b->addr) || a->flags != b->flags ||
-        a->nseg != b->nseg)
+        a->nseg != b->nseg || a->lease != b->lease || memcmp(a->mac, b->mac, sizeof a->mac))
         return 0;
     for (uint32_t i = 0; i < a->nseg; i++)
         if (a->seg[i].base != b->seg[i].base || a->seg[i].len != b->seg[i].len ||
@@ -168,20 +156,38 @@ static int member_equal(const struct kv__member *a, const struct kv__member *b)
 
 static void join_case(const uint8_t *in, size_t n)
 {
-    char tok[KV_PROTO_ID_MAX + 1], tok2[KV_PROTO_ID_MAX + 1];
     static struct kv__member m, m2;
-    if (kv__join_decode(in, n, tok, sizeof tok, &m) != KV_OK)
+    if (kv__join_decode(in, n, &m) != KV_OK)
         return;
     FZ_CHECK(m.id[0] && m.nseg <= KV_PROTO_SEG_MAX);
-    FZ_CHECK(2 + strlen(tok) + kv__member_wire_len(&m) == n);
+    FZ_CHECK(kv__member_wire_len(&m) == n);
     uint8_t *out = malloc(n);
     FZ_CHECK(out);
-    int len = kv__join_encode(tok, &m, out, n);
+    int len = kv__join_encode(&m, out, n);
     FZ_CHECK(len == (int)n && memcmp(out, in, n) == 0);
-    FZ_CHECK(kv__join_decode(out, n, tok2, sizeof tok2, &m2) == KV_OK);
-    FZ_CHECK(strcmp(tok, tok2) == 0 && member_equal(&m, &m2));
-    FZ_CHECK(kv__join_encode(tok, &m, out, n - 1) < 0);
+    FZ_CHECK(kv__join_decode(out, n, &m2) == KV_OK);
+    FZ_CHECK(member_equal(&m, &m2));
+    FZ_CHECK(kv__join_encode(&m, out, n - 1) < 0);
     free(out);
+}
+
+/* A record as a reader gets it (a JOIN body): it verifies under the token
+ * exactly when its MAC is the one kv__member_sign makes over its fields;
+ * after signing, it verifies, and under another token it does not. */
+static void member_mac_case(const uint8_t *in, size_t n)
+{
+    static const char *const tokens[] = { "", "fuzz-token" };
+    static struct kv__member m, s;
+    if (kv__join_decode(in, n, &m) != KV_OK)
+        return;
+    for (int t = 0; t < 2; t++) {
+        s = m;
+        FZ_CHECK(kv__member_sign(tokens[t], &s) == KV_OK);
+        int same = memcmp(s.mac, m.mac, sizeof m.mac) == 0;
+        FZ_CHECK(kv__member_verify(tokens[t], &m) == same);
+        FZ_CHECK(kv__member_verify(tokens[t], &s));
+        FZ_CHECK(!kv__member_verify(tokens[!t], &s));
+    }
 }
 
 static void view_case(const uint8_t *in, size_t n)
@@ -216,24 +222,23 @@ static void view_case(const uint8_t *in, size_t n)
  * decoders that take no secret accept exactly the bodies without one. */
 static void join_secret_case(const uint8_t *in, size_t n)
 {
-    char tok[KV_PROTO_ID_MAX + 1];
     static struct kv__member m, m2;
     uint8_t sec[KV_PROTO_SECRET_LEN], sec2[KV_PROTO_SECRET_LEN];
     int has = -1, has2 = -1;
-    if (kv__join_decode_secret(in, n, tok, sizeof tok, &m, sec, &has) != KV_OK) {
-        FZ_CHECK(kv__join_decode(in, n, tok, sizeof tok, &m2) == KV_EPROTO);
+    if (kv__join_decode_secret(in, n, &m, sec, &has) != KV_OK) {
+        FZ_CHECK(kv__join_decode(in, n, &m2) == KV_EPROTO);
         return;
     }
     FZ_CHECK(has == 0 || has == 1);
-    FZ_CHECK((kv__join_decode(in, n, tok, sizeof tok, &m2) == KV_OK) == !has);
+    FZ_CHECK((kv__join_decode(in, n, &m2) == KV_OK) == !has);
     uint8_t *out = malloc(n);
     FZ_CHECK(out);
     size_t flen = n - (has ? KV_PROTO_SECRET_LEN : 0);
-    FZ_CHECK(kv__join_encode(tok, &m, out, flen) == (int)flen);
+    FZ_CHECK(kv__join_encode(&m, out, flen) == (int)flen);
     if (has)
         memcpy(out + flen, sec, KV_PROTO_SECRET_LEN);
     FZ_CHECK(memcmp(out, in, n) == 0);
-    FZ_CHECK(kv__join_decode_secret(out, n, tok, sizeof tok, &m2, sec2, &has2) == KV_OK);
+    FZ_CHECK(kv__join_decode_secret(out, n, &m2, sec2, &has2) == KV_OK);
     FZ_CHECK(has2 == has && member_equal(&m, &m2) &&
              (!has || memcmp(sec, sec2, KV_PROTO_SECRET_LEN) == 0));
     free(out);
@@ -297,7 +302,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case SEL_HDR:     hdr_case(in, size - 1);     break;
     case SEL_BATCH:   batch_case(in, size - 1);   break;
     case SEL_BATCH_R: batch_r_case(in, size - 1); break;
-    case SEL_HELLO:   hello_case(in, size - 1);   break;
+    case SEL_MEMBER_MAC: member_mac_case(in, size - 1); break;
     case SEL_JOIN:    join_case(in, size - 1);    break;
     case SEL_VIEW:    view_case(in, size - 1);    break;
     case SEL_COUNT:   count_case(in, size - 1);   break;
@@ -327,6 +332,7 @@ static void sample_member(struct kv__member *m, int i)
     snprintf(m->addr, sizeof m->addr, "127.0.0.1:%d", 40000 + i);
     m->flags = KV_MEMBER_OWNER;
     m->nseg = (uint32_t)i;
+    m->lease = 0x694d0000ull + (uint64_t)i;
     for (int s = 0; s < i; s++)
         m->seg[s] = (struct kv__segdesc){ 0x7f0000000000ull + (uint64_t)s * 4096, 1u << 20,
                                           0x1000u + (uint32_t)s };
@@ -338,9 +344,9 @@ static void write_seeds(const char *dir)
     struct kv__hdr h = { .type = KV_MSG_BATCH, .body_len = 68, .req_id = 7, .data_len = 4096 };
     kv__hdr_encode(&h, buf);
     seed(dir, "hdr-batch", SEL_HDR, buf, KV_PROTO_HDR_LEN);
-    h = (struct kv__hdr){ .type = KV_MSG_HELLO_OK, .status = KV_EPERM, .req_id = 1 };
+    h = (struct kv__hdr){ .type = KV_MSG_VIEW, .status = KV_EPERM, .req_id = 1 };
     kv__hdr_encode(&h, buf);
-    seed(dir, "hdr-hello-ok", SEL_HDR, buf, KV_PROTO_HDR_LEN);
+    seed(dir, "hdr-view-eperm", SEL_HDR, buf, KV_PROTO_HDR_LEN);
 
     struct kv__wire_req rq[3] = {
         { .kind = KV_OP_LOOKUP, .ns = 0, .id.bytes = { 1, 2, 3 } },
@@ -356,23 +362,27 @@ static void write_seeds(const char *dir)
     seed(dir, "batch-keys", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 3, buf, sizeof buf));
     seed(dir, "batch-empty", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 0, buf, sizeof buf));
     struct kv__wire_resp rs[2] = {
-        { .status = KV_OK, .hit = 1, .len = 4096, .addr = 0x7f00, .rkey = 9, .handle = 3 },
+        { .status = KV_OK, .hit = 1, .len = 4096, .addr = 0x7f00, .rkey = 9, .handle = 3,
+          .sum = 0x1122334455667788ull },
         { .status = KV_ENOTFOUND },
     };
     seed(dir, "batch-r", SEL_BATCH_R, buf, (size_t)kv__batch_r_encode(rs, 2, buf, sizeof buf));
-    seed(dir, "hello", SEL_HELLO, buf, (size_t)kv__hello_encode("secret", "node-1", buf, sizeof buf));
-    seed(dir, "hello-empty", SEL_HELLO, buf, (size_t)kv__hello_encode("", "x", buf, sizeof buf));
     struct kv__member ms[3];
     for (int i = 0; i < 3; i++)
         sample_member(&ms[i], i);
-    seed(dir, "join", SEL_JOIN, buf, (size_t)kv__join_encode("secret", &ms[2], buf, sizeof buf));
+    seed(dir, "join", SEL_JOIN, buf, (size_t)kv__join_encode(&ms[2], buf, sizeof buf));
+    seed(dir, "member-unsigned", SEL_MEMBER_MAC, buf,
+         (size_t)kv__join_encode(&ms[1], buf, sizeof buf));
+    kv__member_sign("fuzz-token", &ms[2]);
+    seed(dir, "member-signed", SEL_MEMBER_MAC, buf,
+         (size_t)kv__join_encode(&ms[2], buf, sizeof buf));
     seed(dir, "view", SEL_VIEW, buf, (size_t)kv__view_encode(42, ms, 3, buf, sizeof buf));
     seed(dir, "view-empty", SEL_VIEW, buf, (size_t)kv__view_encode(1, ms, 0, buf, sizeof buf));
     kv__put32(buf, 2);
     seed(dir, "count", SEL_COUNT, buf, 4 + 2 * KV_PROTO_RESP_ITEM);
     /* The bodies with a member's secret appended, as kvmaster and its
      * members send them. */
-    int jl = kv__join_encode("secret", &ms[1], buf, sizeof buf);
+    int jl = kv__join_encode(&ms[1], buf, sizeof buf);
     memset(buf + jl, 0x5e, KV_PROTO_SECRET_LEN);
     seed(dir, "join-secret", SEL_JOIN_SECRET, buf, (size_t)jl + KV_PROTO_SECRET_LEN);
     int vl = kv__view_encode(43, ms, 2, buf, sizeof buf);
