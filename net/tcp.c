@@ -78,6 +78,7 @@ struct sconn {
     int fd;
     int state;
     int authed, close_after;
+    int out_armed;                  /* epoll waits for EPOLLOUT, not EPOLLIN */
     int evicted;                    /* shut down by the acceptor (under loop.lock) */
     uint64_t born_ms;               /* accepted at */
     uint64_t progress_ms;           /* last time a frame moved (see reap_stalled) */
@@ -212,6 +213,7 @@ static int try_write(struct sconn *sc)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 set_events(sc, EPOLLOUT);
+                sc->out_armed = 1;
                 return 0;
             }
             sconn_close(sc);
@@ -241,7 +243,12 @@ static int try_write(struct sconn *sc)
     }
     sc->state = S_HDR;
     sc->got = 0;
-    set_events(sc, EPOLLIN);
+    /* Most responses go out in one sendmsg: the set still waits for input
+     * then, and an epoll_ctl per request would be a syscall for nothing. */
+    if (sc->out_armed) {
+        set_events(sc, EPOLLIN);
+        sc->out_armed = 0;
+    }
     return 0;
 }
 
@@ -456,9 +463,10 @@ static void on_readable(struct sconn *sc)
             int rc = on_data(sc);
             if (rc == 1 || rc == 0)
                 return;
-            if (sc->state == S_WRITE)
-                return;
-            continue;
+            /* Answered (rc 2): the client sends its next request only
+             * after reading this response, so a read now would find
+             * nothing; level-triggered epoll says when there is more. */
+            return;
         }
         if (sc->state == S_WRITE)
             return;
