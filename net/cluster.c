@@ -1626,7 +1626,8 @@ out:
  * takes its peers' whole queues, runs them as one batch per peer (all its
  * peers at once, run_groups), copies each request's results back, marks
  * them done, and hands each peer's lead to the first request queued
- * meanwhile (or leaves the peer idle). Followers sleep on their own call's
+ * meanwhile (or leaves the peer idle; fails the queue at once when that
+ * frame found the peer down). Followers sleep on their own call's
  * condition until every request of theirs is done, leading any that is
  * handed to them at once: a thread that holds a lead never waits before
  * running it, so no cycle of waits can form.
@@ -1689,6 +1690,18 @@ static void lk_lead(struct kv__cluster *c, struct peer **peers, struct lk_req **
             pthread_cond_signal(&r->call->cv);
         }
         struct peer *p = peers[i];
+        if (p->lkq && peer_is_down(p)) {
+            /* The frame just failed the peer: what queued behind it is not
+             * sent into another timeout, as fan_add skips a down peer. */
+            for (struct lk_req *r = p->lkq, *next; r; r = next) {
+                next = r->next;
+                for (size_t j = 0; j < r->n; j++)
+                    r->ops[j].result = KV_ENET;
+                r->done = 1;
+                pthread_cond_signal(&r->call->cv);
+            }
+            p->lkq = p->lklast = NULL;
+        }
         if (p->lkq) {
             p->lkq->lead = 1;
             pthread_cond_signal(&p->lkq->call->cv);
