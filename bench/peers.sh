@@ -30,6 +30,10 @@
 # machine with fewer cores than that it is not a ceiling: a server with
 # fewer threads can exceed it.
 #
+# A lookup phase looks every id up once: 512 ids at 1 MiB, a few
+# milliseconds, which on a shared machine is noise (doc/perf.md). To read
+# lookups, give it a long one: SIZES=4KiB BENCH_ARGS="--nr-objects 65536".
+#
 # Environment: JOBS (8), SIZES ("1MiB 64KiB"), NODES (2), NODE_DRAM (1GiB),
 # PROTOCOL (tcp), JSON_DIR (unset: no summaries; else peers-SIZE.json
 # there), and BENCH_ARGS (more kvctl bench options, e.g. "--batch-size 1").

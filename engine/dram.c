@@ -139,7 +139,7 @@ int kv__dram_alloc(struct kv__dram *d, uint64_t len, void **out)
      * until the writer releases them: wait for that (bounded) rather than
      * evict more for the same bytes, but never wait for leases or pins —
      * when nothing is evictable and nothing is in flight, fail. */
-    uint64_t deadline = kv__now_ns() + WRITEBACK_WAIT_NS;
+    uint64_t deadline = 0;     /* read the clock only when memory is short */
     for (bool last = false;; ) {
         void *p = kv__alloc(d->alloc, len);
         if (p) {
@@ -149,6 +149,8 @@ int kv__dram_alloc(struct kv__dram *d, uint64_t len, void **out)
         }
         if (last)
             break;
+        if (!deadline)
+            deadline = kv__now_ns() + WRITEBACK_WAIT_NS;
         uint64_t held = kv__dram_in_flight(d), freed = 0;
         if (held < sz)
             freed = kv__evict(d, sz > d->evict_step ? sz : d->evict_step);
@@ -263,6 +265,15 @@ int kv__dram_insert(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t 
     if (rc != KV_OK)
         kv__dram_free(d, p, len);
     return rc == 1 ? KV_OK : rc;
+}
+
+void kv__dram_prefetch(struct kv__dram *d, int ns, const kv_shard *sh, size_t n)
+{
+    struct kv__table *t = &d->tab[ns];
+    for (size_t i = 0; i < n; i++) {
+        uint64_t h = kv__id_hash(&sh[i].block);
+        kv__bucket_prefetch(kv__table_shard(t, h), h);
+    }
 }
 
 bool kv__dram_has(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t index)

@@ -61,6 +61,9 @@ void kv__dram_free(struct kv__dram *d, void *p, uint64_t len);
 int  kv__dram_insert(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t index,
                      void *p, uint32_t len);
 
+/* Starts loading the index buckets of shards' blocks into the cache (a
+ * hint, no lock): a batch's first probe of each is then no cache miss. */
+void kv__dram_prefetch(struct kv__dram *d, int ns, const kv_shard *sh, size_t n);
 /* Presence, without touching the block (no lease, no recency). */
 bool kv__dram_has(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t index);
 /* The stored length; KV_ENOTFOUND. No lease, no recency. */

@@ -332,6 +332,10 @@ int kv__store_dump_many(kv_engine *e, int ns, const kv_shard *sh, size_t n, int 
     const struct kv__tier *t = next_tier(e);
     if (!e->dram && t && t->ops->write_many)
         return t->ops->write_many(t->ctx, ns, sh, n, results);
+    /* The first probe of a new block's bucket is a cache miss (~0.3 us a
+     * 64 KiB shard, 5% of its copy): start them all before the first copy. */
+    if (e->dram)
+        kv__dram_prefetch(e->dram, ns, sh, n);
     for (size_t i = 0; i < n; i++)
         results[i] = kv__local_dump(e, ns, &sh[i].block, sh[i].index, sh[i].iov, sh[i].iovcnt);
     return KV_OK;

@@ -8,6 +8,18 @@
  * execution's (dropped when the last chunk finishes). Whoever drops the last
  * one frees it.
  *
+ * Waking a worker costs more than a small task. A kv_dump of 8 x 64 KiB
+ * copies in ~40 us; the futex wake of an idle worker, and the worker then
+ * taking a CPU from the caller on a busy machine, cost 10-20 us of it (the
+ * caller's wait had usually claimed the task first anyway: the wake bought
+ * nothing). So while tasks keep coming, one idle worker stays on standby:
+ * it sleeps STANDBY_NS at a time, looking at the queue when it wakes, and
+ * a small task (one chunk) submitted while it stands by wakes nobody. Such
+ * a task is started by whichever comes first, the caller's kv_wait or the
+ * standby, so it starts at most STANDBY_NS after its submission even when
+ * nobody waits for it; an engine idle for ACTIVE_NS has no standby and the
+ * next task wakes a worker at once, as a large task always does.
+ *
  * Cancellation (a wait that times out): the waiter marks the task
  * cancelled; chunks claimed afterwards fail without touching the caller's
  * buffers, chunks already running finish, and the waiter waits for that
@@ -20,6 +32,8 @@
 
 #define STRIPES 16
 #define CHUNK_BYTES (1u << 20)    /* a task is spread in ~1 MiB pieces */
+#define STANDBY_NS 200000u        /* the standby worker's look at the queue */
+#define ACTIVE_NS 2000000u        /* a standby while tasks came this recently */
 
 struct stripe {
     pthread_mutex_t lock;
@@ -34,6 +48,8 @@ struct kv__pool {
     pthread_mutex_t qlock;
     pthread_cond_t qcv;
     struct kv__task *qhead, *qtail;
+    uint64_t last_submit_ns;      /* qlock */
+    unsigned standby;             /* workers in the standby's timed sleep (qlock) */
     bool stopping;
     unsigned nthreads;
     pthread_t *threads;
@@ -147,8 +163,20 @@ static void *worker(void *arg)
     struct kv__pool *p = arg;
     pthread_mutex_lock(&p->qlock);
     for (;;) {
-        while (!p->qhead && !p->stopping)
-            pthread_cond_wait(&p->qcv, &p->qlock);
+        while (!p->qhead && !p->stopping) {
+            uint64_t now = kv__now_ns();
+            if (p->standby > 0 || now - p->last_submit_ns > ACTIVE_NS) {
+                pthread_cond_wait(&p->qcv, &p->qlock);
+                continue;
+            }
+            /* The standby (see the top): a timed sleep; a task queued
+             * meanwhile without a wake is found when it ends. */
+            uint64_t at = now + STANDBY_NS;
+            struct timespec dl = { (time_t)(at / 1000000000u), (long)(at % 1000000000u) };
+            p->standby++;
+            pthread_cond_timedwait(&p->qcv, &p->qlock, &dl);
+            p->standby--;
+        }
         struct kv__task *t = p->qhead;
         if (!t)
             break;                          /* stopping and drained */
@@ -183,7 +211,12 @@ int kv__pool_start(struct kv__pool **out, unsigned threads, uint64_t timeout_ms,
     p->ops = ops;
     p->timeout_ns = timeout_ms * 1000000u;
     pthread_mutex_init(&p->qlock, NULL);
-    pthread_cond_init(&p->qcv, NULL);
+    /* The standby's deadline is a kv__now_ns() (CLOCK_MONOTONIC). */
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&p->qcv, &ca);
+    pthread_condattr_destroy(&ca);
     atomic_init(&p->next_id, 1);
     for (int i = 0; i < STRIPES; i++) {
         pthread_mutex_init(&p->st[i].lock, NULL);
@@ -306,10 +339,12 @@ int kv__pool_submit(struct kv__pool *p, struct kv__task *t, kv_task *handle)
     else
         p->qhead = t;
     p->qtail = t;
-    if (pieces == 1)
-        pthread_cond_signal(&p->qcv);
-    else
+    p->last_submit_ns = t->submit_ns;
+    /* One chunk with a standby: it or the caller's wait will start it. */
+    if (pieces > 1)
         pthread_cond_broadcast(&p->qcv);
+    else if (p->standby == 0)
+        pthread_cond_signal(&p->qcv);
     pthread_mutex_unlock(&p->qlock);
     return KV_OK;
 }
@@ -349,6 +384,29 @@ int kv__pool_check(struct kv__pool *p, kv_task h, int *done)
     return rc;
 }
 
+/* Takes a one-chunk task out of the queue before its caller runs it: no
+ * worker need look at it, and it is freed by the thread that made it (a
+ * worker's free of it would send its memory to that worker's cache, and
+ * the caller's next task would start in cold memory). */
+static void unqueue(struct kv__pool *p, struct kv__task *t)
+{
+    bool found = false;
+    pthread_mutex_lock(&p->qlock);
+    for (struct kv__task **pp = &p->qhead, *prev = NULL; *pp; prev = *pp, pp = &(*pp)->qnext) {
+        if (*pp != t)
+            continue;
+        *pp = t->qnext;
+        if (p->qtail == t)
+            p->qtail = prev;
+        t->want = 0;
+        found = true;
+        break;
+    }
+    pthread_mutex_unlock(&p->qlock);
+    if (found)
+        task_unref(t);                  /* the queue's reference */
+}
+
 int kv__pool_wait(struct kv__pool *p, kv_task h, unsigned timeout_ms)
 {
     struct kv__task *t = lookup(p, h, true);
@@ -357,6 +415,8 @@ int kv__pool_wait(struct kv__pool *p, kv_task h, unsigned timeout_ms)
     if (timeout_ms == 0) {
         /* Help: run whatever nobody has claimed yet on this thread. Safe,
          * since we hold the handle's reference. */
+        if (t->chunk >= t->n && atomic_load(&t->next) == 0)
+            unqueue(p, t);
         mark_started(t);
         work_on(p, t);
     }

@@ -93,6 +93,7 @@ struct sconn {
     int astage;                     /* before authed: 0 awaits the hello, 1 the proof */
     struct kv__auth_state auth;
     uint8_t abuf[KV__AUTH_REPLY_LEN];
+    int out_armed;                  /* epoll waits for EPOLLOUT, not EPOLLIN */
     int evicted;                    /* shut down by the acceptor (under loop.lock) */
     uint64_t born_ms;               /* accepted at */
     uint64_t progress_ms;           /* last time a frame moved (see reap_stalled) */
@@ -237,6 +238,7 @@ static int try_write(struct sconn *sc)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
                 set_events(sc, EPOLLOUT);
+                sc->out_armed = 1;
                 return 0;
             }
             sconn_close(sc);
@@ -266,7 +268,12 @@ static int try_write(struct sconn *sc)
     }
     sc->state = S_HDR;
     sc->got = 0;
-    set_events(sc, EPOLLIN);
+    /* Most responses go out in one sendmsg: the set still waits for input
+     * then, and an epoll_ctl per request would be a syscall for nothing. */
+    if (sc->out_armed) {
+        set_events(sc, EPOLLIN);
+        sc->out_armed = 0;
+    }
     return 0;
 }
 
@@ -525,9 +532,10 @@ static void on_readable(struct sconn *sc)
             int rc = on_data(sc);
             if (rc == 1 || rc == 0)
                 return;
-            if (sc->state == S_WRITE)
-                return;
-            continue;
+            /* Answered (rc 2): the client sends its next request only
+             * after reading this response, so a read now would find
+             * nothing; level-triggered epoll says when there is more. */
+            return;
         }
         if (sc->state == S_WRITE)
             return;

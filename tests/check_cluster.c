@@ -365,6 +365,83 @@ START_TEST(cluster_lookup_promises_complete_blocks)
 }
 END_TEST
 
+/* Concurrent lookups share frames per owner (net/cluster.c, run_lookups):
+ * each caller must still get exactly its own ids' answers. */
+struct lk_job {
+    kv_engine *e;
+    unsigned seed;
+    int bad, calls, err;
+};
+
+static void *lookup_job(void *arg)
+{
+    struct lk_job *j = arg;
+    for (int c = 0; c < 300; c++) {
+        kv_block_id ids[8];
+        uint8_t hit[8];
+        uint64_t n[8];
+        size_t m = 1 + (size_t)(rand_r(&j->seed) % 8);
+        for (size_t i = 0; i < m; i++) {
+            n[i] = (uint64_t)(rand_r(&j->seed) % 512);
+            ids[i] = tu_id(n[i], 7);
+        }
+        if (kv_lookup(j->e, ids, m, hit) != KV_OK) {
+            j->err++;
+            continue;
+        }
+        j->calls++;
+        for (size_t i = 0; i < m; i++)
+            j->bad += hit[i] != (n[i] < 256);
+    }
+    return NULL;
+}
+
+static void run_lookup_jobs(kv_engine *e, int expect_all)
+{
+    enum { J = 8 };
+    pthread_t th[J];
+    struct lk_job jobs[J];
+    for (int i = 0; i < J; i++) {
+        jobs[i] = (struct lk_job){ .e = e, .seed = (unsigned)(i + 1) * 7919u };
+        ck_assert_int_eq(pthread_create(&th[i], NULL, lookup_job, &jobs[i]), 0);
+    }
+    int bad = 0, calls = 0;
+    for (int i = 0; i < J; i++) {
+        pthread_join(th[i], NULL);
+        bad += jobs[i].bad;
+        calls += jobs[i].calls;
+    }
+    if (expect_all) {
+        ck_assert_int_eq(calls, J * 300);
+        ck_assert_msg(bad == 0, "%d wrong answers", bad);
+    }
+}
+
+START_TEST(concurrent_lookups_get_their_own_answers)
+{
+    for (int i = 0; i < 3; i++)
+        start_node("32MiB", 1);
+    wait_owners(3);
+    kv_engine *owner, *client;
+    ck_assert_int_eq(open_engine("16MiB", 1, TOKEN, &owner), KV_OK);   /* serves a share */
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    wait_owners(4);
+    static uint8_t v[64];
+    kv_iov iov = { v, sizeof v };
+    kv_shard sh[256];
+    for (int i = 0; i < 256; i++)
+        sh[i] = (kv_shard){ tu_id((uint64_t)i, 7), 0, &iov, 1 };
+    ck_assert_int_eq(tu_task(client, 1, sh, 256), KV_OK);
+    run_lookup_jobs(client, 1);
+    run_lookup_jobs(owner, 1);
+    /* An owner dies under concurrent lookups: every call still returns
+     * (nobody waits for a frame that never comes back). */
+    kill_proc(0);
+    run_lookup_jobs(client, 0);
+    run_lookup_jobs(owner, 0);
+}
+END_TEST
+
 START_TEST(replica_failover)
 {
     for (int i = 0; i < 3; i++)
@@ -1405,6 +1482,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, net_layer_without_engine);
     tcase_add_test(tc, three_nodes_two_engines);
     tcase_add_test(tc, cluster_lookup_promises_complete_blocks);
+    tcase_add_test(tc, concurrent_lookups_get_their_own_answers);
     tcase_add_test(tc, replica_failover);
     tcase_add_test(tc, wrong_token_refused);
     tcase_add_test(tc, hostile_peer);

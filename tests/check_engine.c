@@ -107,6 +107,39 @@ START_TEST(check_reports_done_without_consuming)
 }
 END_TEST
 
+START_TEST(a_task_nobody_waits_for_runs_while_tasks_stream)
+{
+    /* Tasks waited for one after the other leave a worker on standby
+     * (engine/task.c), and a small task submitted then wakes nobody. One
+     * that is only polled must still be run, by that standby: kv_check
+     * never runs it. */
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 64MiB }\nio: { threads: 2 }\n");
+    enum { SZ = 64 << 10 };
+    static uint8_t src[SZ], dst[SZ];
+    tu_fill(src, SZ, 21);
+    for (int round = 0; round < 20; round++) {
+        for (int i = 0; i < 50; i++)
+            ck_assert_int_eq(tu_dump1(e, tu_id((uint64_t)(round * 100 + i), 61), 0, src, SZ),
+                             KV_OK);
+        kv_iov out = { dst, SZ };
+        kv_shard s = { tu_id((uint64_t)(round * 100), 61), 0, &out, 1 };
+        memset(dst, 0, SZ);
+        kv_task t;
+        ck_assert_int_eq(kv_load(e, &s, 1, &t), KV_OK);
+        int done = 0;
+        uint64_t t0 = tu_now_ms();
+        while (!done && tu_now_ms() - t0 < 5000) {
+            ck_assert_int_eq(kv_check(e, t, &done), KV_OK);
+            usleep(50);
+        }
+        ck_assert_int_eq(done, 1);
+        ck_assert(tu_check_fill(dst, SZ, 21));
+        ck_assert_int_eq(kv_wait(e, t, 0), KV_OK);
+    }
+    kv_close(e);
+}
+END_TEST
+
 START_TEST(unknown_handles_are_not_found)
 {
     kv_engine *e = open_dram();
@@ -792,6 +825,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, handles_are_never_zero_and_never_reused);
     tcase_add_test(tc, wait_consumes_the_handle);
     tcase_add_test(tc, check_reports_done_without_consuming);
+    tcase_add_test(tc, a_task_nobody_waits_for_runs_while_tasks_stream);
     tcase_add_test(tc, unknown_handles_are_not_found);
     tcase_add_test(tc, dumping_a_present_shard_is_a_noop_success);
     tcase_add_test(tc, loading_a_missing_shard_fails_and_leaves_it_untouched);
