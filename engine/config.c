@@ -216,6 +216,9 @@ static const struct key keys[] = {
     STRC("store.name", store.name, check_store_name, "",
          "processes of one user on one host that open the same name (or, with an SSD tier, the "
          "same ssd.path) share one store; empty = share by ssd.path only"),
+    STR("store.dir", store.dir, "",
+        "the rendezvous directory of shared stores (<id>.lock, <id>.sock), created 0700; "
+        "empty = $XDG_RUNTIME_DIR/kvengine, else /tmp/kvengine-<euid>"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",

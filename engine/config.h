@@ -78,6 +78,7 @@ struct kv_config {
     } cluster;
     struct {
         char name[KV_CFG_STR];          /* "" = shared by ssd.path alone (or not at all) */
+        char dir[KV_CFG_STR];           /* rendezvous directory; "" = the default */
     } store;
     struct {
         char listen[KV_CFG_STR];        /* "" = off */
