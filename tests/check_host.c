@@ -102,6 +102,8 @@ struct world {
     char *dir;
     char yaml[1024];
     int go[2], done[2];      /* parent -> children, children -> parent */
+    int go2[2];              /* parent -> children, the second step (a byte on go
+                              * must never be taken for it) */
 };
 
 static void world_new(struct world *w, const char *fmt)
@@ -111,6 +113,7 @@ static void world_new(struct world *w, const char *fmt)
     snprintf(w->yaml, sizeof w->yaml, fmt, w->dir, w->dir);
     ck_assert_int_eq(pipe(w->go), 0);
     ck_assert_int_eq(pipe(w->done), 0);
+    ck_assert_int_eq(pipe(w->go2), 0);
 }
 
 static void world_free(struct world *w)
@@ -119,6 +122,8 @@ static void world_free(struct world *w)
     close(w->go[1]);
     close(w->done[0]);
     close(w->done[1]);
+    close(w->go2[0]);
+    close(w->go2[1]);
     tu_rmdir(w->dir);
 }
 
@@ -199,7 +204,7 @@ static int share_child(void *arg, int k)
     send_bytes(a->w->done[1], 1);
     if (bad)
         return bad;
-    wait_byte(a->w->go[0]);   /* everyone has dumped */
+    wait_byte(a->w->go2[0]);   /* everyone has dumped */
     if (load_one(e, 1, BLK) != 0 || key_check(e, "p", "parent") != 0)
         return 13;
     for (int j = 0; j < a->nchildren; j++) {
@@ -233,7 +238,7 @@ static void share(const char *fmt, int nchildren)
     send_bytes(w.go[1], nchildren);
     for (int k = 0; k < nchildren; k++)
         wait_byte(w.done[0]);
-    send_bytes(w.go[1], nchildren);
+    send_bytes(w.go2[1], nchildren);
     for (int k = 0; k < nchildren; k++) {
         int rc = reap(pids[k]);
         ck_assert_msg(rc == 0, "child %d exited %d", k, rc);
@@ -328,6 +333,9 @@ START_TEST(second_engine_in_a_process_attaches)
     free(v);
     free(back);
     kv_close(b);
+    uint64_t t0 = tu_now_ms();   /* the server sees the connection end */
+    while (stats(a).host_clients && tu_now_ms() - t0 < 5000)
+        usleep(5000);
     ck_assert_uint_eq(stats(a).host_clients, 0);
     kv_close(a);
     world_free(&w);
@@ -591,7 +599,7 @@ static int other_attached(void *arg, int k)
     if (load_one(e, 3, BLK) != 0)
         return 11;
     send_bytes(w->done[1], 1);
-    wait_byte(w->go[0]);   /* the server is dead */
+    wait_byte(w->go2[0]);   /* the server is dead */
     uint64_t until = tu_now_ms() + 10000;
     for (uint64_t n = 0; n < 40; n++)
         if (load_recovering(e, n, until) != 0)
@@ -618,7 +626,7 @@ START_TEST(a_killed_server_is_taken_over)
     ck_assert_int_eq(load_one(e, 5, BLK), 0);
     kill(srv, SIGKILL);
     ck_assert_int_eq(reap(srv), 128 + SIGKILL);
-    send_bytes(w.go[1], 1);
+    send_bytes(w.go2[1], 1);
     /* Every acknowledged (written-through) block loads byte for byte, from
      * whichever of us took the store over. */
     uint64_t t0 = tu_now_ms();
