@@ -84,7 +84,9 @@ static int store_id(const struct kv_config *cfg, char *id, size_t len, char *err
         snprintf(id, len, "%s", cfg->store.name);
         return KV_OK;
     }
-    if (!KV_PIPE_HAS_SSD(cfg->pipeline))
+    /* No SSD tier, or a pure cluster client (it opens none): nothing to share by path. */
+    if (!KV_PIPE_HAS_SSD(cfg->pipeline) ||
+        (cfg->cluster.enabled && cfg->dram.capacity == 0 && KV_PIPE_HAS_DRAM(cfg->pipeline)))
         return KV_OK;
     /* The tier would create it anyway; realpath needs it to exist. */
     if (mkdir(cfg->ssd.path, 0755) != 0 && errno != EEXIST) {
