@@ -1298,6 +1298,12 @@ static int stage_need(struct kv__shm_client *c, struct cconn *k, size_t need)
         close(fd);
         return KV_ENOMEM;
     }
+#ifdef MADV_POPULATE_WRITE
+    /* Faulting fresh pages is slow here (engine/segment.c): what this
+     * request needs is faulted in now, in one call, not page by page in
+     * the copy; the rest of the (sparse) memfd only when used. */
+    madvise(p, need < len ? (need + 4095) & ~(size_t)4095 : len, MADV_POPULATE_WRITE);
+#endif
     int rc = cbuf_need(k, 16), src = KV_OK;
     if (rc == KV_OK) {
         kv__put64(k->buf + 8, len);
