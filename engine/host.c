@@ -35,8 +35,8 @@ struct kv__host {
     pthread_rwlock_t lk;             /* the attached/serving switch: readers route, the writer switches */
     _Atomic bool serving;            /* once true, never false again */
     char id[KV_CFG_STR];
-    char lock_path[KV_CFG_STR + 128];
-    char sock_path[KV_CFG_STR + 128];
+    char lock_path[2 * KV_CFG_STR + 64];
+    char sock_path[2 * KV_CFG_STR + 64];
     int lock_fd;                     /* held while serving */
     struct kv__shm_server *srv;      /* serving */
     struct kv__shm_client *cli;      /* attached; NULL after a failed reconnect */
