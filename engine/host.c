@@ -126,6 +126,7 @@ static int take_lock(struct kv__host *h)
                 /* the pid is for people reading the file; the lock is what counts */
             }
             h->lock_fd = fd;
+            kv__fork_close(fd, true);   /* a forked child must not hold our lock */
             return 1;
         }
         close(fd);
@@ -138,6 +139,7 @@ static void give_lock(struct kv__host *h)
     if (h->lock_fd < 0)
         return;
     unlink(h->lock_path);   /* while still holding it: see take_lock */
+    kv__fork_close(h->lock_fd, false);
     close(h->lock_fd);
     h->lock_fd = -1;
 }
@@ -261,6 +263,7 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
         sh.seg_base = e->dram->seg.base;
         sh.seg_len = e->dram->seg.len;
         sh.seg_fd = e->dram->seg.fd;
+        kv__fork_close(sh.seg_fd, true);   /* a child must not keep a dead server's DRAM */
     }
     int rc = kv__shm_serve(h->sock_path, e->cfg.cluster.token, h->timeout_ms, &sh, &h->srv, err,
                            errlen);
@@ -276,6 +279,8 @@ void kv__host_stop(kv_engine *e)
     if (e->host && e->host->srv) {
         kv__shm_stop(e->host->srv);
         e->host->srv = NULL;
+        if (e->dram)
+            kv__fork_close(e->dram->seg.fd, false);
     }
 }
 

@@ -375,7 +375,12 @@ KV_EXPORT int kv_unregister_buffer(kv_engine *e, void *addr);
  * and serves the store itself. Blocks on SSD then load byte for byte;
  * blocks that lived only in the dead server's DRAM are misses.
  * kv_ssd_* admin calls need the serving engine (KV_ENOTSUP attached).
- * Fork before kv_open: a child inherits the lock of a serving parent.
+ * fork(): a child of a process that has the store open keeps none of the
+ *   store's locks or sockets (they are closed in the child) and must not use
+ *   the parent's engine; it kv_open's its own (it attaches). It can take a
+ *   store without an SSD tier over; one with an SSD tier is taken over by a
+ *   process not forked from the server (RocksDB's table of locked files is
+ *   copied by fork).
  *
  * kv_buffer_alloc: *out = len bytes of page-aligned memory for dump sources
  *   and load destinations. On an attached engine it is a memfd the server

@@ -80,6 +80,15 @@ enum { OP_LOOKUP = 1, OP_PREFETCH, OP_LOAD, OP_RELEASE, OP_DUMP, OP_PUT, OP_GET,
 enum { LOC_INLINE = 0, LOC_STAGE = 1, LOC_REGION = 2 };
 enum { HOW_NONE = 0, HOW_PINNED = 1, HOW_COPIED = 2 };
 
+/* close() of a listed descriptor. */
+static void close_listed(int fd)
+{
+    if (fd < 0)
+        return;
+    kv__fork_close(fd, false);
+    close(fd);
+}
+
 /* ---- small helpers -------------------------------------------------------- */
 
 static uint64_t deadline_for(unsigned timeout_ms, uint64_t bytes)
@@ -440,8 +449,7 @@ static void sconn_free(struct sconn *c)
     for (size_t i = 0; i < c->nregions; i++)
         smap_drop(&c->regions[i]);
     c->nregions = 0;
-    if (c->fd >= 0)
-        close(c->fd);
+    close_listed(c->fd);
     c->fd = -1;
     free(c->pins);
     free(c->pin_used);
@@ -879,6 +887,7 @@ static void *accept_main(void *arg)
                 usleep(10000);
             continue;
         }
+        kv__fork_close(fd, true);
         struct sconn *c = calloc(1, sizeof *c);
         if (c) {
             c->pins = calloc(PINS_MAX, sizeof *c->pins);
@@ -950,6 +959,8 @@ int kv__shm_serve(const char *path, const char *token, unsigned timeout_ms,
     s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s->lfd < 0)
         goto fail;
+    kv__fork_close(s->lfd, true);
+    kv__fork_close(s->ro_fd, true);
     memcpy(sa.sun_path, path, strlen(path) + 1);
     unlink(path);   /* a dead holder's; we hold the lock, so nobody else's */
     if (bind(s->lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(path, 0600) != 0 ||
@@ -963,11 +974,10 @@ int kv__shm_serve(const char *path, const char *token, unsigned timeout_ms,
     return KV_OK;
 fail:
     if (s->lfd >= 0) {
-        close(s->lfd);
+        close_listed(s->lfd);
         unlink(path);
     }
-    if (s->ro_fd >= 0)
-        close(s->ro_fd);
+    close_listed(s->ro_fd);
     if (s->stop_pipe[0] >= 0) {
         close(s->stop_pipe[0]);
         close(s->stop_pipe[1]);
@@ -989,15 +999,14 @@ void kv__shm_stop(struct kv__shm_server *s)
     /* Unlink first: a client that reconnects from here on finds nobody and
      * goes for the lock. */
     unlink(s->path);
-    close(s->lfd);
+    close_listed(s->lfd);
     pthread_mutex_lock(&s->mu);
     for (struct sconn *c = s->conns; c; c = c->next)
         if (!atomic_load(&c->done) && c->fd >= 0)
             shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_unlock(&s->mu);
     reap(s, true);
-    if (s->ro_fd >= 0)
-        close(s->ro_fd);
+    close_listed(s->ro_fd);
     close(s->stop_pipe[0]);
     close(s->stop_pipe[1]);
     pthread_mutex_destroy(&s->mu);
@@ -1043,8 +1052,7 @@ static void cconn_close(struct cconn *k)
 {
     if (!k)
         return;
-    if (k->fd >= 0)
-        close(k->fd);
+    close_listed(k->fd);
     if (k->stage)
         munmap(k->stage, k->stage_len);
     if (k->stage_fd >= 0)
@@ -1108,6 +1116,7 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
     uint64_t dl = kv__now_ms() + c->timeout_ms;
     int rc = KV_ENET;
     k->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    kv__fork_close(k->fd, true);
     struct sockaddr_un sa = { .sun_family = AF_UNIX };
     memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
     if (k->fd < 0 || connect(k->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
@@ -1283,7 +1292,7 @@ bool kv__shm_broken(struct kv__shm_client *c)
 
 /* A staging memfd of at least need bytes on k (a new one replaces a
  * smaller one, and the server is told). */
-static int stage_need(struct kv__shm_client *c, struct cconn *k, size_t need)
+static int stage_need(struct kv__shm_client *c, struct cconn *k, size_t need, bool populate)
 {
     if (need <= k->stage_len)
         return KV_OK;
@@ -1302,7 +1311,8 @@ static int stage_need(struct kv__shm_client *c, struct cconn *k, size_t need)
     /* Faulting fresh pages is slow here (engine/segment.c): what this
      * request needs is faulted in now, in one call, not page by page in
      * the copy; the rest of the (sparse) memfd only when used. */
-    madvise(p, need < len ? (need + 4095) & ~(size_t)4095 : len, MADV_POPULATE_WRITE);
+    if (populate)
+        madvise(p, need < len ? (need + 4095) & ~(size_t)4095 : len, MADV_POPULATE_WRITE);
 #endif
     int rc = cbuf_need(k, 16), src = KV_OK;
     if (rc == KV_OK) {
@@ -1476,7 +1486,7 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
         }
         if (rc != KV_OK)
             break;
-        if ((rc = stage_need(c, k, staged)) != KV_OK)
+        if ((rc = stage_need(c, k, staged, !load)) != KV_OK)
             break;
         size_t m = j - i;
         if ((rc = cbuf_need(k, 12 + m * ITEM_LEN)) != KV_OK)
@@ -1576,7 +1586,7 @@ int kv__shm_put(struct kv__shm_client *c, const void *key, size_t klen, const vo
     if (!inline_val && (rc = region_loc(c, k, val, vlen, loc, &inreg)) != KV_OK)
         goto out;
     if (!inline_val && !inreg) {
-        if ((rc = stage_need(c, k, vlen)) != KV_OK)
+        if ((rc = stage_need(c, k, vlen, true)) != KV_OK)
             goto out;
         memcpy(k->stage, val, vlen);
         put_loc(loc, LOC_STAGE, 0, 0);
@@ -1613,7 +1623,7 @@ int kv__shm_get(struct kv__shm_client *c, const void *key, size_t klen, void *bu
     if (inline_val) {
         put_loc(loc, LOC_INLINE, 0, 0);
     } else if (!inreg) {
-        if ((rc = stage_need(c, k, cap)) != KV_OK)
+        if ((rc = stage_need(c, k, cap, false)) != KV_OK)
             goto out;
         put_loc(loc, LOC_STAGE, 0, 0);
     }

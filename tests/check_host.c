@@ -642,6 +642,65 @@ START_TEST(a_killed_server_is_taken_over)
 }
 END_TEST
 
+/* A child forked by the server AFTER its kv_open (multiprocessing's fork)
+ * holds none of its descriptors: once the server is killed, the child's
+ * own kv_open takes the store over instead of waiting on a lock it holds
+ * itself (or connecting to a socket its copy keeps open). It answers on
+ * done: 0 when it serves the store and the dead server's DRAM-only blocks
+ * are misses. (With an SSD tier the child could not: RocksDB's table of
+ * the files this process has locked is copied by fork; processes that
+ * were not forked from the server take an SSD store over.) */
+static int forking_server(void *arg, int k)
+{
+    struct world *w = arg;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    for (uint64_t n = 0; n < 40; n++)
+        if (dump_one(e, n, BLK) != KV_OK)
+            return 11;
+    pid_t c = fork();
+    if (c == 0) {
+        wait_byte(w->go2[0]);   /* the server is dead now */
+        kv_engine *mine = open_cfg(w->yaml, &rc);
+        char res = mine ? 0 : 1;
+        for (uint64_t n = 0; mine && res == 0 && n < 40; n++)
+            if (load_one(mine, n, BLK) != KV_ENOTFOUND)
+                res = 2;
+        if (mine && res == 0 && (dump_one(mine, 1, BLK) != KV_OK || load_one(mine, 1, BLK) != 0))
+            res = 4;
+        if (mine) {
+            kv_stats st;
+            if (kv_stats_get(mine, &st) != KV_OK || st.host_attached)
+                res = 3;
+            kv_close(mine);
+        }
+        if (write(w->done[1], &res, 1) != 1)
+            _exit(1);
+        _exit(0);
+    }
+    send_bytes(w->done[1], 1);
+    for (;;)
+        pause();
+}
+
+START_TEST(a_child_forked_after_open_takes_over)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    pid_t srv = child(forking_server, &w, 0);
+    wait_byte(w.done[0]);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    send_bytes(w.go2[1], 1);
+    char res = 9;
+    ck_assert_int_eq(read(w.done[0], &res, 1), 1);
+    ck_assert_int_eq(res, 0);
+    world_free(&w);
+}
+END_TEST
+
 /* DRAM-only blocks of a dead server are misses after the takeover, never
  * wrong bytes. */
 START_TEST(dram_only_blocks_of_a_dead_server_are_misses)
@@ -835,6 +894,7 @@ Suite *host_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, killed_clients_leave_nothing_behind);
     tcase_add_test(tc, a_killed_server_is_taken_over);
+    tcase_add_test(tc, a_child_forked_after_open_takes_over);
     tcase_add_test(tc, dram_only_blocks_of_a_dead_server_are_misses);
     tcase_add_test(tc, a_stopped_server_fails_calls_promptly);
     suite_add_tcase(s, tc);
