@@ -69,6 +69,7 @@
 #define STAGE_MIN      (64ull << 20) /* sparse: only what is written is memory */
 #define PINS_MAX       8192u         /* per connection; past it loads are copied */
 #define REGIONS_MAX    256u          /* mappings one connection may hand over */
+#define MAP_MAX        (64ull << 30) /* the largest client memfd the server maps */
 #define CONNS_MAX      256u
 #define LOC_LEN        13u
 #define ITEM_LEN       (KV_BLOCK_ID_LEN + 4 + 8 + LOC_LEN)
@@ -402,7 +403,7 @@ static int smap_take(int fd, uint64_t size, struct smap *m)
     int seals = fcntl(fd, F_GET_SEALS);
     struct stat st;
     if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) != 0 || size == 0 ||
-        (uint64_t)st.st_size < size || size > SIZE_MAX)
+        (uint64_t)st.st_size < size || size > MAP_MAX)
         return KV_EPERM;
     void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
