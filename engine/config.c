@@ -226,6 +226,9 @@ static const struct key keys[] = {
     U32("store.block_shards", store.block_shards, 1, 65536, "1",
         "shards of a complete block: lookup hits a block only once shards 0..N-1 are all "
         "stored (UCM's block_size / shard_size)"),
+    STR("store.dir", store.dir, "",
+        "the rendezvous directory of shared stores (<id>.lock, <id>.sock), created 0700; "
+        "empty = $XDG_RUNTIME_DIR/kvengine, else /tmp/kvengine-<euid>"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",

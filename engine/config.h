@@ -83,6 +83,7 @@ struct kv_config {
     struct {
         char name[KV_CFG_STR];          /* "" = shared by ssd.path alone (or not at all) */
         uint32_t block_shards;          /* shards a block has when complete (lookup), >= 1 */
+        char dir[KV_CFG_STR];           /* rendezvous directory; "" = the default */
     } store;
     struct {
         char listen[KV_CFG_STR];        /* "" = off */

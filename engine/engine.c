@@ -7,13 +7,18 @@
  * decided here (a cluster, when enabled, routes each shard to its owners,
  * which end up in the same local calls on their own node); what happens to
  * a shard on a node, among DRAM and the tiers below it, is decided in one
- * place, engine/store.c (kv__local_*).
+ * place, engine/store.c (kv__local_*). An engine attached to another
+ * process's store (engine/host.c) sends every call there instead, through
+ * kv__host_enter; the process serving it ends up in these same calls.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "host.h"
 #include "net/cluster.h"
 #include "metrics.h"
+#include "net/shm.h"
+#include "segment.h"
 #include "store.h"
 #include "net/transport.h"
 
@@ -40,17 +45,18 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
     for (size_t i = begin; i < end; i += KV__ARRAY_LEN(results)) {
         size_t n = end - i < KV__ARRAY_LEN(results) ? end - i : KV__ARRAY_LEN(results);
         const kv_shard *sh = &t->shards[i];
-        int rc = KV_OK;
-        if (e->cluster)
+        struct kv__shm_client *hc;
+        int rc = t->kind == TASK_PUT ? KV_OK : kv__host_enter(e, &hc);
+        if (rc == KV_OK && t->kind != TASK_PUT && hc) {
+            rc = t->kind == TASK_DUMP ? kv__shm_dump(hc, sh, n, results)
+                                      : kv__shm_load(hc, sh, n, results);
+            kv__host_leave(e);
+        } else if (rc == KV_OK && e->cluster)
             rc = t->kind == TASK_DUMP  ? kv__cluster_dump(e->cluster, t->ns, sh, n, results)
                  : t->kind == TASK_PUT ? kv__cluster_put(e->cluster, t->ns, sh, n, results)
                                        : kv__cluster_load(e->cluster, t->ns, sh, n, results);
-        else if (t->kind == TASK_DUMP)
-            rc = kv__store_dump_many(e, t->ns, sh, n, results);
-        else
-            for (size_t k = 0; k < n; k++)
-                results[k] = kv__local_load(e, t->ns, &sh[k].block, sh[k].index, sh[k].iov,
-                                            sh[k].iovcnt);
+        else if (rc == KV_OK)
+            rc = kv__engine_run_shards(e, t->kind == TASK_DUMP, sh, n, results);
         for (size_t k = 0; k < n; k++) {
             int r = rc != KV_OK ? rc : results[k];
             if (t->results)
@@ -61,6 +67,19 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
                 kv__task_fail(t, r);
         }
     }
+}
+
+int kv__engine_run_shards(kv_engine *e, bool dump, const kv_shard *sh, size_t n, int *results)
+{
+    if (e->cluster)
+        return dump ? kv__cluster_dump(e->cluster, KV_NS_BLOCK, sh, n, results)
+                    : kv__cluster_load(e->cluster, KV_NS_BLOCK, sh, n, results);
+    if (dump)
+        return kv__store_dump_many(e, KV_NS_BLOCK, sh, n, results);
+    for (size_t k = 0; k < n; k++)
+        results[k] = kv__local_load(e, KV_NS_BLOCK, &sh[k].block, sh[k].index, sh[k].iov,
+                                    sh[k].iovcnt);
+    return KV_OK;
 }
 
 static void finish_task(void *ctx, struct kv__task *t)
@@ -178,12 +197,21 @@ KV__EXPORT int kv_prefetch(kv_engine *e, const kv_block_id *ids, size_t n)
 {
     if (!e || (!ids && n > 0))
         return KV_EINVAL;
+    struct kv__shm_client *hc;
+    int rc = n ? kv__host_enter(e, &hc) : KV_OK;
+    if (rc != KV_OK || (n && hc)) {
+        if (rc == KV_OK) {
+            rc = kv__shm_prefetch(hc, ids, n);
+            kv__host_leave(e);
+        }
+        return rc;
+    }
     if (n == 0 || e->cluster || !kv__store_stages(e))
         return KV_OK;                          /* nothing to stage */
     if (atomic_load(&e->closing))
         return KV_ECLOSED;
     struct kv__task *t;
-    int rc = kv__task_new(&t, TASK_PREFETCH, KV_NS_BLOCK, NULL, ids, n);
+    rc = kv__task_new(&t, TASK_PREFETCH, KV_NS_BLOCK, NULL, ids, n);
     if (rc != KV_OK)
         return rc;
     /* Nobody waits for a hint: the pool frees it at close if not before. */
@@ -197,6 +225,15 @@ KV__EXPORT int kv_lookup(kv_engine *e, const kv_block_id *ids, size_t n, uint8_t
 {
     if (!e || (n > 0 && (!ids || !hit)))
         return KV_EINVAL;
+    struct kv__shm_client *hc;
+    int rc = n ? kv__host_enter(e, &hc) : KV_OK;
+    if (rc != KV_OK || (n && hc)) {
+        if (rc == KV_OK) {
+            rc = kv__shm_lookup(hc, ids, n, hit);
+            kv__host_leave(e);
+        }
+        return rc;
+    }
     if (e->cluster)
         return kv__cluster_lookup(e->cluster, KV_NS_BLOCK, ids, n, hit);
     return kv__local_lookup(e, KV_NS_BLOCK, ids, n, hit);
@@ -215,15 +252,22 @@ KV__EXPORT ssize_t kv_lookup_prefix(kv_engine *e, const kv_block_id *ids, size_t
     size_t chunk = 1;
     for (size_t i = 0; i < n;) {
         size_t m = n - i < chunk ? n - i : chunk;
-        int rc = e->cluster ? kv__cluster_lookup(e->cluster, KV_NS_BLOCK, &ids[i], m, hit)
+        struct kv__shm_client *hc;
+        int rc = kv__host_enter(e, &hc);
+        if (rc == KV_OK && hc) {   /* attached: a round trip, like a cluster's */
+            rc = kv__shm_lookup(hc, &ids[i], m, hit);
+            kv__host_leave(e);
+        } else if (rc == KV_OK) {
+            rc = e->cluster ? kv__cluster_lookup(e->cluster, KV_NS_BLOCK, &ids[i], m, hit)
                             : kv__local_lookup(e, KV_NS_BLOCK, &ids[i], m, hit);
+        }
         if (rc != KV_OK)
             return rc;
         for (size_t k = 0; k < m; k++)
             if (!hit[k])
                 return (ssize_t)(i + k) - 1;
         i += m;
-        if (e->cluster && chunk < KV__ARRAY_LEN(hit))
+        if ((e->cluster || hc) && chunk < KV__ARRAY_LEN(hit))
             chunk *= 2;
     }
     return (ssize_t)n - 1;
@@ -252,6 +296,16 @@ KV__EXPORT int kv_stats_get(kv_engine *e, kv_stats *out)
     if (!e || !out)
         return KV_EINVAL;
     memset(out, 0, sizeof *out);
+    struct kv__shm_client *hc;
+    int rc = kv__host_enter(e, &hc);
+    if (rc != KV_OK || hc) {   /* the store's figures are its server's */
+        if (rc == KV_OK) {
+            rc = kv__shm_stats(hc, out);
+            kv__host_leave(e);
+        }
+        out->host_attached = 1;
+        return rc;
+    }
     kv__store_stats(e, out);
     out->hits_dram = atomic_load(&e->ct.hits_dram);
     out->hits_ssd = atomic_load(&e->ct.hits_ssd);
@@ -265,7 +319,41 @@ KV__EXPORT int kv_stats_get(kv_engine *e, kv_stats *out)
     out->open_ns = e->open_ns;
     if (e->cluster)
         kv__cluster_stats(e->cluster, out);
+    kv__host_stats(e, out);
     return KV_OK;
+}
+
+/* ---- shared buffers ----------------------------------------------------------- */
+
+KV__EXPORT int kv_buffer_alloc(kv_engine *e, size_t len, void **out)
+{
+    if (out)
+        *out = NULL;
+    if (!e || !out || len == 0 || len > KV_VALUE_MAX)
+        return KV_EINVAL;
+    struct kv__shm_client *hc;
+    int rc = kv__host_enter(e, &hc);
+    if (rc != KV_OK)
+        return rc;
+    /* Attached: a memfd the server maps too (loads land in it, dumps are
+     * copied from it, by the server). Else plain page-aligned memory. */
+    rc = kv__shm_region_alloc(e->buffers, len, hc != NULL, out);
+    if (hc)
+        kv__host_leave(e);
+    if (rc == KV_OK && !hc && e->cluster && (rc = kv_register_buffer(e, *out, len)) != KV_OK) {
+        kv__shm_region_free(e->buffers, *out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+KV__EXPORT int kv_buffer_free(kv_engine *e, void *addr)
+{
+    if (!e || !addr)
+        return KV_EINVAL;
+    if (e->cluster)
+        kv_unregister_buffer(e, addr);
+    return kv__shm_region_free(e->buffers, addr);
 }
 
 /* ---- open and close --------------------------------------------------- */
@@ -277,11 +365,41 @@ KV__EXPORT int kv_stats_get(kv_engine *e, kv_stats *out)
 static void teardown(kv_engine *e)
 {
     kv__metrics_stop(e->metrics);
+    kv__host_stop(e);   /* attached processes first: they fail fast and take over */
     kv__pool_stop(e->pool);
     kv__metrics_close(e->metrics);
     kv__cluster_stop(e->cluster);
     kv__store_close(e);
+    kv__host_close(e);  /* the lock last: the tiers (the SSD's own lock) are closed */
+    kv__shm_regions_free(e->buffers);
     free(e);
+}
+
+/* The tiers and the cluster, for kv_open and for a takeover (host.c);
+ * undone again on failure. The segment of a shared store is a memfd. */
+int kv__engine_open_local(kv_engine *e, char *err, size_t errlen)
+{
+    const struct kv_config *cfg = &e->cfg;
+    /* The flag rides on the hugepages setting for the one call that maps
+     * the segment (segment.h), and comes off at once. */
+    int huge = e->cfg.dram.hugepages;
+    if (e->host)
+        e->cfg.dram.hugepages |= KV__SEG_MEMFD;
+    int rc = kv__store_open(e, err, errlen);
+    e->cfg.dram.hugepages = huge;
+    if (rc == KV_OK && cfg->cluster.enabled) {
+        struct kv__backend be;
+        kv__backend_engine(e, &be);
+        rc = kv__cluster_start(&be, cfg, &e->cluster, err, errlen);
+    }
+    if (rc != KV_OK) {
+        kv__cluster_stop(e->cluster);
+        e->cluster = NULL;
+        kv__store_close(e);
+        e->dram = NULL;
+        e->ntiers = 0;
+    }
+    return rc;
 }
 
 KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
@@ -305,8 +423,15 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
     e->epoch_ns = t0;
     kv__log_set_level(cfg->log.level);
 
-    rc = kv__store_open(e, err, sizeof err);
+    bool serve = false;
+    if ((rc = kv__shm_regions_new(&e->buffers)) != KV_OK)
+        goto fail;
+    rc = kv__host_open(e, &serve, err, sizeof err);
     if (rc != KV_OK)
+        goto fail;
+    /* Attached (e->host && !serve): no tier, no cluster of our own; every
+     * call goes to the store's server. */
+    if ((!e->host || serve) && (rc = kv__engine_open_local(e, err, sizeof err)) != KV_OK)
         goto fail;
     rc = kv__pool_start(&e->pool, cfg->io.threads, cfg->io.timeout_ms,
                         (struct kv__pool_ops){ e, run_chunk, finish_task });
@@ -314,13 +439,8 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         snprintf(err, sizeof err, "cannot start %u io threads", cfg->io.threads);
         goto fail;
     }
-    if (cfg->cluster.enabled) {
-        struct kv__backend be;
-        kv__backend_engine(e, &be);
-        rc = kv__cluster_start(&be, cfg, &e->cluster, err, sizeof err);
-        if (rc != KV_OK)
-            goto fail;
-    }
+    if (serve && (rc = kv__host_serve(e, err, sizeof err)) != KV_OK)
+        goto fail;
     /* Last: from here on scrapes read the engine from another thread. */
     e->open_ns = kv__now_ns() - t0;
     rc = kv__metrics_open(e, cfg, &e->metrics, err, sizeof err);

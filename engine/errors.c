@@ -1,10 +1,13 @@
 /*
  * errors.c — error names and descriptions, generated from KV_ERR_MAP, and
- * the translation of OS errors at the edge.
+ * the translation of OS errors at the edge (and, at the same edge, the
+ * descriptors a fork()ed child must close).
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -76,4 +79,49 @@ void kv__errf(char *err, size_t errlen, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
+}
+
+/* ---- descriptors a forked child must not keep ------------------------------
+ * Serving processes fork (multiprocessing, a server's workers). A child
+ * holding copies of the host store's descriptors would keep a dead
+ * server's lock held and its socket open (connects would queue, unanswered,
+ * instead of failing), and keep connections of its parent half-open. So
+ * every such descriptor is listed here (the host store's lock, socket,
+ * connections and segment: net/shm.c, engine/host.c; the SSD tier's lock:
+ * persist/ssd.c), and a fork's child closes its copies (the parent's stay as they were: a flock lives while any copy of
+ * its descriptor does).
+ */
+#define FORK_FDS_MAX 4096
+static pthread_mutex_t fork_mu = PTHREAD_MUTEX_INITIALIZER;
+static int fork_fds[FORK_FDS_MAX];
+static size_t fork_nfds;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+static void fork_prepare(void) { pthread_mutex_lock(&fork_mu); }
+static void fork_parent(void) { pthread_mutex_unlock(&fork_mu); }
+static void fork_child(void)
+{
+    for (size_t i = 0; i < fork_nfds; i++)
+        close(fork_fds[i]);
+    fork_nfds = 0;
+    pthread_mutex_unlock(&fork_mu);
+}
+static void fork_init(void) { pthread_atfork(fork_prepare, fork_parent, fork_child); }
+
+void kv__fork_close(int fd, bool add)
+{
+    if (fd < 0)
+        return;
+    pthread_once(&fork_once, fork_init);
+    pthread_mutex_lock(&fork_mu);
+    if (add && fork_nfds < FORK_FDS_MAX) {
+        fork_fds[fork_nfds++] = fd;
+    } else if (!add) {
+        for (size_t i = 0; i < fork_nfds; i++)
+            if (fork_fds[i] == fd) {
+                fork_fds[i] = fork_fds[--fork_nfds];
+                break;
+            }
+    }
+    pthread_mutex_unlock(&fork_mu);
 }

@@ -77,6 +77,12 @@ int  kv__log_parse_level(const char *s);   /* -1 when unknown */
 /* Translates an errno value into a KV_E* code (the edge with the OS). */
 int kv__err_from_errno(int errnum);
 
+/* Lists fd (add) among the descriptors a fork()ed child closes at once, or
+ * takes it off the list (just before closing it): locks and sockets of the
+ * host store and the SSD tier, which a child must not keep after its
+ * parent dies (errors.c). */
+void kv__fork_close(int fd, bool add);
+
 /* Writes "fmt..." into err (errlen bytes, NUL-terminated) when err != NULL. */
 void kv__errf(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -15,12 +15,17 @@
  * replaces on every owner, a remove asks every owner, and this node's own
  * share goes through kv__local_remove and the same serving policy as a
  * peer's (net/serve.c).
+ *
+ * An engine attached to another process's store (engine/host.c) sends each
+ * call to that process whole (ROUTE below), which runs it as its own.
  */
 #include <stdlib.h>
 #include <xxhash.h>
 
+#include "host.h"
 #include "net/cluster.h"
 #include "net/serve.h"
+#include "net/shm.h"
 #include "store.h"
 
 static int check_key(kv_engine *e, const void *key, size_t klen)
@@ -166,12 +171,29 @@ static int exists_one(kv_engine *e, const void *key, size_t klen)
 
 /* ---- the public calls ------------------------------------------------------ */
 
+/* Runs `call` through the host store's server when e is attached to one
+ * (hc names the connection in it) and returns its result; falls through
+ * when the call runs here. */
+#define ROUTE(e, call)                                                        \
+    do {                                                                      \
+        struct kv__shm_client *hc;                                            \
+        int route_rc_ = kv__host_enter((e), &hc);                             \
+        if (route_rc_ != KV_OK)                                               \
+            return route_rc_;                                                 \
+        if (hc) {                                                             \
+            route_rc_ = (call);                                               \
+            kv__host_leave(e);                                                \
+            return route_rc_;                                                 \
+        }                                                                     \
+    } while (0)
+
 KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen)
 {
     struct rec r;
     int rc = make_rec(e, key, klen, val, vlen, &r);
     if (rc != KV_OK)
         return rc;
+    ROUTE(e, kv__shm_put(hc, key, klen, val, vlen));
     if (!e->cluster)
         return kv__store_put(e, KV_NS_KEY, &r.id, r.iov, 3);
     kv_shard sh = { r.id, 0, r.iov, 3 };
@@ -186,13 +208,17 @@ KV__EXPORT int kv_get(kv_engine *e, const void *key, size_t klen, void *buf, siz
     int rc = check_key(e, key, klen);
     if (rc != KV_OK || !vlen || (!buf && cap > 0))
         return rc != KV_OK ? rc : KV_EINVAL;
+    ROUTE(e, kv__shm_get(hc, key, klen, buf, cap, vlen));
     return get_one(e, key, klen, buf, cap, vlen);
 }
 
 KV__EXPORT int kv_exists(kv_engine *e, const void *key, size_t klen)
 {
     int rc = check_key(e, key, klen);
-    return rc != KV_OK ? rc : exists_one(e, key, klen);
+    if (rc != KV_OK)
+        return rc;
+    ROUTE(e, kv__shm_exists(hc, key, klen));
+    return exists_one(e, key, klen);
 }
 
 KV__EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen)
@@ -200,6 +226,7 @@ KV__EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen)
     int rc = check_key(e, key, klen);
     if (rc != KV_OK)
         return rc;
+    ROUTE(e, kv__shm_remove(hc, key, klen));
     kv_block_id id = key_id(key, klen);
     if (!e->cluster)
         return kv__local_remove(e, KV_NS_KEY, &id, 0);
@@ -214,6 +241,7 @@ KV__EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed)
     int rc;
     if (!e)
         return KV_EINVAL;
+    ROUTE(e, kv__shm_remove_all(hc, removed));
     if (e->cluster) {
         rc = kv__cluster_clear(e->cluster, KV_NS_KEY, &n);
     } else {   /* the op a peer would send, served here */
@@ -238,11 +266,42 @@ static int check_batch(kv_engine *e, const kv_pair *items, size_t n, int *result
     return !e || (n && (!items || !results)) ? KV_EINVAL : KV_OK;
 }
 
+/* A batch on an attached engine: each item a call to the server (what:
+ * 0 put, 1 get, 2 exists); a connection error ends it. */
+static int attached_many(struct kv__shm_client *hc, int what, kv_pair *items, size_t n,
+                         int *results)
+{
+    for (size_t i = 0; i < n; i++) {
+        kv_pair *it = &items[i];
+        if (!it->key || it->klen == 0 || it->klen > KV_KEY_MAX || (what < 2 && !it->val && it->len)) {
+            results[i] = KV_EINVAL;
+            continue;
+        }
+        int r;
+        if (what == 0) {
+            r = it->len > KV_VALUE_MAX - 1 - it->klen ? KV_EINVAL
+                                                      : kv__shm_put(hc, it->key, it->klen, it->val, it->len);
+        } else if (what == 1) {
+            size_t vl = 0;
+            r = kv__shm_get(hc, it->key, it->klen, it->val, it->len, &vl);
+            if (r == KV_OK || r == KV_ENOBUFS)
+                it->len = vl;
+        } else {
+            r = kv__shm_exists(hc, it->key, it->klen);
+        }
+        if (r == KV_ENET || r == KV_ETIMEDOUT || r == KV_EPROTO)
+            return r;
+        results[i] = r;
+    }
+    return KV_OK;
+}
+
 KV__EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *results)
 {
     int rc = check_batch(e, items, n, results);
     if (rc != KV_OK || n == 0)
         return rc;
+    ROUTE(e, attached_many(hc, 0, (kv_pair *)items, n, results));
     struct rec *r = malloc(n * sizeof *r);
     kv_shard *sh = e->cluster ? malloc(n * sizeof *sh) : NULL;
     int *res = e->cluster ? malloc(n * sizeof *res) : NULL;
@@ -279,6 +338,7 @@ KV__EXPORT int kv_get_many(kv_engine *e, kv_pair *items, size_t n, int *results)
     int rc = check_batch(e, items, n, results);
     if (rc != KV_OK || n == 0)
         return rc;
+    ROUTE(e, attached_many(hc, 1, items, n, results));
     for (size_t i = 0; i < n; i++)
         results[i] = check_key(e, items[i].key, items[i].klen) != KV_OK ||
                      (!items[i].val && items[i].len) ? KV_EINVAL : KV_OK;
@@ -400,6 +460,7 @@ KV__EXPORT int kv_exists_many(kv_engine *e, const kv_pair *items, size_t n, int 
     int rc = check_batch(e, items, n, results);
     if (rc != KV_OK || n == 0)
         return rc;
+    ROUTE(e, attached_many(hc, 2, (kv_pair *)items, n, results));
     if (!e->cluster) {
         for (size_t i = 0; i < n; i++) {
             rc = check_key(e, items[i].key, items[i].klen);

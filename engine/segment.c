@@ -9,8 +9,16 @@
  * pages (MADV_HUGEPAGE on a 2 MiB aligned range), then plain pages, and
  * prefault with MADV_POPULATE_WRITE (one system call, no per-page trap),
  * falling back to touching a byte per page on kernels without it.
+ *
+ * A shared store's segment (KV__SEG_MEMFD) is a memfd instead, so that it
+ * can be passed to attached processes over a Unix socket: huge pages from
+ * MFD_HUGETLB when reserved ones exist, else shmem pages (transparent huge
+ * ones where shmem_enabled allows MADV_HUGEPAGE). It is sealed once mapped
+ * (kv__segment_seal), so that a descriptor for it can only ever give a
+ * read-only mapping of a fixed size.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -77,6 +85,62 @@ static int map_plain(struct kv__segment *s, size_t len, bool thp)
     return 0;
 }
 
+/* A memfd of len bytes mapped shared and writable: hugetlb first (when
+ * allowed), then shmem. */
+static int map_memfd(struct kv__segment *s, size_t len, int hugepages)
+{
+#ifdef MFD_HUGETLB
+    if (hugepages != KV_HUGE_OFF) {
+        size_t rounded = (len + HUGE_SZ - 1) & ~(size_t)(HUGE_SZ - 1);
+        int fd = memfd_create("kvengine-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+        if (fd >= 0 && ftruncate(fd, (off_t)rounded) == 0) {
+            void *p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+            if (p != MAP_FAILED) {
+                s->map_base = s->base = p;
+                s->map_len = rounded;
+                s->fd = fd;
+                s->pages = "hugetlb";
+                return 0;
+            }
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+#endif
+    int fd = memfd_create("kvengine-segment", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    s->map_base = s->base = p;
+    s->map_len = len;
+    s->fd = fd;
+    s->pages = "shmem";
+    if (hugepages != KV_HUGE_OFF && madvise(p, len, MADV_HUGEPAGE) == 0)
+        s->pages = "shmem-thp";
+    return 0;
+}
+
+int kv__segment_seal(struct kv__segment *s)
+{
+    if (s->fd < 0)
+        return KV_ENOTSUP;
+    if (fcntl(s->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE) != 0)
+        return kv__err_from_errno(errno);
+    return KV_OK;
+}
+
 /* MemAvailable from /proc/meminfo in bytes, or 0 when unknown. */
 static uint64_t mem_available(void)
 {
@@ -95,6 +159,9 @@ static uint64_t mem_available(void)
 int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
+    s->fd = -1;
+    bool memfd = (hugepages & KV__SEG_MEMFD) != 0;
+    hugepages &= ~KV__SEG_MEMFD;
     if (len == 0) {
         s->pages = "none";
         return KV_OK;
@@ -109,7 +176,14 @@ int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err,
     }
     uint64_t t0 = kv__now_ns();
     bool done = false;
-    if (hugepages != KV_HUGE_OFF)
+    if (memfd) {
+        if (map_memfd(s, len, hugepages) != 0) {
+            int e = errno;
+            kv__errf(err, errlen, "dram.capacity: cannot map a %zu-byte memfd: %s", len, strerror(e));
+            return KV_ENOMEM;
+        }
+        done = true;
+    } else if (hugepages != KV_HUGE_OFF)
         done = map_hugetlb(s, len) == 0;
     if (!done && map_plain(s, len, hugepages != KV_HUGE_OFF) != 0) {
         int e = errno;
@@ -117,7 +191,7 @@ int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err,
         return KV_ENOMEM;
     }
     s->len = len;
-    if (hugepages == KV_HUGE_ON && strcmp(s->pages, "4k") == 0) {
+    if (hugepages == KV_HUGE_ON && (strcmp(s->pages, "4k") == 0 || strcmp(s->pages, "shmem") == 0)) {
         kv__errf(err, errlen, "dram.hugepages is on but neither reserved huge pages nor "
                  "transparent huge pages are available (set it to auto or off)");
         kv__segment_unmap(s);
@@ -137,5 +211,8 @@ void kv__segment_unmap(struct kv__segment *s)
 {
     if (s->map_base)
         munmap(s->map_base, s->map_len);
+    if (s->fd >= 0)
+        close(s->fd);
     memset(s, 0, sizeof *s);
+    s->fd = -1;
 }

@@ -14,11 +14,26 @@ struct kv__segment {
     size_t map_len;
     const char *pages;     /* "hugetlb", "thp" or "4k" */
     uint64_t fault_ns;     /* time spent faulting it in */
+    int fd;                /* the memfd behind a shareable segment; -1 for anonymous memory */
 };
+
+/* ORed into kv__segment_map's hugepages: back the segment with a sealable
+ * memfd instead of anonymous memory, so that a host store can hand it to
+ * attached processes (engine/host.c). Only shared stores ask for it: shmem
+ * gets transparent huge pages only where shmem_enabled allows, anonymous
+ * memory wherever THP is on, so a store nobody attaches to keeps the
+ * faster kind. */
+#define KV__SEG_MEMFD 0x100
 
 /* Maps len bytes and faults them in (hugepages: enum kv__hugepages). len 0
  * maps nothing and succeeds. KV_ENOMEM with a message on failure. */
 int  kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err, size_t errlen);
 void kv__segment_unmap(struct kv__segment *s);
+
+/* Seals a memfd segment against resizing and against any new writable
+ * mapping (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE), after its
+ * one writable mapping is made: from then on only this process can write
+ * it. KV_OK, or KV_ENOTSUP for a segment without a memfd. */
+int  kv__segment_seal(struct kv__segment *s);
 
 #endif

@@ -17,6 +17,8 @@
 struct kv__dram;
 struct kv__cluster;
 struct kv__metrics;
+struct kv__host;
+struct kv__shm_regions;
 
 /* The counters kv_stats reports that are the store's and the tasks'
  * (evictions and enospc are the DRAM tier's, a tier keeps its own). */
@@ -43,6 +45,8 @@ struct kv_engine {
     struct kv__pool *pool;
     atomic_bool closing;
     struct kv__counters ct;
+    struct kv__host *host;         /* NULL unless the store is shared (engine/host.c) */
+    struct kv__shm_regions *buffers;   /* kv_buffer_alloc's (net/shm.h) */
 };
 
 /* Opens the tiers the pipeline names: DRAM (when it has capacity), then

@@ -350,6 +350,56 @@ KV_EXPORT int kv_register_buffer(kv_engine *e, void *addr, size_t len);
 KV_EXPORT int kv_unregister_buffer(kv_engine *e, void *addr);
 
 /*
+ * ONE STORE PER HOST
+ *
+ * Processes of one user on one host that open kvengine with the same
+ * `store.name`, or (with an SSD tier) the same `ssd.path`, share ONE store:
+ * the same blocks and plain keys, one DRAM budget (`dram.capacity` is
+ * mapped once, by the process that serves it), one SSD tier. The first
+ * opener takes `<store.dir>/<id>.lock` and SERVES the store (or kvnode does,
+ * as the host's daemon); every later opener is ATTACHED: it opens no tier
+ * (no DRAM of its own) and every call above goes to the server over
+ * `<id>.sock`. An engine alone behaves exactly as an unshared one.
+ *
+ * What is shared, and what a client may touch: the server's DRAM segment
+ * is mapped READ-ONLY into attached processes (a sealed memfd): a load
+ * copies straight from it into the caller's buffer, while the server holds
+ * a pin on the shard. A dump is copied into the segment by the server, from
+ * the caller's staging memory (or straight from a kv_buffer_alloc buffer):
+ * no attached process can write stored bytes. Only the same uid (checked
+ * on the socket, which lives in a 0700 directory) that proves
+ * `cluster.token`, on the same boot of the same host, attaches (KV_EPERM
+ * otherwise).
+ *
+ * When either side dies: a client's pins, staging and buffer mappings are
+ * dropped by the server when its connection ends, at any point. A server's
+ * death fails the calls in flight (KV_ENET, within io.timeout_ms or 5 s);
+ * the next call reconnects: to a restarted server, or it takes the lock
+ * and serves the store itself. Blocks on SSD then load byte for byte;
+ * blocks that lived only in the dead server's DRAM are misses.
+ * kv_ssd_* admin calls need the serving engine (KV_ENOTSUP attached).
+ * fork(): a child of a process that has the store open keeps none of the
+ *   store's locks or sockets (they are closed in the child) and must not use
+ *   the parent's engine; it kv_open's its own (it attaches). It can take a
+ *   store without an SSD tier over; one with an SSD tier is taken over by a
+ *   process not forked from the server (RocksDB's table of locked files is
+ *   copied by fork).
+ *
+ * kv_buffer_alloc: *out = len bytes of page-aligned memory for dump sources
+ *   and load destinations. On an attached engine it is a memfd the server
+ *   maps too: a load of a shard whose one iovec lies in it is copied there
+ *   by the server directly when the shard is not in DRAM, and a dump from
+ *   it is one copy (the server's) instead of two. On any other engine it is
+ *   plain memory (registered for RDMA in a cluster). The memory stays
+ *   valid across a reconnect or a takeover, until kv_buffer_free(addr) or
+ *   kv_close. KV_OK, KV_EINVAL (len 0 or above KV_VALUE_MAX), KV_ENOMEM.
+ * kv_buffer_free: frees a buffer kv_buffer_alloc gave (addr its start):
+ *   KV_OK, KV_ENOTFOUND when it is not one. No task may be using it.
+ */
+KV_EXPORT int kv_buffer_alloc(kv_engine *e, size_t len, void **out);
+KV_EXPORT int kv_buffer_free(kv_engine *e, void *addr);
+
+/*
  * COUNTERS
  *
  * A consistent-enough snapshot (each field is read atomically; fields are not
@@ -375,7 +425,10 @@ typedef struct kv_stats {
     uint64_t dumps_ok, dumps_failed, loads_ok, loads_failed;
     uint64_t enospc;             /* shards refused for lack of room */
     uint64_t open_ns;            /* time kv_open took, nanoseconds */
-    uint64_t reserved[16];
+    uint64_t host_clients;       /* processes' connections this engine serves its store to now */
+    uint64_t host_pins;          /* DRAM shards pinned for attached readers now */
+    uint64_t host_attached;      /* 1 when this engine is attached to another process's store */
+    uint64_t reserved[13];
 } kv_stats;
 KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
 

@@ -1016,6 +1016,7 @@ static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
     if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
         KV_WARN("ssd: cannot record the pid in %s: %s", lp, strerror(errno));
     s->lockfd = fd;
+    kv__fork_close(fd, true);   /* a forked child must not hold the lock after us */
     return KV_OK;
 }
 
@@ -1569,6 +1570,7 @@ fail_db:
     rocksdb_options_destroy(s->opts);
     kv__vlog_close(&s->vlog);
 fail_vlog:
+    kv__fork_close(s->lockfd, false);
     close(s->lockfd);
 fail_dirs:
     kv__sidx_destroy(&s->idx);
@@ -1606,6 +1608,7 @@ void kv__ssd_close(struct kv__ssd *s)
         rocksdb_close(s->db);
     rocksdb_options_destroy(s->opts);
     kv__vlog_close(&s->vlog);
+    kv__fork_close(s->lockfd, false);
     close(s->lockfd);
     kv__sidx_destroy(&s->idx);
     free_tier(s);

@@ -19,7 +19,8 @@
 #define TU_SUITES(X) X(errors) X(config) X(alloc) X(index) X(engine) X(evict)  \
     X(kv) X(concurrency) X(persist) X(spill) X(crash) X(proto) X(tcp) X(rdma) \
     X(master) X(cluster) X(tools) X(etcd) X(trace) X(recover) X(auth) \
-    X(ops)
+    X(ops) \
+    X(host)
 #define TU_DECLARE_SUITE(name) Suite *name##_suite(void) __attribute__((weak));
 TU_SUITES(TU_DECLARE_SUITE)
 

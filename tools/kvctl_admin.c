@@ -269,7 +269,9 @@ static int open_store(struct kvctl_common *c, const char *cmd, bool create, kv_e
     kv_config_get(cfg, "ssd.path", path, sizeof path);
     bool cluster = cfg_is(cfg, "cluster.enabled", "true");
     bool has_ssd = strstr(pipeline, "ssd") != NULL;
-    bool sized = kvctl_user_set(c, "dram.capacity");
+    /* A named host store (store.name) is opened as configured: kvctl then
+     * attaches to the process serving it, like any other opener. */
+    bool sized = kvctl_user_set(c, "dram.capacity") || !cfg_is(cfg, "store.name", "");
     /* No DRAM unless asked for: a cluster member becomes a pure client, a
      * store with an SSD tier is opened as pipeline ssd (the same files on
      * disk; every put lands there at once). */

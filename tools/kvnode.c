@@ -1,5 +1,5 @@
 /*
- * kvnode — a standalone kvengine storage node.
+ * kvnode — a standalone kvengine storage node, and the host store's daemon.
  *
  * Opens an engine from the same YAML as everything else with
  * cluster.enabled forced true, so it joins the view and contributes its
@@ -12,9 +12,17 @@
  * while it waits for its master or opens its tiers /health answers 503 and
  * says which, and once kv_open returned the server is retargeted at the
  * engine (kv_health, kv_metrics_render).
+ *
+ * The engine it opens is the host's store (store.name, or ssd.path): kvnode
+ * takes its lock and serves it to the processes of the host that open the
+ * same store, and they reach the cluster through it. With store.name set
+ * and cluster.enabled false it serves the host store alone (no cluster).
+ * A store some other process already serves is an error: kvnode would only
+ * attach to it.
  */
 #include <getopt.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,12 +61,15 @@ static void usage(FILE *f, const kv_config *cfg)
 {
     static const char *keys[] = { "cluster.master", "cluster.listen", "cluster.protocol",
                                   "cluster.replica_num", "dram.capacity", "pipeline",
-                                  "ssd.path", "metrics.listen", "log.level" };
+                                  "ssd.path", "store.name", "store.dir", "metrics.listen",
+                                  "log.level" };
     fprintf(f,
             "usage: kvnode [--config FILE] [--set KEY=VALUE]...\n"
             "\n"
             "Runs a storage node of a kvengine cluster (cluster.enabled is forced true)\n"
-            "until SIGTERM/SIGINT.\n"
+            "until SIGTERM/SIGINT, serving the host store (store.name or ssd.path) to\n"
+            "this host's processes that open it. With store.name set and\n"
+            "cluster.enabled false: the host store's daemon alone, no cluster.\n"
             "\n"
             "  -c, --config FILE     YAML configuration\n"
             "  -s, --set KEY=VALUE   override one dotted key after the file (repeatable)\n"
@@ -78,7 +89,11 @@ int main(int argc, char **argv)
     int rc = kvtool_daemon_config("kvnode", argc, argv, usage, &cfg);
     if (rc >= 0)
         return rc;
-    if ((rc = kv_config_set(cfg, "cluster.enabled", "true")) != KV_OK) {
+    char name[256] = "", enabled[16] = "";
+    kv_config_get(cfg, "store.name", name, sizeof name);
+    kv_config_get(cfg, "cluster.enabled", enabled, sizeof enabled);
+    bool host_only = name[0] && strcmp(enabled, "true") != 0;
+    if (!host_only && (rc = kv_config_set(cfg, "cluster.enabled", "true")) != KV_OK) {
         fprintf(stderr, "kvnode: cannot enable the cluster: %s\n", kv_strerror(rc));
         kv_config_free(cfg);
         return 2;
@@ -113,7 +128,7 @@ int main(int argc, char **argv)
         uint64_t version;
         kv_member_info *m = NULL;
         size_t n = 0;
-        rc = kv_members(cfg, &version, &m, &n);
+        rc = host_only ? KV_OK : kv_members(cfg, &version, &m, &n);
         free(m);
         phase = rc == KV_ENET || rc == KV_ETIMEDOUT ? 0 : 1;
         if (rc != KV_ENET && rc != KV_ETIMEDOUT &&
@@ -133,6 +148,14 @@ int main(int argc, char **argv)
     if (rc != KV_OK) {
         kv_metrics_stop(ms);
         fprintf(stderr, "kvnode: kv_open: %s (details in the log above)\n", kv_strerror(rc));
+        return 1;
+    }
+    kv_stats st;
+    if (kv_stats_get(e, &st) == KV_OK && st.host_attached) {
+        fprintf(stderr, "kvnode: the store is already served by another process on this host "
+                        "(store.dir); not starting a second one\n");
+        kv_metrics_stop(ms);
+        kv_close(e);
         return 1;
     }
     kv_metrics_retarget(ms, engine_metrics, e, engine_health, e);

@@ -53,11 +53,13 @@ enum { SC_VERIFY_WRITE, SC_FILL, SC_WRITE_PERF, SC_READ_PERF, SC_MIXED_RW, SC_TR
 #define TRACE_LEASE_MS     "100"            /* its eviction.lease_ttl_ms: see usage */
 
 /* One --compare: a backend, and the server's address for the network ones;
- * dram is the kvengine backend again, with pipeline: dram. */
+ * dram is the kvengine backend again, with pipeline: dram, in this process
+ * (never attached to a host store); tcp is it as a pure cluster client. */
 struct compare {
     const struct kvctl_backend *be;
     const char *addr;
     bool dram;
+    bool tcp;
 };
 
 struct bench_opts {
@@ -125,7 +127,14 @@ static void usage(FILE *f)
             "                             posix                UCM's file-per-block layout\n"
             "                             dram                 kvengine again with the same\n"
             "                                                  config but pipeline: dram (what\n"
-            "                                                  the SSD tier adds)\n"
+            "                                                  the SSD tier adds), in this\n"
+            "                                                  process even when store.name\n"
+            "                                                  attaches the main run to a\n"
+            "                                                  host store\n"
+            "                             tcp                  kvengine as a pure cluster\n"
+            "                                                  client (cluster.enabled, no\n"
+            "                                                  DRAM, no store.name): the\n"
+            "                                                  network path to the nodes\n"
             "                             redis=HOST:PORT      a Redis server (SET/GET/EXISTS,\n"
             "                                                  one connection per job, each\n"
             "                                                  batch pipelined)\n"
@@ -209,6 +218,7 @@ static int parse_compare(const char *arg, struct bench_opts *o)
         { "dram", &kvctl_backend_kvengine, false },
         { "redis", &kvctl_backend_redis, true },
         { "memcached", &kvctl_backend_memcached, true },
+        { "tcp", &kvctl_backend_kvengine, false },
     };
     const char *eq = strchr(arg, '=');
     size_t nlen = eq ? (size_t)(eq - arg) : strlen(arg);
@@ -221,14 +231,15 @@ static int parse_compare(const char *arg, struct bench_opts *o)
             return bad("--compare", arg, "want NAME=HOST:PORT, e.g. redis=127.0.0.1:6379");
         if (!all[i].net && eq)
             return bad("--compare", arg, "posix and dram take no address");
+        bool tcp = strcmp(all[i].name, "tcp") == 0;
         for (int k = 0; k < o->ncmp; k++)
-            if (o->cmp[k].be == all[i].be)
+            if (o->cmp[k].be == all[i].be && o->cmp[k].tcp == tcp)
                 return bad("--compare", arg, "each backend may be compared once");
         o->cmp[o->ncmp++] = (struct compare){ all[i].be, eq ? eq + 1 : NULL,
-                                              all[i].be == &kvctl_backend_kvengine };
+                                              all[i].be == &kvctl_backend_kvengine && !tcp, tcp };
         return -1;
     }
-    return bad("--compare", arg, "the other backends are posix, dram, redis=HOST:PORT and "
+    return bad("--compare", arg, "the other backends are posix, dram, tcp, redis=HOST:PORT and "
                                  "memcached=HOST:PORT");
 }
 
@@ -413,8 +424,17 @@ static int engine_config(struct kvctl_common *c, const struct bench_opts *o,
     if (rc != KVCTL_EXIT_OK)
         return rc;
     rc = KVCTL_EXIT_FAIL;
-    if (pipeline ? set_key(cfg, "pipeline", pipeline) != KV_OK
+    bool pure = pipeline && strcmp(pipeline, "tcp") == 0;
+    if (pipeline ? set_key(cfg, "pipeline", pure ? "dram" : pipeline) != KV_OK
                  : !kvctl_user_set(c, "pipeline") && set_key(cfg, "pipeline", "dram") != KV_OK)
+        goto fail;
+    /* A compared kvengine runs in this process or over the network, never
+     * attached to the host store the main run may be attached to. */
+    if (pipeline && (set_key(cfg, "store.name", "") != KV_OK ||
+                     (!pure && set_key(cfg, "cluster.enabled", "false") != KV_OK)))
+        goto fail;
+    if (pure && (set_key(cfg, "cluster.enabled", "true") != KV_OK ||
+         set_key(cfg, "dram.capacity", "0") != KV_OK))
         goto fail;
     if (kv_config_get(cfg, "pipeline", pipe_out, 64) != KV_OK)
         snprintf(pipe_out, 64, "?");
@@ -427,7 +447,7 @@ static int engine_config(struct kvctl_common *c, const struct bench_opts *o,
     if (trace && !kvctl_user_set(c, "eviction.lease_ttl_ms") &&
         set_key(cfg, "eviction.lease_ttl_ms", TRACE_LEASE_MS) != KV_OK)
         goto fail;
-    if (has_dram && !kvctl_user_set(c, "dram.capacity")) {
+    if (has_dram && !pure && !kvctl_user_set(c, "dram.capacity")) {
         double want = trace ? (double)trace->ndistinct * (double)o->shards
                                   * (double)o->value_size * 1.3
                             : (double)o->nr_objects * (double)o->value_size * 1.3;
@@ -647,7 +667,8 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         .shards = (unsigned)o.shards, .trace_speed = o.trace_speed,
         .trace_limit = o.trace_limit,
     };
-    kv_config *cfg = NULL, *dram_cfg = NULL;
+    kv_config *cfg = NULL, *dram_cfg = NULL, *tcp_cfg = NULL;
+    char *tcp_ssd_tmp = NULL, tcp_pipe[64] = "", tcp_cap[64] = "";
     char *ssd_tmp = NULL, *dram_ssd_tmp = NULL, *posix_tmp = NULL;
     struct kvctl_jobs *js = NULL;
     struct kvctl_trace *trace = NULL;
@@ -671,6 +692,13 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         if (!o.cmp[i].dram)
             continue;
         rc = engine_config(c, &o, trace, "dram", &dram_cfg, &dram_ssd_tmp, dram_pipe, dram_cap);
+        if (rc != KVCTL_EXIT_OK)
+            goto out;
+    }
+    for (int i = 0; i < o.ncmp; i++) {
+        if (!o.cmp[i].tcp)
+            continue;
+        rc = engine_config(c, &o, trace, "tcp", &tcp_cfg, &tcp_ssd_tmp, tcp_pipe, tcp_cap);
         if (rc != KVCTL_EXIT_OK)
             goto out;
     }
@@ -734,6 +762,9 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         if (o.cmp[i].dram) {
             a.cfg = dram_cfg;
             snprintf(run->pipeline, sizeof run->pipeline, "%s", dram_pipe);
+        } else if (o.cmp[i].tcp) {
+            a.cfg = tcp_cfg;
+            snprintf(run->pipeline, sizeof run->pipeline, "%s", tcp_pipe);
         } else if (o.cmp[i].be != &kvctl_backend_kvengine) {
             a.cfg = NULL;
         }
@@ -748,6 +779,8 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
         run_backend(&o, js, o.cmp[i].be, &a, &tc, run);
         if (o.cmp[i].dram)
             run->backend = "dram";
+        if (o.cmp[i].tcp)
+            run->backend = "tcp";
         if (posix_tmp) {
             kvctl_rmtree(posix_tmp);    /* before the next server is measured */
             posix_tmp = NULL;
@@ -772,6 +805,8 @@ out:
     kvctl_jobs_free(js);
     kv_config_free(cfg);
     kv_config_free(dram_cfg);
+    kv_config_free(tcp_cfg);
+    kvctl_rmtree(tcp_ssd_tmp);
     kvctl_rmtree(ssd_tmp);
     kvctl_rmtree(dram_ssd_tmp);
     kvctl_rmtree(posix_tmp);

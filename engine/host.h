@@ -1,0 +1,51 @@
+/*
+ * host.h — one store per host (engine/host.c): which process serves a
+ * shared store, and how every other engine that opens it is routed there.
+ *
+ * An engine whose config names a shared store (store.name, or a pipeline
+ * with an SSD tier: realpath(ssd.path)) either holds the store's lock and
+ * serves it (it opens its tiers as any engine does, then net/shm.c serves
+ * them to the others), or is ATTACHED: it opens no tier and routes every
+ * public call to the holder. The switch from attached to serving (a
+ * takeover, when the holder died) happens under e->host's rwlock, in
+ * kv__host_enter, and nowhere else.
+ */
+#ifndef KV_ENGINE_HOST_H
+#define KV_ENGINE_HOST_H
+
+#include "store.h"
+
+struct kv__host;
+struct kv__shm_client;
+
+/* Decides at kv_open: e->host stays NULL for a store nobody shares; else
+ * *serve says whether this engine took the lock (open the tiers, then
+ * kv__host_serve) or is attached (open nothing). KV_EPERM / KV_ECONFIG for
+ * an unsafe store.dir, KV_EPERM when the server refuses us, KV_EBUSY when
+ * the lock is held and nobody answers on the socket, all with err. */
+int  kv__host_open(kv_engine *e, bool *serve, char *err, size_t errlen);
+/* Starts serving the open store on the socket (the lock is held). */
+int  kv__host_serve(kv_engine *e, char *err, size_t errlen);
+/* Stops serving (first thing at close: attached calls fail promptly). */
+void kv__host_stop(kv_engine *e);
+/* Frees e->host: disconnects, or gives the lock up (last thing at close). */
+void kv__host_close(kv_engine *e);
+
+/* Routes a public call. KV_OK with *c NULL: run it here (nothing shared,
+ * or this engine serves). KV_OK with *c set: send it through *c, then
+ * kv__host_leave(e). An error: the store could not be reached (nothing is
+ * held). A client found broken is replaced first: reconnected, or the store
+ * taken over (this engine opens its tiers and serves from then on). */
+int  kv__host_enter(kv_engine *e, struct kv__shm_client **c);
+void kv__host_leave(kv_engine *e);
+
+/* Connections served, pins held for them, attached or not (kv_stats). */
+void kv__host_stats(kv_engine *e, kv_stats *out);
+
+/* engine.c: what kv_open opens for a store of its own (tiers, cluster), so
+ * that a takeover opens the same; and n (at most 64) shards of a task run
+ * synchronously here (the cluster's owners, or the store). */
+int  kv__engine_open_local(kv_engine *e, char *err, size_t errlen);
+int  kv__engine_run_shards(kv_engine *e, bool dump, const kv_shard *sh, size_t n, int *results);
+
+#endif

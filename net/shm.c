@@ -1,0 +1,1714 @@
+/*
+ * shm.c — the host store's shared-memory transport: the server that hands
+ * its engine to the other processes of its user on its host, and the
+ * client those processes' engines route every call through.
+ *
+ * Key design choice: bytes never cross the socket on the block path. The
+ * store's segment is a sealed memfd that each client maps READ-ONLY (a
+ * descriptor reopened O_RDONLY, passed with SCM_RIGHTS): a load pins the
+ * shards DRAM holds (net/serve.c's policy) and answers their offsets, the
+ * client copies each straight from the segment into the caller's buffer,
+ * then releases the pins. What is not in DRAM (SSD, a remote owner) the
+ * server copies into memory the client shares with it: a kvengine shared
+ * buffer (kv_buffer_alloc) when the destination lies in one, else the
+ * connection's staging memfd. A dump is copied into the staging memfd by
+ * the client (none from a shared buffer) and into the segment by the
+ * server: no client ever holds a writable view of stored bytes.
+ *
+ * The socket carries small frames of our own (below), every one
+ * bounds-checked by the server before anything is allocated or touched:
+ * a request names memory only as (region, offset, length) inside mappings
+ * this connection handed over, each sealed against shrinking (a client
+ * cannot truncate a mapping under the server: no SIGBUS).
+ *
+ *   frame    u32 body length, u32 op (request) or rc (response), body
+ *   loc      u8 kind (0 inline, 1 staging, 2 region), u32 region, u64 offset
+ *   LOOKUP   u32 n, n ids             -> n hit bytes
+ *   PREFETCH u32 n, n ids             -> rc
+ *   LOAD     u32 n, n x (id, u32 index, u64 len, loc)
+ *                                     -> n x (i32 status, u8 how, u64 seg offset, u32 pin)
+ *   RELEASE  u32 n, n x u32 pin       (no answer: pins end in request order)
+ *   DUMP     u32 n, n x (id, u32 index, u64 len, loc)  -> n x i32 status
+ *   PUT      u8 klen, key, loc, u64 vlen [, value]     -> rc
+ *   GET      u8 klen, key, loc, u64 cap   -> u64 vlen [, value when inline]
+ *   EXISTS, REMOVE  u8 klen, key          -> rc
+ *   REMOVE_ALL                            -> u64 removed
+ *   STATS                                 -> struct kv_stats
+ *   STAGING  u64 size + a memfd           -> rc (replaces the last one)
+ *   REGION   u32 id, u64 size + a memfd   -> rc
+ *   UNREGION u32 id                       -> rc
+ *
+ * Lifecycle: a connection is one server thread with its pins, staging
+ * mapping and region mappings; when the peer goes (closed, SIGKILLed) the
+ * thread drops them all. A client that loses its server fails the call
+ * (KV_ENET, every wait bounded by the timeout, MSG_NOSIGNAL) and marks
+ * itself broken; engine/host.c then reconnects or takes the store over.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "auth.h"
+#include "serve.h"
+#include "shm.h"
+#include "sock.h"
+
+#define SHM_MAGIC      0x4d53564bu   /* "KVSM" */
+#define SHM_VERSION    1u
+#define FRAME_MAX      (8u << 20)    /* request or response body */
+#define ITEMS_MAX      4096u         /* shards or ids in one request */
+#define INLINE_MAX     (1u << 20)    /* plain-key values carried in the frame */
+#define STAGE_MIN      (64ull << 20) /* sparse: only what is written is memory */
+#define PINS_MAX       8192u         /* per connection; past it loads are copied */
+#define REGIONS_MAX    256u          /* mappings one connection may hand over */
+#define MAP_MAX        (64ull << 30) /* the largest client memfd the server maps */
+#define CONNS_MAX      256u
+#define LOC_LEN        13u
+#define ITEM_LEN       (KV_BLOCK_ID_LEN + 4 + 8 + LOC_LEN)
+#define LOAD_ANS_LEN   17u
+#define BOOTID_LEN     40u
+
+enum { OP_LOOKUP = 1, OP_PREFETCH, OP_LOAD, OP_RELEASE, OP_DUMP, OP_PUT, OP_GET, OP_EXISTS,
+       OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION };
+enum { LOC_INLINE = 0, LOC_STAGE = 1, LOC_REGION = 2 };
+enum { HOW_NONE = 0, HOW_PINNED = 1, HOW_COPIED = 2 };
+
+/* close() of a listed descriptor. */
+static void close_listed(int fd)
+{
+    if (fd < 0)
+        return;
+    kv__fork_close(fd, false);
+    close(fd);
+}
+
+/* ---- small helpers -------------------------------------------------------- */
+
+static uint64_t deadline_for(unsigned timeout_ms, uint64_t bytes)
+{
+    return kv__now_ms() + timeout_ms + kv__net_floor_ms(bytes);
+}
+
+/* The host's boot id, NUL-padded to BOOTID_LEN; KV_EIO. */
+static int boot_id(char out[BOOTID_LEN])
+{
+    memset(out, 0, BOOTID_LEN);
+    int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return KV_EIO;
+    ssize_t n = read(fd, out, BOOTID_LEN - 1);
+    close(fd);
+    if (n <= 0)
+        return KV_EIO;
+    while (n > 0 && (out[n - 1] == '\n' || out[n - 1] == '\0'))
+        out[--n] = '\0';
+    return KV_OK;
+}
+
+/* Sends all of p with one descriptor riding on its first byte (fd < 0:
+ * none). MSG_NOSIGNAL: a gone peer is an error, not a SIGPIPE. */
+static int send_with_fd(int sock, const void *p, size_t len, int fd, uint64_t deadline)
+{
+    if (fd < 0)
+        return kv__sock_xfer1(sock, (void *)p, len, 1, deadline);
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = { (void *)p, len };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    for (;;) {
+        ssize_t n = sendmsg(sock, &m, MSG_NOSIGNAL);
+        if (n > 0) {
+            if ((size_t)n == len)
+                return KV_OK;
+            return kv__sock_xfer1(sock, (uint8_t *)p + n, len - (size_t)n, 1, deadline);
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = kv__sock_wait(sock, POLLOUT, deadline);
+            if (rc != KV_OK)
+                return rc;
+            continue;
+        }
+        return KV_ENET;
+    }
+}
+
+/* Receives exactly len bytes, and the descriptor riding on them in *fd (-1
+ * when none came; any extra descriptors are closed). */
+static int recv_with_fd(int sock, void *p, size_t len, int *fd, uint64_t deadline)
+{
+    *fd = -1;
+    union { struct cmsghdr h; char buf[CMSG_SPACE(4 * sizeof(int))]; } u;
+    struct iovec iov = { p, len };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf };
+    ssize_t n;
+    for (;;) {
+        n = recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
+        if (n > 0)
+            break;
+        if (n == 0)
+            return KV_ENET;
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = kv__sock_wait(sock, POLLIN, deadline);
+            if (rc != KV_OK)
+                return rc;
+            continue;
+        }
+        return KV_ENET;
+    }
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof got);
+            if (*fd < 0)
+                *fd = got;
+            else
+                close(got);
+        }
+    }
+    if ((size_t)n < len)
+        return kv__sock_xfer1(sock, (uint8_t *)p + n, len - (size_t)n, 0, deadline);
+    return KV_OK;
+}
+
+/* The peer's uid must be ours: KV_EPERM. */
+static int same_user(int fd)
+{
+    struct ucred cr;
+    socklen_t l = sizeof cr;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) != 0)
+        return KV_ENET;
+    return cr.uid == geteuid() ? KV_OK : KV_EPERM;
+}
+
+static void put_loc(uint8_t *p, int kind, uint32_t region, uint64_t off)
+{
+    p[0] = (uint8_t)kind;
+    kv__put32(p + 1, region);
+    kv__put64(p + 5, off);
+}
+
+/* ---- shared buffers -------------------------------------------------------- */
+
+struct region {
+    uint32_t id;
+    uint8_t *base;
+    size_t len;
+    int fd;                 /* -1: anonymous memory (no server to share it with) */
+};
+
+struct kv__shm_regions {
+    pthread_mutex_t mu;
+    struct region *r;
+    size_t n, cap;
+    uint32_t next_id;
+    _Atomic uint64_t gen;   /* bumped by every free: connections drop their stale ones */
+};
+
+int kv__shm_regions_new(struct kv__shm_regions **out)
+{
+    struct kv__shm_regions *r = calloc(1, sizeof *r);
+    if (!r)
+        return KV_ENOMEM;
+    pthread_mutex_init(&r->mu, NULL);
+    r->next_id = 1;
+    *out = r;
+    return KV_OK;
+}
+
+void kv__shm_regions_free(struct kv__shm_regions *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->n; i++) {
+        munmap(r->r[i].base, r->r[i].len);
+        if (r->r[i].fd >= 0)
+            close(r->r[i].fd);
+    }
+    free(r->r);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+int kv__shm_region_alloc(struct kv__shm_regions *r, size_t len, bool shared, void **out)
+{
+    *out = NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    size_t rounded = (len + (size_t)page - 1) & ~((size_t)page - 1);
+    if (len == 0 || rounded < len)
+        return KV_EINVAL;
+    int fd = -1;
+    void *p;
+    if (shared) {
+        fd = memfd_create("kvengine-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (fd < 0)
+            return kv__err_from_errno(errno);
+        if (ftruncate(fd, (off_t)rounded) != 0 ||
+            fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+            close(fd);
+            return KV_ENOMEM;
+        }
+        p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    } else {
+        p = mmap(NULL, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (p == MAP_FAILED) {
+        if (fd >= 0)
+            close(fd);
+        return KV_ENOMEM;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (r->n == r->cap) {
+        size_t nc = r->cap ? 2 * r->cap : 16;
+        struct region *nr = realloc(r->r, nc * sizeof *nr);
+        if (!nr) {
+            pthread_mutex_unlock(&r->mu);
+            munmap(p, rounded);
+            if (fd >= 0)
+                close(fd);
+            return KV_ENOMEM;
+        }
+        r->r = nr;
+        r->cap = nc;
+    }
+    r->r[r->n++] = (struct region){ r->next_id++, p, rounded, fd };
+    pthread_mutex_unlock(&r->mu);
+    *out = p;
+    return KV_OK;
+}
+
+int kv__shm_region_free(struct kv__shm_regions *r, void *addr)
+{
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n; i++)
+        if (r->r[i].base == addr) {
+            struct region g = r->r[i];
+            r->r[i] = r->r[--r->n];
+            atomic_fetch_add(&r->gen, 1);
+            pthread_mutex_unlock(&r->mu);
+            munmap(g.base, g.len);
+            if (g.fd >= 0)
+                close(g.fd);
+            return KV_OK;
+        }
+    pthread_mutex_unlock(&r->mu);
+    return KV_ENOTFOUND;
+}
+
+/* The shared region [p, p+len) lies in, with its id and descriptor; false
+ * when none holds all of it. */
+static bool region_find(struct kv__shm_regions *r, const void *p, size_t len, uint32_t *id,
+                        uint64_t *off, int *fd, size_t *rlen)
+{
+    bool found = false;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n && !found; i++) {
+        const struct region *g = &r->r[i];
+        if (g->fd >= 0 && (const uint8_t *)p >= g->base &&
+            (const uint8_t *)p - g->base <= (ptrdiff_t)g->len &&
+            len <= g->len - (size_t)((const uint8_t *)p - g->base)) {
+            *id = g->id;
+            *off = (uint64_t)((const uint8_t *)p - g->base);
+            *fd = g->fd;
+            *rlen = g->len;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    return found;
+}
+
+static bool region_alive(struct kv__shm_regions *r, uint32_t id)
+{
+    bool alive = false;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; i < r->n; i++)
+        alive |= r->r[i].id == id;
+    pthread_mutex_unlock(&r->mu);
+    return alive;
+}
+
+/* ============================== the server ================================ */
+
+struct smap {                /* a client's memory this connection maps */
+    uint32_t id;
+    uint8_t *base;
+    size_t len;
+};
+
+struct sconn {
+    struct kv__shm_server *srv;
+    int fd;
+    pthread_t th;
+    _Atomic bool done;
+    struct sconn *next;
+    struct smap stage;
+    struct smap regions[REGIONS_MAX];
+    size_t nregions;
+    kv__pin *pins;           /* PINS_MAX slots */
+    uint8_t *pin_used;
+    uint32_t *pin_free;      /* stack of free slots */
+    uint32_t nfree;
+    uint8_t *rbuf, *wbuf;
+    size_t rcap, wcap;
+};
+
+struct kv__shm_server {
+    struct kv__shm_host host;
+    char path[108];
+    char token[KV_CFG_STR];
+    unsigned timeout_ms;
+    int lfd;
+    int stop_pipe[2];
+    int ro_fd;               /* the segment, reopened read-only: what clients get */
+    pthread_t accept_th;
+    pthread_mutex_t mu;      /* conns */
+    struct sconn *conns;
+    _Atomic uint64_t nconns, npins;
+    _Atomic bool stopping;
+};
+
+static void smap_drop(struct smap *m)
+{
+    if (m->base)
+        munmap(m->base, m->len);
+    memset(m, 0, sizeof *m);
+}
+
+/* Maps a client's memfd read-write after checking it cannot shrink under
+ * us (F_SEAL_SHRINK) and really is size bytes. */
+static int smap_take(int fd, uint64_t size, struct smap *m)
+{
+    int seals = fcntl(fd, F_GET_SEALS);
+    struct stat st;
+    if (seals < 0 || !(seals & F_SEAL_SHRINK) || fstat(fd, &st) != 0 || size == 0 ||
+        (uint64_t)st.st_size < size || size > MAP_MAX)
+        return KV_EPERM;
+    void *p = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return KV_EPERM;
+    m->base = p;
+    m->len = (size_t)size;
+    return KV_OK;
+}
+
+/* Resolves a loc of len bytes to memory this connection maps; NULL when it
+ * is not wholly inside one. */
+static uint8_t *sconn_loc(struct sconn *c, const uint8_t *loc, uint64_t len)
+{
+    int kind = loc[0];
+    uint32_t id = kv__get32(loc + 1);
+    uint64_t off = kv__get64(loc + 5);
+    const struct smap *m = NULL;
+    if (kind == LOC_STAGE)
+        m = &c->stage;
+    else if (kind == LOC_REGION)
+        for (size_t i = 0; i < c->nregions && !m; i++)
+            if (c->regions[i].id == id)
+                m = &c->regions[i];
+    if (!m || !m->base || off > m->len || len > m->len - off)
+        return NULL;
+    return m->base + off;
+}
+
+static void sconn_release(struct sconn *c, uint32_t slot)
+{
+    if (slot >= PINS_MAX || !c->pin_used[slot])
+        return;
+    c->srv->host.unpin(c->srv->host.ctx, &c->pins[slot]);
+    c->pin_used[slot] = 0;
+    c->pin_free[c->nfree++] = slot;
+    atomic_fetch_sub(&c->srv->npins, 1);
+}
+
+static void sconn_free(struct sconn *c)
+{
+    for (uint32_t i = 0; c->pins && i < PINS_MAX; i++)
+        sconn_release(c, i);
+    smap_drop(&c->stage);
+    for (size_t i = 0; i < c->nregions; i++)
+        smap_drop(&c->regions[i]);
+    c->nregions = 0;
+    close_listed(c->fd);
+    c->fd = -1;
+    free(c->pins);
+    free(c->pin_used);
+    free(c->pin_free);
+    free(c->rbuf);
+    free(c->wbuf);
+    c->pins = NULL;
+    c->rbuf = c->wbuf = NULL;
+}
+
+static int wbuf_need(struct sconn *c, size_t n)
+{
+    if (n <= c->wcap)
+        return KV_OK;
+    uint8_t *p = realloc(c->wbuf, n);
+    if (!p)
+        return KV_ENOMEM;
+    c->wbuf = p;
+    c->wcap = n;
+    return KV_OK;
+}
+
+static int reply(struct sconn *c, int rc, size_t len)
+{
+    uint8_t h[8];
+    kv__put32(h, (uint32_t)len);
+    kv__put32(h + 4, (uint32_t)rc);
+    struct iovec iov[2] = { { h, 8 }, { c->wbuf, len } };
+    return kv__sock_xfer(c->fd, iov, len ? 2 : 1, 1, deadline_for(c->srv->timeout_ms, len));
+}
+
+/* LOAD: pin what DRAM holds, copy the rest into the client's memory. */
+static int do_load(struct sconn *c, const uint8_t *b, size_t len)
+{
+    const struct kv__shm_host *h = &c->srv->host;
+    if (len < 4)
+        return KV_EPROTO;
+    uint32_t n = kv__get32(b);
+    if (n == 0 || n > ITEMS_MAX || len != 4 + (size_t)n * ITEM_LEN)
+        return KV_EPROTO;
+    int rc = wbuf_need(c, (size_t)n * LOAD_ANS_LEN);
+    if (rc != KV_OK)
+        return rc;
+    kv_shard sh[64];
+    kv_iov iov[64];
+    uint32_t at[64];
+    int res[64];
+    size_t m = 0;
+    for (uint32_t i = 0; i <= n; i++) {
+        if (i == n || m == 64) {   /* the copies so far, in one call */
+            if (m) {
+                rc = h->load(h->ctx, sh, m, res);
+                for (size_t k = 0; k < m; k++) {
+                    uint8_t *a = c->wbuf + (size_t)at[k] * LOAD_ANS_LEN;
+                    int r = rc != KV_OK ? rc : res[k];
+                    kv__put32(a, (uint32_t)r);
+                    a[4] = r == KV_OK ? HOW_COPIED : HOW_NONE;
+                }
+            }
+            m = 0;
+            if (i == n)
+                break;
+        }
+        const uint8_t *it = b + 4 + (size_t)i * ITEM_LEN;
+        uint8_t *a = c->wbuf + (size_t)i * LOAD_ANS_LEN;
+        kv_block_id id;
+        memcpy(id.bytes, it, KV_BLOCK_ID_LEN);
+        uint32_t index = kv__get32(it + 16);
+        uint64_t want = kv__get64(it + 20);
+        memset(a, 0, LOAD_ANS_LEN);
+        const void *data;
+        uint64_t got;
+        if (h->seg_base && c->nfree > 0 &&
+            h->pin(h->ctx, &id, index, &data, &got, &c->pins[c->pin_free[c->nfree - 1]]) == KV_OK) {
+            uint32_t slot = c->pin_free[c->nfree - 1];
+            if (got != want) {
+                h->unpin(h->ctx, &c->pins[slot]);
+                kv__put32(a, (uint32_t)KV_EINVAL);
+                continue;
+            }
+            c->nfree--;
+            c->pin_used[slot] = 1;
+            atomic_fetch_add(&c->srv->npins, 1);
+            kv__put32(a, KV_OK);
+            a[4] = HOW_PINNED;
+            kv__put64(a + 5, (uint64_t)((const uint8_t *)data - (const uint8_t *)h->seg_base));
+            kv__put32(a + 13, slot);
+            continue;
+        }
+        uint8_t *dst = want ? sconn_loc(c, it + 28, want) : c->wbuf;   /* 0 bytes: anywhere */
+        if (!dst) {
+            kv__put32(a, (uint32_t)KV_EINVAL);
+            continue;
+        }
+        iov[m] = (kv_iov){ dst, want };
+        sh[m] = (kv_shard){ id, index, &iov[m], 1 };
+        at[m++] = i;
+    }
+    return reply(c, KV_OK, (size_t)n * LOAD_ANS_LEN);
+}
+
+static int do_dump(struct sconn *c, const uint8_t *b, size_t len)
+{
+    const struct kv__shm_host *h = &c->srv->host;
+    if (len < 4)
+        return KV_EPROTO;
+    uint32_t n = kv__get32(b);
+    if (n == 0 || n > ITEMS_MAX || len != 4 + (size_t)n * ITEM_LEN)
+        return KV_EPROTO;
+    int rc = wbuf_need(c, (size_t)n * 4);
+    if (rc != KV_OK)
+        return rc;
+    kv_shard sh[64];
+    kv_iov iov[64];
+    uint32_t at[64];
+    int res[64];
+    size_t m = 0;
+    for (uint32_t i = 0; i <= n; i++) {
+        if (i == n || m == 64) {
+            if (m) {
+                rc = h->dump(h->ctx, sh, m, res);
+                for (size_t k = 0; k < m; k++)
+                    kv__put32(c->wbuf + 4 * at[k], (uint32_t)(rc != KV_OK ? rc : res[k]));
+            }
+            m = 0;
+            if (i == n)
+                break;
+        }
+        const uint8_t *it = b + 4 + (size_t)i * ITEM_LEN;
+        kv_block_id id;
+        memcpy(id.bytes, it, KV_BLOCK_ID_LEN);
+        uint64_t slen = kv__get64(it + 20);
+        uint8_t *src = slen ? sconn_loc(c, it + 28, slen) : c->wbuf;
+        if (!src || slen > KV_VALUE_MAX) {
+            kv__put32(c->wbuf + 4 * i, (uint32_t)KV_EINVAL);
+            continue;
+        }
+        iov[m] = (kv_iov){ src, slen };
+        sh[m] = (kv_shard){ id, kv__get32(it + 16), &iov[m], 1 };
+        at[m++] = i;
+    }
+    return reply(c, KV_OK, (size_t)n * 4);
+}
+
+/* A key at b: u8 klen, key; its end in *used. */
+static int take_key(const uint8_t *b, size_t len, size_t *used)
+{
+    if (len < 1 || b[0] == 0 || b[0] > KV_KEY_MAX || len < 1u + b[0])
+        return KV_EPROTO;
+    *used = 1u + b[0];
+    return KV_OK;
+}
+
+static int do_keys(struct sconn *c, uint32_t op, const uint8_t *b, size_t len)
+{
+    const struct kv__shm_host *h = &c->srv->host;
+    size_t k;
+    if (take_key(b, len, &k) != KV_OK)
+        return KV_EPROTO;
+    const uint8_t *key = b + 1;
+    size_t klen = b[0];
+    if (op == OP_EXISTS)
+        return len == k ? reply(c, h->exists(h->ctx, key, klen), 0) : KV_EPROTO;
+    if (op == OP_REMOVE)
+        return len == k ? reply(c, h->remove(h->ctx, key, klen), 0) : KV_EPROTO;
+    if (len < k + LOC_LEN + 8)
+        return KV_EPROTO;
+    const uint8_t *loc = b + k;
+    uint64_t vlen = kv__get64(b + k + LOC_LEN);
+    size_t rest = len - k - LOC_LEN - 8;
+    if (op == OP_PUT) {
+        const uint8_t *val;
+        if (loc[0] == LOC_INLINE) {
+            if (rest != vlen)
+                return KV_EPROTO;
+            val = b + k + LOC_LEN + 8;
+        } else {
+            if (rest != 0)
+                return KV_EPROTO;
+            val = vlen ? sconn_loc(c, loc, vlen) : b;
+            if (!val)
+                return reply(c, KV_EINVAL, 0);
+        }
+        return reply(c, h->put(h->ctx, key, klen, val, (size_t)vlen), 0);
+    }
+    /* GET: vlen is the caller's capacity. */
+    if (rest != 0)
+        return KV_EPROTO;
+    uint64_t cap = vlen;
+    uint8_t *dst;
+    int rc;
+    if (loc[0] == LOC_INLINE) {
+        if (cap > INLINE_MAX)
+            return KV_EPROTO;
+        if ((rc = wbuf_need(c, 8 + (size_t)cap)) != KV_OK)
+            return rc;
+        dst = c->wbuf + 8;
+    } else {
+        dst = cap ? sconn_loc(c, loc, cap) : c->wbuf;
+        if (!dst)
+            return reply(c, KV_EINVAL, 0);
+        if ((rc = wbuf_need(c, 8)) != KV_OK)
+            return rc;
+    }
+    size_t got = 0;
+    rc = h->get(h->ctx, key, klen, dst, (size_t)cap, &got);
+    kv__put64(c->wbuf, got);
+    size_t out = 8 + (rc == KV_OK && loc[0] == LOC_INLINE ? got : 0);
+    return reply(c, rc, out);
+}
+
+/* STAGING / REGION: a client memfd to map (fd came with the frame). */
+static int do_map(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, int fd)
+{
+    if (op == OP_UNREGION) {
+        if (len != 4)
+            return KV_EPROTO;
+        uint32_t id = kv__get32(b);
+        for (size_t i = 0; i < c->nregions; i++)
+            if (c->regions[i].id == id) {
+                smap_drop(&c->regions[i]);
+                c->regions[i] = c->regions[--c->nregions];
+                return reply(c, KV_OK, 0);
+            }
+        return reply(c, KV_ENOTFOUND, 0);
+    }
+    if (fd < 0 || len != (op == OP_STAGING ? 8u : 12u))
+        return KV_EPROTO;
+    struct smap m = { 0 };
+    int rc;
+    if (op == OP_STAGING) {
+        rc = smap_take(fd, kv__get64(b), &m);
+        if (rc == KV_OK) {
+            smap_drop(&c->stage);
+            c->stage = m;
+        }
+    } else {
+        uint32_t id = kv__get32(b);
+        rc = c->nregions < REGIONS_MAX ? smap_take(fd, kv__get64(b + 4), &m) : KV_ENOSPC;
+        for (size_t i = 0; rc == KV_OK && i < c->nregions; i++)
+            if (c->regions[i].id == id)
+                rc = KV_EBUSY;
+        if (rc == KV_OK) {
+            m.id = id;
+            c->regions[c->nregions++] = m;
+        } else {
+            smap_drop(&m);
+        }
+    }
+    return reply(c, rc, 0);
+}
+
+static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, int fd)
+{
+    const struct kv__shm_host *h = &c->srv->host;
+    int rc;
+    switch (op) {
+    case OP_LOOKUP:
+    case OP_PREFETCH: {
+        if (len < 4)
+            return KV_EPROTO;
+        uint32_t n = kv__get32(b);
+        if (n > ITEMS_MAX * 4 || len != 4 + (size_t)n * KV_BLOCK_ID_LEN)
+            return KV_EPROTO;
+        kv_block_id *ids = malloc(n ? n * sizeof *ids : 1);   /* b + 4 is not aligned */
+        if (!ids)
+            return KV_ENOMEM;
+        memcpy(ids, b + 4, (size_t)n * KV_BLOCK_ID_LEN);
+        if (op == OP_PREFETCH) {
+            rc = h->prefetch(h->ctx, ids, n);
+            free(ids);
+            return reply(c, rc, 0);
+        }
+        if ((rc = wbuf_need(c, n ? n : 1)) == KV_OK)
+            rc = h->lookup(h->ctx, ids, n, c->wbuf);
+        free(ids);
+        return reply(c, rc, rc == KV_OK ? n : 0);
+    }
+    case OP_LOAD:
+        return do_load(c, b, len);
+    case OP_RELEASE:
+        if (len < 4 || len != 4 + 4 * (size_t)kv__get32(b))
+            return KV_EPROTO;
+        for (uint32_t i = 0; i < kv__get32(b); i++)
+            sconn_release(c, kv__get32(b + 4 + 4 * i));
+        return KV_OK;   /* no answer */
+    case OP_DUMP:
+        return do_dump(c, b, len);
+    case OP_PUT:
+    case OP_GET:
+    case OP_EXISTS:
+    case OP_REMOVE:
+        return do_keys(c, op, b, len);
+    case OP_REMOVE_ALL: {
+        uint64_t n = 0;
+        if (len != 0 || (rc = wbuf_need(c, 8)) != KV_OK)
+            return len ? KV_EPROTO : rc;
+        rc = h->remove_all(h->ctx, &n);
+        kv__put64(c->wbuf, n);
+        return reply(c, rc, 8);
+    }
+    case OP_STATS: {
+        if (len != 0 || (rc = wbuf_need(c, sizeof(kv_stats))) != KV_OK)
+            return len ? KV_EPROTO : rc;
+        kv_stats st;
+        rc = h->stats(h->ctx, &st);
+        memcpy(c->wbuf, &st, sizeof st);
+        return reply(c, rc, sizeof st);
+    }
+    case OP_STAGING:
+    case OP_REGION:
+    case OP_UNREGION:
+        return do_map(c, op, b, len, fd);
+    default:
+        return KV_EPROTO;
+    }
+}
+
+/* The handshake, server side: same user, the token, the same boot. */
+static int server_hello(struct sconn *c)
+{
+    struct kv__shm_server *s = c->srv;
+    uint64_t dl = kv__now_ms() + s->timeout_ms;
+    uint8_t hello[12];
+    int who = same_user(c->fd);
+    kv__put32(hello, SHM_MAGIC);
+    kv__put32(hello + 4, SHM_VERSION);
+    kv__put32(hello + 8, (uint32_t)who);
+    int rc = kv__sock_xfer1(c->fd, hello, sizeof hello, 1, dl);
+    if (rc != KV_OK || who != KV_OK)
+        return rc != KV_OK ? rc : who;
+    if ((rc = kv__auth_server(c->fd, s->token, dl)) != KV_OK)
+        return rc;
+    uint8_t in[BOOTID_LEN + 4];
+    if ((rc = kv__sock_xfer1(c->fd, in, sizeof in, 0, dl)) != KV_OK)
+        return rc;
+    char mine[BOOTID_LEN];
+    int status = boot_id(mine);
+    if (status == KV_OK && memcmp(mine, in, BOOTID_LEN) != 0)
+        status = KV_EPERM;   /* another host (or another boot): never the same memory */
+    if (status == KV_OK && kv__get32(in + BOOTID_LEN) != sizeof(kv_stats))
+        status = KV_EPROTO;
+    uint8_t out[16];
+    kv__put32(out, (uint32_t)status);
+    kv__put32(out + 4, s->ro_fd >= 0 && status == KV_OK);
+    kv__put64(out + 8, s->host.seg_len);
+    rc = send_with_fd(c->fd, out, sizeof out, status == KV_OK ? s->ro_fd : -1, dl);
+    return rc != KV_OK ? rc : status;
+}
+
+static void *sconn_main(void *arg)
+{
+    struct sconn *c = arg;
+    struct kv__shm_server *s = c->srv;
+    int rc = server_hello(c);
+    while (rc == KV_OK && !atomic_load(&s->stopping)) {
+        struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { s->stop_pipe[0], POLLIN, 0 } };
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[1].revents)
+            break;
+        uint8_t h[8];
+        int fd = -1;
+        if (recv_with_fd(c->fd, h, 8, &fd, deadline_for(s->timeout_ms, 0)) != KV_OK)
+            break;
+        uint32_t len = kv__get32(h), op = kv__get32(h + 4);
+        if (len > FRAME_MAX) {
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        if (len > c->rcap) {
+            uint8_t *nb = realloc(c->rbuf, len);
+            if (!nb) {
+                if (fd >= 0)
+                    close(fd);
+                break;
+            }
+            c->rbuf = nb;
+            c->rcap = len;
+        }
+        if (len && kv__sock_xfer1(c->fd, c->rbuf, len, 0, deadline_for(s->timeout_ms, len)) != KV_OK) {
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        rc = dispatch(c, op, c->rbuf, len, fd);
+        if (fd >= 0)
+            close(fd);
+    }
+    sconn_free(c);
+    atomic_fetch_sub(&s->nconns, 1);
+    atomic_store(&c->done, true);
+    return NULL;
+}
+
+/* Joins the connections that have ended (all of them when all). */
+static void reap(struct kv__shm_server *s, bool all)
+{
+    pthread_mutex_lock(&s->mu);
+    struct sconn **pp = &s->conns;
+    while (*pp) {
+        struct sconn *c = *pp;
+        if (all || atomic_load(&c->done)) {
+            *pp = c->next;
+            pthread_mutex_unlock(&s->mu);
+            pthread_join(c->th, NULL);
+            free(c);
+            pthread_mutex_lock(&s->mu);
+        } else {
+            pp = &c->next;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *accept_main(void *arg)
+{
+    struct kv__shm_server *s = arg;
+    while (!atomic_load(&s->stopping)) {
+        struct pollfd p[2] = { { s->lfd, POLLIN, 0 }, { s->stop_pipe[0], POLLIN, 0 } };
+        if (poll(p, 2, 1000) < 0 && errno != EINTR)
+            break;
+        reap(s, false);
+        if (p[1].revents)
+            break;
+        if (!(p[0].revents & POLLIN))
+            continue;
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EMFILE || errno == ENFILE)
+                usleep(10000);
+            continue;
+        }
+        kv__fork_close(fd, true);
+        struct sconn *c = calloc(1, sizeof *c);
+        if (c) {
+            c->pins = calloc(PINS_MAX, sizeof *c->pins);
+            c->pin_used = calloc(PINS_MAX, 1);
+            c->pin_free = malloc(PINS_MAX * sizeof *c->pin_free);
+        }
+        if (!c || !c->pins || !c->pin_used || !c->pin_free ||
+            atomic_load(&s->nconns) >= CONNS_MAX) {
+            if (c) {
+                c->fd = fd;
+                sconn_free(c);
+                free(c);
+            } else {
+                close(fd);
+            }
+            continue;
+        }
+        for (uint32_t i = 0; i < PINS_MAX; i++)
+            c->pin_free[i] = PINS_MAX - 1 - i;
+        c->nfree = PINS_MAX;
+        c->srv = s;
+        c->fd = fd;
+        atomic_fetch_add(&s->nconns, 1);
+        pthread_mutex_lock(&s->mu);
+        if (pthread_create(&c->th, NULL, sconn_main, c) != 0) {
+            pthread_mutex_unlock(&s->mu);
+            atomic_fetch_sub(&s->nconns, 1);
+            sconn_free(c);
+            free(c);
+            continue;
+        }
+        c->next = s->conns;
+        s->conns = c;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+int kv__shm_serve(const char *path, const char *token, unsigned timeout_ms,
+                  const struct kv__shm_host *host, struct kv__shm_server **out, char *err,
+                  size_t errlen)
+{
+    *out = NULL;
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    if (strlen(path) >= sizeof sa.sun_path) {
+        kv__errf(err, errlen, "store.dir: the socket path %s is too long", path);
+        return KV_ECONFIG;
+    }
+    struct kv__shm_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return KV_ENOMEM;
+    s->host = *host;
+    snprintf(s->path, sizeof s->path, "%s", path);
+    snprintf(s->token, sizeof s->token, "%s", token);
+    s->timeout_ms = timeout_ms ? timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
+    s->lfd = s->ro_fd = s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    int rc = KV_ENET;
+    if (host->seg_fd >= 0) {
+        char p[64];
+        snprintf(p, sizeof p, "/proc/self/fd/%d", host->seg_fd);
+        if ((s->ro_fd = open(p, O_RDONLY | O_CLOEXEC)) < 0) {
+            kv__errf(err, errlen, "cannot reopen the segment read-only: %s", strerror(errno));
+            goto fail;
+        }
+    }
+    if (pipe2(s->stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
+        goto fail;
+    s->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s->lfd < 0)
+        goto fail;
+    kv__fork_close(s->lfd, true);
+    kv__fork_close(s->ro_fd, true);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    unlink(path);   /* a dead holder's; we hold the lock, so nobody else's */
+    if (bind(s->lfd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(path, 0600) != 0 ||
+        listen(s->lfd, 128) != 0) {
+        kv__errf(err, errlen, "cannot serve the host store on %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (pthread_create(&s->accept_th, NULL, accept_main, s) != 0)
+        goto fail;
+    *out = s;
+    return KV_OK;
+fail:
+    if (s->lfd >= 0) {
+        close_listed(s->lfd);
+        unlink(path);
+    }
+    close_listed(s->ro_fd);
+    if (s->stop_pipe[0] >= 0) {
+        close(s->stop_pipe[0]);
+        close(s->stop_pipe[1]);
+    }
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return rc;
+}
+
+void kv__shm_stop(struct kv__shm_server *s)
+{
+    if (!s)
+        return;
+    atomic_store(&s->stopping, true);
+    if (write(s->stop_pipe[1], "x", 1) < 0) {
+        /* the pipe is empty and ours: cannot fail; the flag is set anyway */
+    }
+    pthread_join(s->accept_th, NULL);
+    /* Unlink first: a client that reconnects from here on finds nobody and
+     * goes for the lock. */
+    unlink(s->path);
+    close_listed(s->lfd);
+    pthread_mutex_lock(&s->mu);
+    for (struct sconn *c = s->conns; c; c = c->next)
+        if (!atomic_load(&c->done) && c->fd >= 0)
+            shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&s->mu);
+    reap(s, true);
+    close_listed(s->ro_fd);
+    close(s->stop_pipe[0]);
+    close(s->stop_pipe[1]);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins)
+{
+    *clients = s ? atomic_load(&s->nconns) : 0;
+    *pins = s ? atomic_load(&s->npins) : 0;
+}
+
+/* ============================== the client ================================ */
+
+struct cconn {
+    int fd;
+    int stage_fd;
+    uint8_t *stage;
+    size_t stage_len;
+    uint32_t *sent;          /* region ids handed to this connection */
+    size_t nsent, capsent;
+    uint64_t regions_gen;
+    uint8_t *buf;            /* requests and responses */
+    size_t cap;
+};
+
+struct kv__shm_client {
+    char path[108];
+    char token[KV_CFG_STR];
+    unsigned timeout_ms;
+    struct kv__shm_regions *regions;
+    const uint8_t *seg;      /* the store's segment, read-only */
+    size_t seg_len;
+    dev_t seg_dev;
+    ino_t seg_ino;
+    pthread_mutex_t mu;      /* idle */
+    struct cconn **idle;
+    size_t nidle, capidle;
+    _Atomic bool broken;
+};
+
+static void cconn_close(struct cconn *k)
+{
+    if (!k)
+        return;
+    close_listed(k->fd);
+    if (k->stage)
+        munmap(k->stage, k->stage_len);
+    if (k->stage_fd >= 0)
+        close(k->stage_fd);
+    free(k->sent);
+    free(k->buf);
+    free(k);
+}
+
+static int cbuf_need(struct cconn *k, size_t n)
+{
+    if (n <= k->cap)
+        return KV_OK;
+    size_t nc = n < 4096 ? 4096 : n;
+    uint8_t *p = realloc(k->buf, nc);
+    if (!p)
+        return KV_ENOMEM;
+    k->buf = p;
+    k->cap = nc;
+    return KV_OK;
+}
+
+/* One exchange: the request in k->buf[8 .. 8+len) (the header is filled
+ * here), with fd riding on it; the response body into k->buf (its length
+ * in *rlen, at most rmax). Returns the server's rc in *src. No answer is
+ * awaited for OP_RELEASE. */
+static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t len, int fd,
+               uint64_t data_bytes, int *src, size_t *rlen)
+{
+    kv__put32(k->buf, (uint32_t)len);
+    kv__put32(k->buf + 4, op);
+    uint64_t dl = deadline_for(c->timeout_ms, data_bytes + len);
+    int rc = send_with_fd(k->fd, k->buf, 8 + len, fd, dl);
+    if (rc != KV_OK || op == OP_RELEASE)
+        return rc;
+    uint8_t h[8];
+    if ((rc = kv__sock_xfer1(k->fd, h, 8, 0, dl)) != KV_OK)
+        return rc;
+    uint32_t n = kv__get32(h);
+    if (n > FRAME_MAX)
+        return KV_EPROTO;
+    if ((rc = cbuf_need(k, n)) != KV_OK)
+        return rc;
+    if (n && (rc = kv__sock_xfer1(k->fd, k->buf, n, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
+        return rc;
+    *src = (int)kv__get32(h + 4);
+    if (rlen)
+        *rlen = n;
+    return KV_OK;
+}
+
+/* Connects one more connection and runs the handshake; the first one
+ * (c->seg NULL) maps the segment. */
+static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    struct cconn *k = calloc(1, sizeof *k);
+    if (!k)
+        return KV_ENOMEM;
+    k->stage_fd = -1;
+    uint64_t dl = kv__now_ms() + c->timeout_ms;
+    int rc = KV_ENET;
+    k->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    kv__fork_close(k->fd, true);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    memcpy(sa.sun_path, c->path, strlen(c->path) + 1);
+    if (k->fd < 0 || connect(k->fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int e = errno;
+        rc = e == EACCES || e == EPERM ? KV_EPERM : KV_ENET;
+        kv__errf(err, errlen, "nobody serves %s: %s", c->path, strerror(e));
+        goto fail;
+    }
+    if ((rc = same_user(k->fd)) != KV_OK) {
+        kv__errf(err, errlen, "%s is served by another user", c->path);
+        goto fail;
+    }
+    uint8_t hello[12];
+    if ((rc = kv__sock_xfer1(k->fd, hello, sizeof hello, 0, dl)) != KV_OK) {
+        kv__errf(err, errlen, "%s: no hello from the server (%s)", c->path, kv_err_name(rc));
+        goto fail;
+    }
+    if (kv__get32(hello) != SHM_MAGIC || kv__get32(hello + 4) != SHM_VERSION) {
+        rc = KV_EPROTO;
+        kv__errf(err, errlen, "%s: not a kvengine host store of this version", c->path);
+        goto fail;
+    }
+    if ((rc = (int)kv__get32(hello + 8)) != KV_OK) {
+        kv__errf(err, errlen, "%s: the server refused us (%s)", c->path, kv_err_name(rc));
+        goto fail;
+    }
+    if ((rc = kv__auth_client(k->fd, c->token, dl)) != KV_OK) {
+        kv__errf(err, errlen, "%s: the token was not proved (%s)", c->path, kv_err_name(rc));
+        goto fail;
+    }
+    uint8_t mine[BOOTID_LEN + 4];
+    if ((rc = boot_id((char *)mine)) != KV_OK)
+        goto fail;
+    kv__put32(mine + BOOTID_LEN, sizeof(kv_stats));
+    if ((rc = kv__sock_xfer1(k->fd, mine, sizeof mine, 1, dl)) != KV_OK)
+        goto fail;
+    uint8_t ans[16];
+    int sfd = -1;
+    if ((rc = recv_with_fd(k->fd, ans, sizeof ans, &sfd, dl)) != KV_OK)
+        goto fail;
+    rc = (int)kv__get32(ans);
+    uint64_t seg_len = kv__get64(ans + 8);
+    bool hasfd = kv__get32(ans + 4) != 0;
+    if (rc == KV_OK && hasfd != (sfd >= 0))
+        rc = KV_EPROTO;
+    if (rc != KV_OK) {
+        if (sfd >= 0)
+            close(sfd);
+        kv__errf(err, errlen, "%s: handshake refused (%s)", c->path, kv_err_name(rc));
+        goto fail;
+    }
+    if (sfd >= 0) {
+        struct stat st;
+        if (fstat(sfd, &st) != 0 || (uint64_t)st.st_size < seg_len) {
+            close(sfd);
+            rc = KV_EPROTO;
+            goto fail;
+        }
+        if (!c->seg) {
+            void *p = mmap(NULL, (size_t)seg_len, PROT_READ, MAP_SHARED, sfd, 0);
+            if (p == MAP_FAILED) {
+                close(sfd);
+                rc = KV_ENOMEM;
+                kv__errf(err, errlen, "cannot map the store's segment: %s", strerror(errno));
+                goto fail;
+            }
+            c->seg = p;
+            c->seg_len = (size_t)seg_len;
+            c->seg_dev = st.st_dev;
+            c->seg_ino = st.st_ino;
+        } else if (st.st_dev != c->seg_dev || st.st_ino != c->seg_ino) {
+            rc = KV_ENET;   /* another server since: reconnect from scratch */
+        }
+        close(sfd);
+        if (rc != KV_OK)
+            goto fail;
+    }
+    *out = k;
+    return KV_OK;
+fail:
+    cconn_close(k);
+    return rc;
+}
+
+static int cconn_get(struct kv__shm_client *c, struct cconn **out)
+{
+    if (atomic_load(&c->broken))
+        return KV_ENET;
+    pthread_mutex_lock(&c->mu);
+    if (c->nidle) {
+        *out = c->idle[--c->nidle];
+        pthread_mutex_unlock(&c->mu);
+        return KV_OK;
+    }
+    pthread_mutex_unlock(&c->mu);
+    int rc = cconn_open(c, out, NULL, 0);
+    if (rc != KV_OK)
+        atomic_store(&c->broken, true);
+    return rc;
+}
+
+/* Back to the idle list after a good exchange; closed (and the client
+ * broken) after a bad one. */
+static void cconn_put(struct kv__shm_client *c, struct cconn *k, int rc)
+{
+    if (rc == KV_ENET || rc == KV_ETIMEDOUT || rc == KV_EPROTO || rc == KV_ENOMEM) {
+        cconn_close(k);
+        if (rc != KV_ENOMEM)
+            atomic_store(&c->broken, true);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (c->nidle == c->capidle) {
+        size_t nc = c->capidle ? 2 * c->capidle : 8;
+        struct cconn **p = realloc(c->idle, nc * sizeof *p);
+        if (!p) {
+            pthread_mutex_unlock(&c->mu);
+            cconn_close(k);
+            return;
+        }
+        c->idle = p;
+        c->capidle = nc;
+    }
+    c->idle[c->nidle++] = k;
+    pthread_mutex_unlock(&c->mu);
+}
+
+int kv__shm_connect(const char *path, const char *token, unsigned timeout_ms,
+                    struct kv__shm_regions *regions, struct kv__shm_client **out, char *err,
+                    size_t errlen)
+{
+    *out = NULL;
+    struct kv__shm_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return KV_ENOMEM;
+    if (strlen(path) >= sizeof c->path) {
+        free(c);
+        return KV_ECONFIG;
+    }
+    snprintf(c->path, sizeof c->path, "%s", path);
+    snprintf(c->token, sizeof c->token, "%s", token);
+    c->timeout_ms = timeout_ms ? timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
+    c->regions = regions;
+    pthread_mutex_init(&c->mu, NULL);
+    struct cconn *k;
+    int rc = cconn_open(c, &k, err, errlen);
+    if (rc != KV_OK) {
+        kv__shm_disconnect(c);
+        return rc;
+    }
+    cconn_put(c, k, KV_OK);
+    *out = c;
+    return KV_OK;
+}
+
+void kv__shm_disconnect(struct kv__shm_client *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->nidle; i++)
+        cconn_close(c->idle[i]);
+    free(c->idle);
+    if (c->seg)
+        munmap((void *)c->seg, c->seg_len);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+bool kv__shm_broken(struct kv__shm_client *c)
+{
+    return atomic_load(&c->broken);
+}
+
+/* A staging memfd of at least need bytes on k (a new one replaces a
+ * smaller one, and the server is told). */
+static int stage_need(struct kv__shm_client *c, struct cconn *k, size_t need, bool populate)
+{
+    if (need <= k->stage_len)
+        return KV_OK;
+    size_t len = need < STAGE_MIN ? STAGE_MIN : (need + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+    int fd = memfd_create("kvengine-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return KV_ENOMEM;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)len) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0)
+        p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return KV_ENOMEM;
+    }
+#ifdef MADV_POPULATE_WRITE
+    /* Faulting fresh pages is slow here (engine/segment.c): what this
+     * request needs is faulted in now, in one call, not page by page in
+     * the copy; the rest of the (sparse) memfd only when used. */
+    if (populate)
+        madvise(p, need < len ? (need + 4095) & ~(size_t)4095 : len, MADV_POPULATE_WRITE);
+#endif
+    int rc = cbuf_need(k, 16), src = KV_OK;
+    if (rc == KV_OK) {
+        kv__put64(k->buf + 8, len);
+        rc = rpc(c, k, OP_STAGING, 8, fd, 0, &src, NULL);
+    }
+    if (rc != KV_OK || src != KV_OK) {
+        munmap(p, len);
+        close(fd);
+        return rc != KV_OK ? rc : src;
+    }
+    if (k->stage)
+        munmap(k->stage, k->stage_len);
+    if (k->stage_fd >= 0)
+        close(k->stage_fd);
+    k->stage = p;
+    k->stage_len = len;
+    k->stage_fd = fd;
+    return KV_OK;
+}
+
+/* Drops the regions freed since, then hands over the one [p, p+len) lies
+ * in (when it is a shared buffer) and writes its loc; else false. */
+static int region_loc(struct kv__shm_client *c, struct cconn *k, const void *p, size_t len,
+                      uint8_t *loc, bool *found)
+{
+    *found = false;
+    if (!c->regions)
+        return KV_OK;
+    uint64_t gen = atomic_load(&c->regions->gen);
+    int rc, src;
+    if (gen != k->regions_gen) {
+        for (size_t i = 0; i < k->nsent;) {
+            if (region_alive(c->regions, k->sent[i])) {
+                i++;
+                continue;
+            }
+            if ((rc = cbuf_need(k, 12)) != KV_OK)
+                return rc;
+            kv__put32(k->buf + 8, k->sent[i]);
+            if ((rc = rpc(c, k, OP_UNREGION, 4, -1, 0, &src, NULL)) != KV_OK)
+                return rc;
+            k->sent[i] = k->sent[--k->nsent];
+        }
+        k->regions_gen = gen;
+    }
+    uint32_t id;
+    uint64_t off;
+    int fd;
+    size_t rlen;
+    if (!region_find(c->regions, p, len, &id, &off, &fd, &rlen))
+        return KV_OK;
+    bool sent = false;
+    for (size_t i = 0; i < k->nsent && !sent; i++)
+        sent = k->sent[i] == id;
+    if (!sent) {
+        if (k->nsent == REGIONS_MAX)
+            return KV_OK;   /* the server maps no more: staged instead */
+        if (k->nsent == k->capsent) {
+            size_t nc = k->capsent ? 2 * k->capsent : 8;
+            uint32_t *ns = realloc(k->sent, nc * sizeof *ns);
+            if (!ns)
+                return KV_ENOMEM;
+            k->sent = ns;
+            k->capsent = nc;
+        }
+        if ((rc = cbuf_need(k, 20)) != KV_OK)
+            return rc;
+        kv__put32(k->buf + 8, id);
+        kv__put64(k->buf + 12, rlen);
+        if ((rc = rpc(c, k, OP_REGION, 12, fd, 0, &src, NULL)) != KV_OK)
+            return rc;
+        if (src != KV_OK)
+            return KV_OK;   /* refused: staged instead */
+        k->sent[k->nsent++] = id;
+    }
+    put_loc(loc, LOC_REGION, id, off);
+    *found = true;
+    return KV_OK;
+}
+
+int kv__shm_lookup(struct kv__shm_client *c, const kv_block_id *ids, size_t n, uint8_t *hit)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    for (size_t i = 0; rc == KV_OK && i < n;) {
+        size_t m = n - i < ITEMS_MAX ? n - i : ITEMS_MAX;
+        size_t got = 0;
+        if ((rc = cbuf_need(k, 12 + m * KV_BLOCK_ID_LEN)) != KV_OK)
+            break;
+        kv__put32(k->buf + 8, (uint32_t)m);
+        memcpy(k->buf + 12, &ids[i], m * KV_BLOCK_ID_LEN);
+        rc = rpc(c, k, OP_LOOKUP, 4 + m * KV_BLOCK_ID_LEN, -1, 0, &src, &got);
+        if (rc == KV_OK && src == KV_OK && got != m)
+            rc = KV_EPROTO;
+        if (rc != KV_OK || src != KV_OK)
+            break;
+        memcpy(hit + i, k->buf, m);
+        i += m;
+    }
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_prefetch(struct kv__shm_client *c, const kv_block_id *ids, size_t n)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    for (size_t i = 0; rc == KV_OK && src == KV_OK && i < n;) {
+        size_t m = n - i < ITEMS_MAX ? n - i : ITEMS_MAX;
+        if ((rc = cbuf_need(k, 12 + m * KV_BLOCK_ID_LEN)) != KV_OK)
+            break;
+        kv__put32(k->buf + 8, (uint32_t)m);
+        memcpy(k->buf + 12, &ids[i], m * KV_BLOCK_ID_LEN);
+        rc = rpc(c, k, OP_PREFETCH, 4 + m * KV_BLOCK_ID_LEN, -1, 0, &src, NULL);
+        i += m;
+    }
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+/* The one iovec of a shard when it has exactly one (a shared buffer can
+ * only be used directly then). */
+static const kv_iov *single_iov(const kv_shard *s)
+{
+    return s->iovcnt == 1 ? &s->iov[0] : NULL;
+}
+
+/*
+ * A load or dump of shards [0, n), in requests of at most ITEMS_MAX shards
+ * whose staged bytes fit the staging memfd: each shard's bytes go to (or
+ * come from) a shared buffer when its one iovec lies in one, else a slot
+ * of the staging memfd.
+ */
+static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_t n, int *results)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k);
+    if (rc != KV_OK)
+        return rc;
+    uint8_t (*loc)[LOC_LEN] = malloc((n < ITEMS_MAX ? n : ITEMS_MAX) * LOC_LEN);
+    uint32_t *pins = malloc((n < ITEMS_MAX ? n : ITEMS_MAX) * sizeof *pins);
+    if (!loc || !pins) {
+        free(loc);
+        free(pins);
+        cconn_put(c, k, KV_OK);
+        return KV_ENOMEM;
+    }
+    for (size_t i = 0; rc == KV_OK && i < n;) {
+        /* This request: shards [i, j), staging bytes laid out as we go. */
+        size_t j = i;
+        uint64_t staged = 0, bytes = 0;
+        for (; j < n && j - i < ITEMS_MAX; j++) {
+            uint64_t len = kv__iov_len(sh[j].iov, sh[j].iovcnt);
+            const kv_iov *one = single_iov(&sh[j]);
+            bool inreg = false;
+            if (one && len && (rc = region_loc(c, k, one->base, one->len, loc[j - i], &inreg)) != KV_OK)
+                break;
+            if (!inreg) {
+                uint64_t at = (staged + 63) & ~(uint64_t)63;
+                if (j > i && at + len > (k->stage_len > STAGE_MIN ? k->stage_len : STAGE_MIN))
+                    break;   /* the next request */
+                put_loc(loc[j - i], LOC_STAGE, 0, at);
+                staged = at + len;
+            }
+            bytes += len;
+        }
+        if (rc != KV_OK)
+            break;
+        if ((rc = stage_need(c, k, staged, !load)) != KV_OK)
+            break;
+        size_t m = j - i;
+        if ((rc = cbuf_need(k, 12 + m * ITEM_LEN)) != KV_OK)
+            break;
+        uint8_t *b = k->buf + 8;
+        kv__put32(b, (uint32_t)m);
+        for (size_t x = 0; x < m; x++) {
+            const kv_shard *s = &sh[i + x];
+            uint8_t *it = b + 4 + x * ITEM_LEN;
+            uint64_t len = kv__iov_len(s->iov, s->iovcnt);
+            memcpy(it, s->block.bytes, KV_BLOCK_ID_LEN);
+            kv__put32(it + 16, s->index);
+            kv__put64(it + 20, len);
+            memcpy(it + 28, loc[x], LOC_LEN);
+            if (!load && loc[x][0] == LOC_STAGE && len)
+                kv__iov_gather(k->stage + kv__get64(loc[x] + 5), s->iov, s->iovcnt);
+        }
+        int src = KV_OK;
+        size_t got = 0;
+        rc = rpc(c, k, load ? OP_LOAD : OP_DUMP, 4 + m * ITEM_LEN, -1, bytes, &src, &got);
+        if (rc == KV_OK && (src != KV_OK || got != m * (load ? LOAD_ANS_LEN : 4)))
+            rc = src != KV_OK ? src : KV_EPROTO;
+        if (rc != KV_OK)
+            break;
+        size_t npins = 0;
+        for (size_t x = 0; x < m; x++) {
+            const kv_shard *s = &sh[i + x];
+            if (!load) {
+                results[i + x] = (int)kv__get32(k->buf + 4 * x);
+                continue;
+            }
+            const uint8_t *a = k->buf + x * LOAD_ANS_LEN;
+            int r = (int)kv__get32(a);
+            uint64_t len = kv__iov_len(s->iov, s->iovcnt);
+            if (r == KV_OK && a[4] == HOW_PINNED) {
+                uint64_t off = kv__get64(a + 5);
+                pins[npins++] = kv__get32(a + 13);
+                if (!c->seg || off > c->seg_len || len > c->seg_len - off)
+                    r = KV_EPROTO;   /* a server that points outside its segment */
+                else if (len)
+                    kv__iov_scatter(s->iov, s->iovcnt, c->seg + off);
+            } else if (r == KV_OK && a[4] == HOW_COPIED) {
+                if (loc[x][0] == LOC_STAGE && len)
+                    kv__iov_scatter(s->iov, s->iovcnt, k->stage + kv__get64(loc[x] + 5));
+            } else if (r == KV_OK) {
+                r = KV_EPROTO;
+            }
+            results[i + x] = r;
+        }
+        if (npins) {   /* every pin ends now, in one message nobody answers */
+            if ((rc = cbuf_need(k, 12 + 4 * npins)) != KV_OK)
+                break;
+            kv__put32(k->buf + 8, (uint32_t)npins);
+            for (size_t x = 0; x < npins; x++)
+                kv__put32(k->buf + 12 + 4 * x, pins[x]);
+            if ((rc = rpc(c, k, OP_RELEASE, 4 + 4 * npins, -1, 0, &src, NULL)) != KV_OK)
+                break;
+        }
+        i = j;
+    }
+    free(loc);
+    free(pins);
+    cconn_put(c, k, rc);
+    return rc;
+}
+
+int kv__shm_load(struct kv__shm_client *c, const kv_shard *sh, size_t n, int *results)
+{
+    return blocks(c, true, sh, n, results);
+}
+
+int kv__shm_dump(struct kv__shm_client *c, const kv_shard *sh, size_t n, int *results)
+{
+    return blocks(c, false, sh, n, results);
+}
+
+/* A key request: u8 klen, key at k->buf + 8; its length. */
+static size_t put_key(struct cconn *k, const void *key, size_t klen)
+{
+    k->buf[8] = (uint8_t)klen;
+    memcpy(k->buf + 9, key, klen);
+    return 1 + klen;
+}
+
+int kv__shm_put(struct kv__shm_client *c, const void *key, size_t klen, const void *val,
+                size_t vlen)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    bool inline_val = vlen <= INLINE_MAX;
+    if ((rc = cbuf_need(k, 8 + 1 + klen + LOC_LEN + 8 + (inline_val ? vlen : 0))) != KV_OK)
+        goto out;
+    uint8_t loc[LOC_LEN];
+    bool inreg = false;
+    if (!inline_val && (rc = region_loc(c, k, val, vlen, loc, &inreg)) != KV_OK)
+        goto out;
+    if (!inline_val && !inreg) {
+        if ((rc = stage_need(c, k, vlen, true)) != KV_OK)
+            goto out;
+        memcpy(k->stage, val, vlen);
+        put_loc(loc, LOC_STAGE, 0, 0);
+    } else if (inline_val) {
+        put_loc(loc, LOC_INLINE, 0, 0);
+    }
+    size_t len = put_key(k, key, klen);
+    memcpy(k->buf + 8 + len, loc, LOC_LEN);
+    kv__put64(k->buf + 8 + len + LOC_LEN, vlen);
+    len += LOC_LEN + 8;
+    if (inline_val && vlen) {
+        memcpy(k->buf + 8 + len, val, vlen);
+        len += vlen;
+    }
+    rc = rpc(c, k, OP_PUT, len, -1, vlen, &src, NULL);
+out:
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_get(struct kv__shm_client *c, const void *key, size_t klen, void *buf, size_t cap,
+                size_t *vlen)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    uint8_t loc[LOC_LEN];
+    bool inreg = false, inline_val = cap <= INLINE_MAX;
+    if ((rc = cbuf_need(k, 8 + 1 + klen + LOC_LEN + 8 + 8 + (inline_val ? cap : 0))) != KV_OK)
+        goto out;
+    if (!inline_val && (rc = region_loc(c, k, buf, cap, loc, &inreg)) != KV_OK)
+        goto out;
+    if (inline_val) {
+        put_loc(loc, LOC_INLINE, 0, 0);
+    } else if (!inreg) {
+        if ((rc = stage_need(c, k, cap, false)) != KV_OK)
+            goto out;
+        put_loc(loc, LOC_STAGE, 0, 0);
+    }
+    size_t len = put_key(k, key, klen);
+    memcpy(k->buf + 8 + len, loc, LOC_LEN);
+    kv__put64(k->buf + 8 + len + LOC_LEN, cap);
+    len += LOC_LEN + 8;
+    size_t got = 0;
+    if ((rc = rpc(c, k, OP_GET, len, -1, cap, &src, &got)) != KV_OK)
+        goto out;
+    if (got < 8) {
+        rc = KV_EPROTO;
+        goto out;
+    }
+    uint64_t v = kv__get64(k->buf);
+    if (src == KV_OK || src == KV_ENOBUFS)
+        *vlen = (size_t)v;
+    if (src == KV_OK) {
+        if (v > cap || (inline_val && got != 8 + v)) {
+            rc = KV_EPROTO;
+            goto out;
+        }
+        if (inline_val && v)
+            memcpy(buf, k->buf + 8, v);
+        else if (!inline_val && !inreg && v)
+            memcpy(buf, k->stage, v);
+    }
+out:
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+static int key_call(struct kv__shm_client *c, uint32_t op, const void *key, size_t klen)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    if ((rc = cbuf_need(k, 8 + 1 + klen)) == KV_OK)
+        rc = rpc(c, k, op, put_key(k, key, klen), -1, 0, &src, NULL);
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_exists(struct kv__shm_client *c, const void *key, size_t klen)
+{
+    return key_call(c, OP_EXISTS, key, klen);
+}
+
+int kv__shm_remove(struct kv__shm_client *c, const void *key, size_t klen)
+{
+    return key_call(c, OP_REMOVE, key, klen);
+}
+
+int kv__shm_remove_all(struct kv__shm_client *c, uint64_t *removed)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    size_t got = 0;
+    if ((rc = cbuf_need(k, 16)) == KV_OK)
+        rc = rpc(c, k, OP_REMOVE_ALL, 0, -1, 0, &src, &got);
+    if (rc == KV_OK && got != 8)
+        rc = KV_EPROTO;
+    if (rc == KV_OK && removed)
+        *removed = kv__get64(k->buf);
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_stats(struct kv__shm_client *c, kv_stats *out)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    size_t got = 0;
+    if ((rc = cbuf_need(k, 8 + sizeof *out)) == KV_OK)
+        rc = rpc(c, k, OP_STATS, 0, -1, 0, &src, &got);
+    if (rc == KV_OK && got != sizeof *out)
+        rc = KV_EPROTO;
+    if (rc == KV_OK)
+        memcpy(out, k->buf, sizeof *out);
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}

@@ -1,0 +1,907 @@
+/*
+ * check_host.c — one store per host, with real processes: sharing by
+ * ssd.path and by store.name, the DRAM budget counted once, clients
+ * SIGKILLed mid-load, the server SIGKILLed (takeover), another uid, and a
+ * client that tries to write the segment.
+ *
+ * Every test has its own store.dir under its temp directory. Children are
+ * forked BEFORE the parent opens anything (a child would inherit a
+ * serving parent's lock) and report through their exit status; pipes
+ * order them.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+/* ---- helpers -------------------------------------------------------------- */
+
+static kv_engine *open_cfg(const char *yaml, int *rc)
+{
+    kv_config *cfg = NULL;
+    char err[512] = "";
+    kv_engine *e = NULL;
+    if (kv_config_new(&cfg) != KV_OK)
+        return NULL;
+    *rc = kv_config_parse(cfg, yaml, strlen(yaml), err, sizeof err);
+    if (*rc == KV_OK)
+        *rc = kv_open(cfg, &e);
+    kv_config_free(cfg);
+    return e;
+}
+
+static kv_stats stats(kv_engine *e)
+{
+    kv_stats st;
+    memset(&st, 0, sizeof st);
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    return st;
+}
+
+/* A child that runs fn(arg) and exits with its result (0 = all good). It
+ * dies with the test process. */
+static pid_t child(int (*fn)(void *, int), void *arg, int k)
+{
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        _exit(fn(arg, k));
+    }
+    return pid;
+}
+
+static int reap(pid_t pid)
+{
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static void wait_byte(int fd)
+{
+    char c;
+    while (read(fd, &c, 1) < 0 && errno == EINTR) {
+    }
+}
+
+static void send_bytes(int fd, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (write(fd, "x", 1) != 1)
+            break;
+}
+
+/* RSS of this process in bytes (VmRSS). */
+static uint64_t rss_bytes(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    size_t fl = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, field, fl) == 0 && line[fl] == ':')
+            sscanf(line + fl + 1, "%llu", &kb);
+    if (f)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+/* The world of one test: a temp dir, the YAML every process opens. */
+struct world {
+    char *dir;
+    char yaml[1024];
+    int go[2], done[2];      /* parent -> children, children -> parent */
+    int go2[2];              /* parent -> children, the second step (a byte on go
+                              * must never be taken for it) */
+};
+
+static void world_new(struct world *w, const char *fmt)
+{
+    w->dir = tu_mkdtemp();
+    /* fmt takes the dir twice (ssd.path's and store.dir's, or unused) */
+    snprintf(w->yaml, sizeof w->yaml, fmt, w->dir, w->dir);
+    ck_assert_int_eq(pipe(w->go), 0);
+    ck_assert_int_eq(pipe(w->done), 0);
+    ck_assert_int_eq(pipe(w->go2), 0);
+}
+
+static void world_free(struct world *w)
+{
+    close(w->go[0]);
+    close(w->go[1]);
+    close(w->done[0]);
+    close(w->done[1]);
+    close(w->go2[0]);
+    close(w->go2[1]);
+    tu_rmdir(w->dir);
+}
+
+#define SSD_YAML                                                                \
+    "pipeline: dram|ssd\n"                                                       \
+    "dram: {capacity: 64MiB, hugepages: off}\n"                                  \
+    "ssd: {path: \"%s/ssd\", compression: none}\n"                               \
+    "store: {dir: \"%s/rv\"}\n"                                                  \
+    "io: {threads: 2}\n"
+#define NAME_YAML                                                               \
+    "pipeline: dram\n"                                                           \
+    "dram: {capacity: 64MiB, hugepages: off}\n"                                  \
+    "store: {name: \"host-test\", dir: \"%s/rv\"}\n"                             \
+    "io: {threads: 2}\n"
+
+enum { BLK = 200000 };   /* not a power of two: offsets and lengths are odd */
+
+static int dump_one(kv_engine *e, uint64_t n, size_t len)
+{
+    uint8_t *b = malloc(len);
+    tu_fill(b, len, n);
+    int rc = tu_dump1(e, tu_id(n, 16), 0, b, len);
+    free(b);
+    return rc;
+}
+
+/* 0 when block n loads as dumped; else the error (or 99 for wrong bytes). */
+static int load_one(kv_engine *e, uint64_t n, size_t len)
+{
+    uint8_t *b = malloc(len);
+    memset(b, 0xee, len);
+    int rc = tu_load1(e, tu_id(n, 16), 0, b, len);
+    if (rc == KV_OK && !tu_check_fill(b, len, n))
+        rc = 99;
+    free(b);
+    return rc;
+}
+
+static int key_check(kv_engine *e, const char *key, const char *want)
+{
+    char buf[64];
+    size_t vl = 0;
+    int rc = kv_get(e, key, strlen(key), buf, sizeof buf, &vl);
+    if (rc != KV_OK)
+        return rc;
+    return vl == strlen(want) && memcmp(buf, want, vl) == 0 ? 0 : 98;
+}
+
+/* ---- sharing -------------------------------------------------------------------- */
+
+/* Child k: attaches, dumps block 100+k and key "c<k>", tells the parent,
+ * waits, then checks the parent's block 1 / key "p" and every other
+ * child's (nchildren in the yaml world's arg). */
+struct share_arg {
+    struct world *w;
+    int nchildren;
+};
+
+static int share_child(void *arg, int k)
+{
+    struct share_arg *a = arg;
+    wait_byte(a->w->go[0]);   /* the parent serves now */
+    int rc, bad = 0;
+    kv_engine *e = open_cfg(a->w->yaml, &rc);
+    kv_stats st;
+    char key[16], val[16];
+    snprintf(key, sizeof key, "c%d", k);
+    snprintf(val, sizeof val, "v%d", k);
+    if (!e)
+        bad = 10;
+    else if (kv_stats_get(e, &st) != KV_OK || st.host_attached != 1)
+        bad = 11;
+    else if ((rc = dump_one(e, 100 + (uint64_t)k, BLK)) != KV_OK ||
+             (rc = kv_put(e, key, strlen(key), val, strlen(val))) != KV_OK)
+        bad = 12;
+    if (bad)
+        fprintf(stderr, "child %d: step %d: %s\n", k, bad, kv_strerror(rc));
+    send_bytes(a->w->done[1], 1);
+    if (bad)
+        return bad;
+    wait_byte(a->w->go2[0]);   /* everyone has dumped */
+    if (load_one(e, 1, BLK) != 0 || key_check(e, "p", "parent") != 0)
+        return 13;
+    for (int j = 0; j < a->nchildren; j++) {
+        snprintf(key, sizeof key, "c%d", j);
+        snprintf(val, sizeof val, "v%d", j);
+        if (load_one(e, 100 + (uint64_t)j, BLK) != 0 || key_check(e, key, val) != 0)
+            return 14;
+        uint8_t hit = 0;
+        kv_block_id id = tu_id(100 + (uint64_t)j, 16);
+        if (kv_lookup(e, &id, 1, &hit) != KV_OK || !hit)
+            return 15;
+    }
+    if (kv_exists(e, "p", 1) != 1)
+        return 16;
+    kv_close(e);
+    return 0;
+}
+
+static void share(const char *fmt, int nchildren)
+{
+    struct world w;
+    world_new(&w, fmt);
+    struct share_arg a = { &w, nchildren };
+    pid_t pids[8];
+    for (int k = 0; k < nchildren; k++)
+        pids[k] = child(share_child, &a, k);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(e).host_attached, 0);
+    ck_assert_int_eq(dump_one(e, 1, BLK), KV_OK);
+    ck_assert_int_eq(kv_put(e, "p", 1, "parent", 6), KV_OK);
+    send_bytes(w.go[1], nchildren);
+    for (int k = 0; k < nchildren; k++)
+        wait_byte(w.done[0]);
+    send_bytes(w.go2[1], nchildren);
+    for (int k = 0; k < nchildren; k++) {
+        int rc = reap(pids[k]);
+        ck_assert_msg(rc == 0, "child %d exited %d", k, rc);
+    }
+    /* and the other way: what the children wrote, the server reads */
+    for (int k = 0; k < nchildren; k++) {
+        char key[16], val[16];
+        snprintf(key, sizeof key, "c%d", k);
+        snprintf(val, sizeof val, "v%d", k);
+        ck_assert_int_eq(load_one(e, 100 + (uint64_t)k, BLK), 0);
+        ck_assert_int_eq(key_check(e, key, val), 0);
+    }
+    kv_stats st = stats(e);
+    ck_assert_uint_eq(st.dram_blocks, 1 + (uint64_t)nchildren);
+    ck_assert_uint_eq(st.host_pins, 0);
+    kv_close(e);
+    world_free(&w);
+}
+
+START_TEST(two_processes_share_by_ssd_path) { share(SSD_YAML, 1); }
+END_TEST
+START_TEST(two_processes_share_by_store_name) { share(NAME_YAML, 1); }
+END_TEST
+START_TEST(eight_processes_share_by_ssd_path) { share(SSD_YAML, 8); }
+END_TEST
+START_TEST(eight_processes_share_by_store_name) { share(NAME_YAML, 8); }
+END_TEST
+
+/* Two engines of one process with one identity: the second attaches to the
+ * first; shared buffers work both ways; the many forms go through. */
+START_TEST(second_engine_in_a_process_attaches)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    kv_engine *a = tu_open_yaml(w.yaml);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(a).host_attached, 0);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    ck_assert_uint_eq(stats(a).host_clients, 1);
+    void *buf = NULL;
+    ck_assert_int_eq(kv_buffer_alloc(b, BLK, &buf), KV_OK);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq((uintptr_t)buf % 4096, 0);
+    tu_fill(buf, BLK, 7);
+    ck_assert_int_eq(tu_dump1(b, tu_id(7, 16), 0, buf, BLK), KV_OK);   /* one copy: the server's */
+    ck_assert_int_eq(load_one(a, 7, BLK), 0);
+    memset(buf, 0, BLK);
+    ck_assert_int_eq(tu_load1(b, tu_id(7, 16), 0, buf, BLK), KV_OK);
+    ck_assert(tu_check_fill(buf, BLK, 7));
+    ck_assert_int_eq(kv_buffer_free(b, buf), KV_OK);
+    ck_assert_int_eq(kv_buffer_free(b, buf), KV_ENOTFOUND);
+    /* a wrong length is KV_EINVAL, a missing block a miss, as in process */
+    ck_assert_int_eq(load_one(b, 7, BLK - 1), KV_EINVAL);
+    ck_assert_int_eq(load_one(b, 8, BLK), KV_ENOTFOUND);
+    uint8_t hit[2];
+    kv_block_id ids[2] = { tu_id(7, 16), tu_id(8, 16) };
+    ck_assert_int_eq(kv_lookup(b, ids, 2, hit), KV_OK);
+    ck_assert(hit[0] && !hit[1]);
+    ck_assert_int_eq(kv_lookup_prefix(b, ids, 2), 0);
+    /* plain keys, one at a time and many; a value above the inline size */
+    size_t big = (3u << 20) + 5;
+    uint8_t *v = malloc(big), *back = malloc(big);
+    tu_fill(v, big, 9);
+    ck_assert_int_eq(kv_put(b, "big", 3, v, big), KV_OK);
+    size_t vl = 0;
+    ck_assert_int_eq(kv_get(a, "big", 3, back, big, &vl), KV_OK);
+    ck_assert_uint_eq(vl, big);
+    ck_assert(tu_check_fill(back, big, 9));
+    memset(back, 0, big);
+    ck_assert_int_eq(kv_get(b, "big", 3, back, big, &vl), KV_OK);
+    ck_assert(tu_check_fill(back, big, 9));
+    ck_assert_int_eq(kv_get(b, "big", 3, back, 10, &vl), KV_ENOBUFS);
+    ck_assert_uint_eq(vl, big);
+    kv_pair items[2] = { { "k1", 2, "one", 3 }, { "k2", 2, "two", 3 } };
+    int res[2];
+    ck_assert_int_eq(kv_put_many(b, items, 2, res), KV_OK);
+    ck_assert(res[0] == KV_OK && res[1] == KV_OK);
+    char g1[8], g2[8];
+    kv_pair gets[2] = { { "k1", 2, g1, sizeof g1 }, { "nope", 4, g2, sizeof g2 } };
+    ck_assert_int_eq(kv_get_many(b, gets, 2, res), KV_OK);
+    ck_assert_int_eq(res[0], KV_OK);
+    ck_assert_int_eq(res[1], KV_ENOTFOUND);
+    ck_assert(gets[0].len == 3 && memcmp(g1, "one", 3) == 0);
+    ck_assert_int_eq(kv_exists_many(b, items, 2, res), KV_OK);
+    ck_assert(res[0] == 1 && res[1] == 1);
+    ck_assert_int_eq(kv_remove(b, "k1", 2), KV_OK);
+    ck_assert_int_eq(kv_remove(b, "k1", 2), KV_ENOTFOUND);
+    uint64_t removed = 0;
+    ck_assert_int_eq(kv_remove_all(b, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 2);   /* big, k2 */
+    ck_assert_int_eq(kv_exists(a, "k2", 2), 0);
+    free(v);
+    free(back);
+    kv_close(b);
+    uint64_t t0 = tu_now_ms();   /* the server sees the connection end */
+    while (stats(a).host_clients && tu_now_ms() - t0 < 5000)
+        usleep(5000);
+    ck_assert_uint_eq(stats(a).host_clients, 0);
+    kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* A second HOST of one ssd.path (another store.dir, so the lock files
+ * differ): the SSD tier's own lock says KV_EBUSY, naming it. */
+START_TEST(a_second_host_of_one_ssd_path_is_busy)
+{
+    struct world w;
+    world_new(&w, SSD_YAML);
+    kv_engine *a = tu_open_yaml(w.yaml);
+    char other[1200];
+    snprintf(other, sizeof other,
+             "pipeline: dram|ssd\ndram: {capacity: 16MiB, hugepages: off}\n"
+             "ssd: {path: \"%s/ssd\"}\nstore: {dir: \"%s/rv2\"}\n", w.dir, w.dir);
+    int rc;
+    kv_engine *b = open_cfg(other, &rc);
+    ck_assert_ptr_null(b);
+    ck_assert_int_eq(rc, KV_EBUSY);
+    kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* store.dir must be ours and private. */
+START_TEST(an_unsafe_store_dir_is_refused)
+{
+    char *dir = tu_mkdtemp();
+    char yaml[1024], path[512];
+    snprintf(path, sizeof path, "%s/open", dir);
+    ck_assert_int_eq(mkdir(path, 0755), 0);
+    ck_assert_int_eq(chmod(path, 0755), 0);
+    snprintf(yaml, sizeof yaml, "pipeline: dram\ndram: {capacity: 8MiB}\n"
+             "store: {name: x, dir: \"%s\"}\n", path);
+    int rc;
+    ck_assert_ptr_null(open_cfg(yaml, &rc));
+    ck_assert_int_eq(rc, KV_EPERM);
+    snprintf(path, sizeof path, "%s/link", dir);
+    char target[512];
+    snprintf(target, sizeof target, "%s/real", dir);
+    ck_assert_int_eq(mkdir(target, 0700), 0);
+    ck_assert_int_eq(symlink(target, path), 0);
+    snprintf(yaml, sizeof yaml, "pipeline: dram\ndram: {capacity: 8MiB}\n"
+             "store: {name: x, dir: \"%s\"}\n", path);
+    ck_assert_ptr_null(open_cfg(yaml, &rc));
+    ck_assert_int_eq(rc, KV_EPERM);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* ---- the DRAM budget ------------------------------------------------------------ */
+
+static int budget_child(void *arg, int k)
+{
+    struct world *w = arg;
+    wait_byte(w->go[0]);
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    enum { N = 32, LEN = 1 << 20 };
+    uint8_t *b = malloc(LEN);
+    for (uint64_t n = 0; n < N; n++) {
+        tu_fill(b, LEN, n);
+        if (tu_dump1(e, tu_id(n, 16), 0, b, LEN) != KV_OK)
+            return 11;
+    }
+    for (uint64_t n = 0; n < N; n++)
+        if (tu_load1(e, tu_id(n, 16), 0, b, LEN) != KV_OK || !tu_check_fill(b, LEN, n))
+            return 12;
+    free(b);
+    kv_stats st;
+    if (kv_stats_get(e, &st) != KV_OK || st.dram_capacity != (256u << 20) ||
+        st.dram_used < (uint64_t)N * LEN)
+        return 13;
+    /* The segment is the server's: this process holds its own buffers,
+     * staging and the pages of the segment it read, not dram.capacity. */
+    uint64_t rss = rss_bytes("VmRSS");
+    if (rss >= (256u << 20) / 4) {
+        fprintf(stderr, "attached VmRSS %llu bytes\n", (unsigned long long)rss);
+        return 14;
+    }
+    kv_close(e);
+    return 0;
+}
+
+START_TEST(the_dram_budget_is_counted_once)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 256MiB, hugepages: off}\n"
+                  "store: {name: budget, dir: \"%s/rv\"}\n");
+    pid_t p = child(budget_child, &w, 0);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    send_bytes(w.go[1], 1);
+    int rc = reap(p);
+    ck_assert_msg(rc == 0, "child exited %d", rc);
+    ck_assert_uint_ge(stats(e).dram_used, 32u << 20);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* ---- clients killed mid-load ----------------------------------------------------- */
+
+static int loader_child(void *arg, int k)
+{
+    struct world *w = arg;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    send_bytes(w->done[1], 1);
+    if (!e)
+        return 10;
+    enum { N = 16, LEN = 256 << 10 };
+    uint8_t *b = malloc((size_t)N * LEN);
+    kv_iov iov[N];
+    kv_shard sh[N];
+    for (uint64_t n = 0; n < N; n++) {
+        iov[n] = (kv_iov){ b + n * LEN, LEN };
+        sh[n] = (kv_shard){ tu_id(n, 16), 0, &iov[n], 1 };
+    }
+    for (;;) {   /* until killed */
+        uint8_t hit[N];
+        kv_block_id ids[N];
+        for (int n = 0; n < N; n++)
+            ids[n] = sh[n].block;
+        kv_lookup(e, ids, N, hit);
+        kv_task t;
+        if (kv_load(e, sh, N, &t) == KV_OK)
+            kv_wait(e, t, 0);
+    }
+}
+
+/* Forks the loaders from a process that holds no engine (a fork of a
+ * process with engine threads could inherit a lock held mid-call): asked
+ * through go, it forks one, says its pid on done2, reaps it once killed,
+ * and says how it ended. */
+static int zygote(void *arg, int k)
+{
+    int *pp = arg;   /* [0] commands in, [1] answers out, [2] [3] the parent's ends, then the world */
+    close(pp[2]);
+    close(pp[3]);
+    for (;;) {
+        char c;
+        if (read(pp[0], &c, 1) != 1)
+            return 0;
+        pid_t p = fork();
+        if (p == 0)
+            _exit(loader_child(*(struct world **)(void *)(pp + 4), 0));
+        if (write(pp[1], &p, sizeof p) != sizeof p)
+            return 1;
+        int st = 0;
+        waitpid(p, &st, 0);
+        int how = WIFSIGNALED(st) ? WTERMSIG(st) : -1;
+        if (write(pp[1], &how, sizeof how) != sizeof how)
+            return 1;
+    }
+}
+
+START_TEST(killed_clients_leave_nothing_behind)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 64MiB, hugepages: off}\n"
+                  "eviction: {lease_ttl_ms: 300ms}\n"
+                  "store: {name: kills, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2}\n");
+    int cmd[2], ans[2];
+    ck_assert_int_eq(pipe(cmd), 0);
+    ck_assert_int_eq(pipe(ans), 0);
+    struct { int pp[4]; struct world *w; } za = { { cmd[0], ans[1], cmd[1], ans[0] }, &w };
+    pid_t z = child(zygote, &za, 0);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    enum { N = 16, LEN = 256 << 10 };
+    for (uint64_t n = 0; n < N; n++)
+        ck_assert_int_eq(dump_one(e, n, LEN), KV_OK);
+    kv_stats base = stats(e);
+    unsigned seed = 16;
+    for (int i = 0; i < 50; i++) {
+        send_bytes(cmd[1], 1);
+        pid_t p = 0;
+        ck_assert_int_eq(read(ans[0], &p, sizeof p), sizeof p);
+        wait_byte(w.done[0]);
+        usleep(2000 + (unsigned)(rand_r(&seed) % 20000));
+        kill(p, SIGKILL);
+        int how = 0;
+        ck_assert_int_eq(read(ans[0], &how, sizeof how), sizeof how);
+        ck_assert_int_eq(how, SIGKILL);
+    }
+    close(cmd[1]);
+    ck_assert_int_eq(reap(z), 0);
+    close(cmd[0]);
+    close(ans[0]);
+    close(ans[1]);
+    /* The connections end with their processes; the leases lapse. */
+    uint64_t t0 = tu_now_ms();
+    kv_stats st = stats(e);
+    while ((st.host_clients || st.host_pins) && tu_now_ms() - t0 < 5000) {
+        usleep(20000);
+        st = stats(e);
+    }
+    ck_assert_uint_eq(st.host_clients, 0);
+    ck_assert_uint_eq(st.host_pins, 0);
+    ck_assert_uint_eq(st.dram_used, base.dram_used);
+    ck_assert_uint_eq(st.dram_blocks, base.dram_blocks);
+    usleep(400000);   /* past the lease TTL */
+    /* Nothing pinned or leased: every block can be evicted now. Fill the
+     * store with new blocks; the old ones must make room. */
+    for (uint64_t n = 1000; n < 1000 + 64 * 4; n++)
+        ck_assert_int_eq(dump_one(e, n, LEN), KV_OK);
+    uint8_t hit[N];
+    kv_block_id ids[N];
+    for (int n = 0; n < N; n++)
+        ids[n] = tu_id((uint64_t)n, 16);
+    ck_assert_int_eq(kv_lookup(e, ids, N, hit), KV_OK);
+    int left = 0;
+    for (int n = 0; n < N; n++)
+        left += hit[n];
+    ck_assert_int_eq(left, 0);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* ---- the server killed --------------------------------------------------------- */
+
+static int server_child(void *arg, int k)
+{
+    struct world *w = arg;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    for (uint64_t n = 0; n < 40; n++)
+        if (dump_one(e, n, BLK) != KV_OK)
+            return 11;
+    send_bytes(w->done[1], 1);
+    for (;;)
+        pause();
+}
+
+/* 0 once block n loads right; retries while the store is being taken over. */
+static int load_recovering(kv_engine *e, uint64_t n, uint64_t until_ms)
+{
+    int rc;
+    while ((rc = load_one(e, n, BLK)) == KV_ENET && tu_now_ms() < until_ms)
+        usleep(20000);
+    return rc;
+}
+
+static int other_attached(void *arg, int k)
+{
+    struct world *w = arg;
+    wait_byte(w->go[0]);
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    if (load_one(e, 3, BLK) != 0)
+        return 11;
+    send_bytes(w->done[1], 1);
+    wait_byte(w->go2[0]);   /* the server is dead */
+    uint64_t until = tu_now_ms() + 10000;
+    for (uint64_t n = 0; n < 40; n++)
+        if (load_recovering(e, n, until) != 0)
+            return 12;
+    kv_close(e);
+    return 0;
+}
+
+START_TEST(a_killed_server_is_taken_over)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram|ssd\n"
+                  "dram: {capacity: 32MiB, hugepages: off}\n"
+                  "ssd: {path: \"%s/ssd\", write_through: true, compression: none}\n"
+                  "store: {dir: \"%s/rv\"}\n"
+                  "io: {threads: 2, timeout_ms: 2000}\n");
+    pid_t srv = child(server_child, &w, 0);
+    wait_byte(w.done[0]);
+    pid_t other = child(other_attached, &w, 1);
+    send_bytes(w.go[1], 1);
+    wait_byte(w.done[0]);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(e).host_attached, 1);
+    ck_assert_int_eq(load_one(e, 5, BLK), 0);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    send_bytes(w.go2[1], 1);
+    /* Every acknowledged (written-through) block loads byte for byte, from
+     * whichever of us took the store over. */
+    uint64_t t0 = tu_now_ms();
+    for (uint64_t n = 0; n < 40; n++) {
+        int rc = load_recovering(e, n, t0 + 10000);
+        ck_assert_msg(rc == 0, "block %llu: %d", (unsigned long long)n, rc);
+    }
+    ck_assert_uint_lt(tu_now_ms() - t0, 10000);
+    int rc = reap(other);
+    ck_assert_msg(rc == 0, "the other attached process exited %d", rc);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* A child forked by the server AFTER its kv_open (multiprocessing's fork)
+ * holds none of its descriptors: once the server is killed, the child's
+ * own kv_open takes the store over instead of waiting on a lock it holds
+ * itself (or connecting to a socket its copy keeps open). It answers on
+ * done: 0 when it serves the store and the dead server's DRAM-only blocks
+ * are misses. (With an SSD tier the child could not: RocksDB's table of
+ * the files this process has locked is copied by fork; processes that
+ * were not forked from the server take an SSD store over.) */
+static int forking_server(void *arg, int k)
+{
+    struct world *w = arg;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    for (uint64_t n = 0; n < 40; n++)
+        if (dump_one(e, n, BLK) != KV_OK)
+            return 11;
+    pid_t c = fork();
+    if (c == 0) {
+        wait_byte(w->go2[0]);   /* the server is dead now */
+        kv_engine *mine = open_cfg(w->yaml, &rc);
+        char res = mine ? 0 : 1;
+        for (uint64_t n = 0; mine && res == 0 && n < 40; n++)
+            if (load_one(mine, n, BLK) != KV_ENOTFOUND)
+                res = 2;
+        if (mine && res == 0 && (dump_one(mine, 1, BLK) != KV_OK || load_one(mine, 1, BLK) != 0))
+            res = 4;
+        if (mine) {
+            kv_stats st;
+            if (kv_stats_get(mine, &st) != KV_OK || st.host_attached)
+                res = 3;
+            kv_close(mine);
+        }
+        if (write(w->done[1], &res, 1) != 1)
+            _exit(1);
+        _exit(0);
+    }
+    send_bytes(w->done[1], 1);
+    for (;;)
+        pause();
+}
+
+START_TEST(a_child_forked_after_open_takes_over)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    pid_t srv = child(forking_server, &w, 0);
+    wait_byte(w.done[0]);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    send_bytes(w.go2[1], 1);
+    char res = 9;
+    ck_assert_int_eq(read(w.done[0], &res, 1), 1);
+    ck_assert_int_eq(res, 0);
+    world_free(&w);
+}
+END_TEST
+
+/* DRAM-only blocks of a dead server are misses after the takeover, never
+ * wrong bytes. */
+START_TEST(dram_only_blocks_of_a_dead_server_are_misses)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    pid_t srv = child(server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_int_eq(load_one(e, 2, BLK), 0);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    uint64_t until = tu_now_ms() + 10000;
+    int rc = load_recovering(e, 2, until);
+    ck_assert_int_eq(rc, KV_ENOTFOUND);
+    ck_assert_uint_eq(stats(e).host_attached, 0);   /* we serve it now */
+    ck_assert_int_eq(dump_one(e, 2, BLK), KV_OK);
+    ck_assert_int_eq(load_one(e, 2, BLK), 0);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* True once pid is stopped (state T in /proc/pid/stat). */
+static int stopped(pid_t pid)
+{
+    char p[64], buf[256];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    const char *c = strrchr(buf, ')');
+    return c && c[1] == ' ' && c[2] == 'T';
+}
+
+/* A failed call is prompt: no hang past io.timeout_ms when the server
+ * stops answering (SIGSTOP), and no SIGPIPE when it is gone. */
+START_TEST(a_stopped_server_fails_calls_promptly)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 32MiB, hugepages: off}\n"
+                  "store: {name: stopped, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2, timeout_ms: 500}\n");
+    pid_t srv = child(server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_int_eq(load_one(e, 1, BLK), 0);
+    kill(srv, SIGSTOP);
+    for (int i = 0; i < 500 && !stopped(srv); i++)
+        usleep(2000);
+    uint64_t t0 = tu_now_ms();
+    int rc = load_one(e, 1, BLK);
+    ck_assert_int_ne(rc, KV_OK);
+    ck_assert_uint_lt(tu_now_ms() - t0, 3000);
+    kill(srv, SIGKILL);
+    reap(srv);
+    signal(SIGPIPE, SIG_DFL);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* ---- who may attach, and what a client may touch ----------------------------------- */
+
+static int nobody_child(void *arg, int k)
+{
+    struct world *w = arg;
+    wait_byte(w->go[0]);
+    if (setgid(65534) != 0 || setuid(65534) != 0)
+        return 10;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (e)
+        return 11;
+    return rc == KV_EPERM ? 0 : 12;
+}
+
+START_TEST(another_uid_cannot_attach)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    ck_assert_int_eq(chmod(w.dir, 0755), 0);   /* so only the rendezvous dir keeps it out */
+    pid_t p = child(nobody_child, &w, 0);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    send_bytes(w.go[1], 1);
+    int rc = reap(p);
+    ck_assert_msg(rc == 0, "child exited %d", rc);
+    ck_assert_uint_eq(stats(e).host_clients, 0);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* The segment's mapping in this process, from /proc/self/maps. */
+static int find_segment(uintptr_t *lo, uintptr_t *hi)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    char line[512];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f))
+        if (strstr(line, "memfd:kvengine-segment") && sscanf(line, "%lx-%lx", lo, hi) == 2)
+            found = 1;
+    if (f)
+        fclose(f);
+    return found;
+}
+
+static int writer_child(void *arg, int k)
+{
+    struct world *w = arg;
+    wait_byte(w->go[0]);
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    if (load_one(e, 1, BLK) != 0)
+        return 11;
+    uintptr_t lo, hi;
+    if (!find_segment(&lo, &hi))
+        return 12;
+    size_t len = hi - lo;
+    /* 1: the mapping cannot be made writable */
+    if (mprotect((void *)lo, len, PROT_READ | PROT_WRITE) == 0)
+        return 13;
+    /* 2: nor written through /proc/self/mem (FOLL_FORCE) */
+    int mem = open("/proc/self/mem", O_RDWR);
+    if (mem >= 0) {
+        uint8_t x = 0x5a;
+        for (size_t off = 0; off < len; off += 4096)
+            if (pwrite(mem, &x, 1, (off_t)(lo + off)) == 1)
+                return 14;
+        close(mem);
+    }
+    /* 3: nor through the file behind it, even reopened writable (root
+     * may open map_files): the seals refuse a writable mapping and write() */
+    char p[128];
+    snprintf(p, sizeof p, "/proc/self/map_files/%lx-%lx", (unsigned long)lo, (unsigned long)hi);
+    int fd = open(p, O_RDWR);
+    if (fd < 0)
+        fd = open(p, O_RDONLY);
+    if (fd >= 0) {
+        void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED)
+            return 15;
+        uint8_t x = 0x5a;
+        if (pwrite(fd, &x, 1, 0) == 1)
+            return 16;
+        if (ftruncate(fd, 0) == 0)
+            return 17;
+        close(fd);
+    }
+    kv_close(e);
+    return 0;
+}
+
+START_TEST(a_client_cannot_write_the_segment)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    pid_t p = child(writer_child, &w, 0);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    /* fill the whole segment's first pages with a known block */
+    ck_assert_int_eq(dump_one(e, 1, BLK), KV_OK);
+    send_bytes(w.go[1], 1);
+    int rc = reap(p);
+    ck_assert_msg(rc == 0, "child exited %d", rc);
+    ck_assert_int_eq(load_one(e, 1, BLK), 0);   /* unchanged */
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+Suite *host_suite(void)
+{
+    Suite *s = suite_create("host");
+    TCase *tc = tcase_create("share");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, two_processes_share_by_ssd_path);
+    tcase_add_test(tc, two_processes_share_by_store_name);
+    tcase_add_test(tc, eight_processes_share_by_ssd_path);
+    tcase_add_test(tc, eight_processes_share_by_store_name);
+    tcase_add_test(tc, second_engine_in_a_process_attaches);
+    tcase_add_test(tc, a_second_host_of_one_ssd_path_is_busy);
+    tcase_add_test(tc, an_unsafe_store_dir_is_refused);
+    tcase_add_test(tc, the_dram_budget_is_counted_once);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("death");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, killed_clients_leave_nothing_behind);
+    tcase_add_test(tc, a_killed_server_is_taken_over);
+    tcase_add_test(tc, a_child_forked_after_open_takes_over);
+    tcase_add_test(tc, dram_only_blocks_of_a_dead_server_are_misses);
+    tcase_add_test(tc, a_stopped_server_fails_calls_promptly);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("safety");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, another_uid_cannot_attach);
+    tcase_add_test(tc, a_client_cannot_write_the_segment);
+    suite_add_tcase(s, tc);
+    return s;
+}
