@@ -116,6 +116,12 @@ struct kv__cluster_counters {
      * changes seen whose job has not run to the end (0: all copied) */
     uint64_t rereplicated_shards, rereplicated_bytes, rereplicate_failed;
     uint64_t rereplicate_pending, rereplicate_jobs, rereplicate_behind;
+    /* peers in the table: the live view's owners plus those of views still
+     * in use (the previous view, a running job's); for tests */
+    uint64_t peers;
+    /* graceful leave (kv__cluster_stop): shards handed to their next
+     * owners, and writes served while leaving that were forwarded there */
+    uint64_t handed_off, forwarded;
 };
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out);
 
