@@ -1583,6 +1583,47 @@ START_TEST(member_close_hands_off)
 }
 END_TEST
 
+/* The same for a kvnode told to stop (SIGTERM, as systemd does): its
+ * plain keys and blocks are on the other node once it has exited, and it
+ * was out of the view before its listener closed. */
+START_TEST(kvnode_sigterm_hands_off)
+{
+    int n0 = start_node("32MiB", 1);
+    start_node("32MiB", 1);
+    wait_owners(2);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    wait_sees_owners(client, 2);
+    enum { K = 100 };
+    char key[32], val[1000], out[1000];
+    size_t vl;
+    for (int i = 0; i < K; i++) {
+        snprintf(key, sizeof key, "term-%d", i);
+        memset(val, 'a' + i % 26, sizeof val);
+        ck_assert_int_eq(kv_put(client, key, strlen(key), val, sizeof val), KV_OK);
+    }
+    struct tu_set s = tu_set_new(100, 8 << 10, 33);   /* 50 blocks */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    kill(procs[n0], SIGTERM);
+    int st = 0;
+    ck_assert_int_eq(waitpid(procs[n0], &st, 0), procs[n0]);
+    procs[n0] = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvnode exit status %d", st);
+    wait_owners(1);
+    wait_sees_owners(client, 1);
+    for (int i = 0; i < K; i++) {
+        snprintf(key, sizeof key, "term-%d", i);
+        ck_assert_msg(kv_get(client, key, strlen(key), out, sizeof out, &vl) == KV_OK,
+                      "%s gone with the stopped node", key);
+        ck_assert(vl == sizeof out && out[0] == 'a' + i % 26 && out[vl - 1] == out[0]);
+    }
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    tu_set_free(&s);
+}
+END_TEST
+
 /* 200 rounds of a member joining with a fresh id (a fresh port) and
  * leaving: the peer table of a member that sees them all stays bounded by
  * its live view plus the views still in use (the previous one), and under
@@ -1664,6 +1705,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, racing_puts_one_whole_value);
     tcase_add_test(tc, pure_client_put_without_owners);
     tcase_add_test(tc, member_close_hands_off);
+    tcase_add_test(tc, kvnode_sigterm_hands_off);
     suite_add_tcase(s, tc);
     /* 200 joins and leaves: longer than one test of the loopback case */
     TCase *churn = tcase_create("churn");
