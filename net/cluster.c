@@ -126,6 +126,7 @@ struct kv__cluster {
     pthread_cond_t hbcond;
     int stopping;
     int view_dirty;                     /* the store said the view changed */
+    uint64_t hb_fetched;                /* views fetched (view_refresh waits on it) */
 
     _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
 
@@ -349,7 +350,32 @@ static void on_view_change(void *arg)
     struct kv__cluster *c = arg;
     pthread_mutex_lock(&c->hblock);
     c->view_dirty = 1;
-    pthread_cond_signal(&c->hbcond);
+    pthread_cond_broadcast(&c->hbcond);   /* view_refresh may wait on it too */
+    pthread_mutex_unlock(&c->hblock);
+}
+
+/* Has the heartbeat thread fetch the view now and waits (at most
+ * timeout_ms) until it has: a member about to leave may not have seen the
+ * owners that joined since its last beat. */
+static void view_refresh(struct kv__cluster *c, unsigned timeout_ms)
+{
+    uint64_t until = kv__now_ms() + timeout_ms;
+    pthread_mutex_lock(&c->hblock);
+    uint64_t seen = c->hb_fetched;
+    c->view_dirty = 1;
+    pthread_cond_broadcast(&c->hbcond);
+    while (c->hb_fetched == seen && !c->stopping) {
+        uint64_t now = kv__now_ms();
+        if (now >= until)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wait = until - now;
+        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+        ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
+    }
     pthread_mutex_unlock(&c->hblock);
 }
 
@@ -397,6 +423,10 @@ static void *hb_main(void *arg)
         }
         free(m);
         pthread_mutex_lock(&c->hblock);
+        if (rc == KV_OK) {
+            c->hb_fetched++;
+            pthread_cond_broadcast(&c->hbcond);   /* view_refresh */
+        }
     }
     pthread_mutex_unlock(&c->hblock);
     return NULL;
@@ -583,7 +613,7 @@ static void hb_stop(struct kv__cluster *c)
         return;
     pthread_mutex_lock(&c->hblock);
     c->stopping = 1;
-    pthread_cond_signal(&c->hbcond);
+    pthread_cond_broadcast(&c->hbcond);
     pthread_mutex_unlock(&c->hblock);
     pthread_join(c->hb, NULL);
     c->hb_stopped = 1;
@@ -1414,7 +1444,10 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
  * So a survivor's puts to the keys this node owned succeed throughout: to
  * us with forwarding, then to their new owners, which already hold what we
  * had. What the deadline in 2 cuts off is logged; blocks then go the way
- * of a node's death (a miss, unless replica_num kept a copy).
+ * of a node's death (a miss, unless replica_num kept a copy). Two members
+ * leaving at the same moment can hold each other's forwards (each waits
+ * under its lvlock for the other's server) until the call deadline T;
+ * those writes then fail like writes to a dead owner.
  */
 
 /* The current view less this node: where its data goes when it leaves. */
@@ -1656,13 +1689,17 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
 
 static void leave_gracefully(struct kv__cluster *c)
 {
+    uint64_t t = c->cfg.io.timeout_ms;
+    view_refresh(c, !t ? KV_NET_DEFAULT_TIMEOUT_MS : t / 2 < 50 ? 50 : (unsigned)(t / 2));
     struct view *v = view_get(c);
     int owner = 0;
     for (size_t i = 0; i < v->n; i++)
         owner |= v->owners[i]->self;
-    size_t others = v->nmembers ? v->nmembers - 1 : 0;
+    size_t next = owner ? v->n - 1 : 0;
     view_put(v);
-    if (!owner || !others)   /* nobody routes to us, nobody to hand to */
+    /* No other owner: nothing to hand to, and a write served while
+     * leaving would be lost with us anyway; the plain leave will do. */
+    if (!next)
         return;
     uint64_t bound = c->cfg.io.timeout_ms ? c->cfg.io.timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
     atomic_store(&c->leaving, 1);
