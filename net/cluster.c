@@ -52,7 +52,8 @@
 struct lk_req;
 
 struct peer {
-    struct peer *next;                  /* every peer ever seen (vlock) */
+    struct peer *next;                  /* every peer a view holds (vlock) */
+    int refs;                           /* views holding it (vlock) */
     char id[KV_PROTO_ID_MAX + 1];
     char addr[KV_PROTO_ID_MAX + 1];
     uint64_t seed;
@@ -67,6 +68,7 @@ struct peer {
 };
 
 struct view {
+    struct kv__cluster *c;
     _Atomic int refs;
     uint64_t version;
     size_t nmembers;
@@ -124,6 +126,7 @@ struct kv__cluster {
     pthread_cond_t hbcond;
     int stopping;
     int view_dirty;                     /* the store said the view changed */
+    uint64_t hb_fetched;                /* views fetched (view_refresh waits on it) */
 
     _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
 
@@ -143,6 +146,15 @@ struct kv__cluster {
 
     pthread_mutex_t lklock;             /* every peer's lookup queue */
 
+    /* Graceful leave (its section below): what the transport serves is
+     * serve_be, c->be with every write forwarded to the next owners while
+     * leaving is 1; lvlock orders those forwards against hand-off batches. */
+    struct kv__backend serve_be;
+    pthread_mutex_t lvlock;
+    _Atomic int leaving;                /* 0, 1 forwarding, 2 done */
+    int hb_stopped, left;
+    _Atomic uint64_t handed_off, forwarded;
+
     pthread_mutex_t fanlock;
     pthread_cond_t fancond;
     struct fan_job *fanq, **fantail;
@@ -153,6 +165,7 @@ struct kv__cluster {
 static void *fan_main(void *arg);
 static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to, uint64_t seq);
 static void *rr_main(void *arg);
+static void serve_be_init(struct kv__cluster *c);
 
 /* ---- views and peers ---------------------------------------------------- */
 
@@ -165,13 +178,51 @@ static struct view *view_get(struct kv__cluster *c)
     return v;
 }
 
+static void peer_drain(struct kv__cluster *c, struct peer *p);
+
+/*
+ * Drops a reference to v. The last one releases v's peers, and a peer that
+ * no view holds any more is freed: it left the view, and nothing else can
+ * reach it, since every call, leg, fan job, lookup queue and
+ * re-replication job reaches peers through a view it holds a reference to
+ * (lk_lead's scratch view lists peers of its caller's). So the peer table
+ * is the live view plus the views still in use (the previous one for the
+ * move window, a running job's), not every id ever seen (issue 17, item 4:
+ * it was kept and scanned at every view change).
+ */
 static void view_put(struct view *v)
 {
-    if (v && atomic_fetch_sub(&v->refs, 1) == 1) {
-        free(v->owners);
-        free(v->seeds);
-        free(v);
+    if (!v || atomic_fetch_sub(&v->refs, 1) != 1)
+        return;
+    struct kv__cluster *c = v->c;
+    struct peer *gone = NULL;
+    if (c && v->n) {
+        pthread_mutex_lock(&c->vlock);
+        for (size_t i = 0; i < v->n; i++) {
+            struct peer *p = v->owners[i];
+            if (--p->refs > 0)
+                continue;
+            for (struct peer **pp = &c->peers; *pp; pp = &(*pp)->next)
+                if (*pp == p) {
+                    *pp = p->next;
+                    break;
+                }
+            p->next = gone;
+            gone = p;
+        }
+        pthread_mutex_unlock(&c->vlock);
     }
+    /* Its connections are closed outside vlock: nobody can take them now. */
+    for (struct peer *p = gone, *nx; p; p = nx) {
+        nx = p->next;
+        if (c->ops)
+            peer_drain(c, p);
+        pthread_mutex_destroy(&p->lock);
+        free(p);
+    }
+    free(v->owners);
+    free(v->seeds);
+    free(v);
 }
 
 /* The previous view while it is still worth asking, else NULL. */
@@ -227,6 +278,7 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     struct view *v = calloc(1, sizeof *v);
     if (!v)
         return KV_ENOMEM;
+    v->c = c;
     v->refs = 1;
     v->version = version;
     v->nmembers = n;
@@ -250,6 +302,7 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
             stayed = c->view->owners[j] == p;
         if (!stayed)
             atomic_store(&p->down_until_ms, 0);
+        p->refs++;
         v->owners[v->n] = p;
         v->seeds[v->n] = p->seed;
         v->n++;
@@ -297,7 +350,32 @@ static void on_view_change(void *arg)
     struct kv__cluster *c = arg;
     pthread_mutex_lock(&c->hblock);
     c->view_dirty = 1;
-    pthread_cond_signal(&c->hbcond);
+    pthread_cond_broadcast(&c->hbcond);   /* view_refresh may wait on it too */
+    pthread_mutex_unlock(&c->hblock);
+}
+
+/* Has the heartbeat thread fetch the view now and waits (at most
+ * timeout_ms) until it has: a member about to leave may not have seen the
+ * owners that joined since its last beat. */
+static void view_refresh(struct kv__cluster *c, unsigned timeout_ms)
+{
+    uint64_t until = kv__now_ms() + timeout_ms;
+    pthread_mutex_lock(&c->hblock);
+    uint64_t seen = c->hb_fetched;
+    c->view_dirty = 1;
+    pthread_cond_broadcast(&c->hbcond);
+    while (c->hb_fetched == seen && !c->stopping) {
+        uint64_t now = kv__now_ms();
+        if (now >= until)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t wait = until - now;
+        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
+        ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
+        ts.tv_nsec %= 1000000000L;
+        pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
+    }
     pthread_mutex_unlock(&c->hblock);
 }
 
@@ -345,6 +423,10 @@ static void *hb_main(void *arg)
         }
         free(m);
         pthread_mutex_lock(&c->hblock);
+        if (rc == KV_OK) {
+            c->hb_fetched++;
+            pthread_cond_broadcast(&c->hbcond);   /* view_refresh */
+        }
     }
     pthread_mutex_unlock(&c->hblock);
     return NULL;
@@ -396,7 +478,9 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
         kv__errf(err, errlen, "cluster.protocol: rdma is not available here");
         return rc;
     }
-    if ((rc = c->ops->create(&o, c->be, &c->t, err, errlen)))
+    if (c->be)
+        serve_be_init(c);
+    if ((rc = c->ops->create(&o, c->be ? &c->serve_be : NULL, &c->t, err, errlen)))
         return rc;
     char bound[KV_CFG_STR] = "";
     if (c->be && (rc = c->ops->listen(c->t, cfg->cluster.listen, bound, sizeof bound, err,
@@ -487,6 +571,7 @@ int kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cf
     c->cfg = *cfg;
     c->be = be;
     pthread_mutex_init(&c->vlock, NULL);
+    pthread_mutex_init(&c->lvlock, NULL);
     int rc = start(c, err, errlen);
     if (rc) {
         KV_ERROR("cluster: %s", err && errlen ? err : kv_strerror(rc));
@@ -512,6 +597,7 @@ int kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg,
     c->engine_be = *be;
     c->be = owner ? &c->engine_be : NULL;
     pthread_mutex_init(&c->vlock, NULL);
+    pthread_mutex_init(&c->lvlock, NULL);
     int rc = start(c, err, errlen);
     if (rc) {
         kv__cluster_stop(c);
@@ -520,6 +606,20 @@ int kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg,
     *out = c;
     return KV_OK;
 }
+
+static void hb_stop(struct kv__cluster *c)
+{
+    if (!c->hb_started || c->hb_stopped)
+        return;
+    pthread_mutex_lock(&c->hblock);
+    c->stopping = 1;
+    pthread_cond_broadcast(&c->hbcond);
+    pthread_mutex_unlock(&c->hblock);
+    pthread_join(c->hb, NULL);
+    c->hb_stopped = 1;
+}
+
+static void leave_gracefully(struct kv__cluster *c);
 
 void kv__cluster_stop(struct kv__cluster *c)
 {
@@ -532,6 +632,10 @@ void kv__cluster_stop(struct kv__cluster *c)
     pthread_mutex_unlock(&c->rrlock);
     if (c->rr_started)
         pthread_join(c->rr, NULL);
+    /* An owner hands its data on and leaves the view while it still
+     * serves, with the fan threads it needs for that. */
+    if (c->be && c->hb_started)
+        leave_gracefully(c);
     if (c->nfan) {
         pthread_mutex_lock(&c->fanlock);
         c->fanstop = 1;
@@ -543,12 +647,8 @@ void kv__cluster_stop(struct kv__cluster *c)
     pthread_mutex_destroy(&c->fanlock);
     pthread_mutex_destroy(&c->lklock);
     pthread_cond_destroy(&c->fancond);
-    if (c->hb_started) {
-        pthread_mutex_lock(&c->hblock);
-        c->stopping = 1;
-        pthread_cond_signal(&c->hbcond);
-        pthread_mutex_unlock(&c->hblock);
-        pthread_join(c->hb, NULL);
+    if (c->hb_started && !c->left) {
+        hb_stop(c);
         /* Leave at once rather than after node_ttl_ms, so that peers stop
          * routing to us now. Best effort. */
         c->ms->ops->leave(c->ms, &c->self);
@@ -558,6 +658,12 @@ void kv__cluster_stop(struct kv__cluster *c)
         pthread_mutex_destroy(&c->hblock);
         pthread_cond_destroy(&c->hbcond);
     }
+    /* The views release their peers (view_put); what is left in the table
+     * was found and never installed (view_install out of memory). */
+    view_put(c->view);
+    view_put(c->prev);
+    view_put(c->rr_from);   /* a job the heartbeat queued while we stopped */
+    view_put(c->rr_to);
     for (struct peer *p = c->peers, *nx; p; p = nx) {
         nx = p->next;
         if (c->ops)
@@ -567,13 +673,10 @@ void kv__cluster_stop(struct kv__cluster *c)
     }
     if (c->t)
         c->ops->destroy(c->t);
-    view_put(c->view);
-    view_put(c->prev);
-    view_put(c->rr_from);   /* a job the heartbeat queued while we stopped */
-    view_put(c->rr_to);
     pthread_mutex_destroy(&c->rrlock);
     pthread_cond_destroy(&c->rrcond);
     pthread_mutex_destroy(&c->vlock);
+    pthread_mutex_destroy(&c->lvlock);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
                 (unsigned long long)c->remote_ops, (unsigned long long)c->remote_errors,
@@ -948,6 +1051,7 @@ struct rr_item {
 struct rr_scan {
     struct kv__cluster *c;
     struct view *from, *to;
+    int handoff;                        /* a leave's: every shard this node owns */
     int ns;
     struct rr_item *v;
     size_t n, cap;
@@ -1005,6 +1109,29 @@ static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
     return *nt && copier && copier->self;
 }
 
+/* A leaving node's rule: every block it owns in the view (from) goes to
+ * its owners in the view without it (to) that are not owners now. */
+static int handoff_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
+                          uint8_t *nt)
+{
+    size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX];
+    unsigned r = s->c->replicas;
+    size_t no = kv__place(s->from->seeds, s->from->n, id, r, o);
+    size_t nw = kv__place(s->to->seeds, s->to->n, id, r, w);
+    int self_owns = 0;
+    for (size_t i = 0; i < no; i++)
+        self_owns |= s->from->owners[o[i]]->self;
+    *nt = 0;
+    for (size_t i = 0; self_owns && i < nw; i++) {
+        int owner_now = 0;
+        for (size_t j = 0; j < no && !owner_now; j++)
+            owner_now = s->from->owners[o[j]] == s->to->owners[w[i]];
+        if (!owner_now)
+            targets[(*nt)++] = (uint8_t)w[i];
+    }
+    return *nt > 0;
+}
+
 static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t len,
                     uint64_t used)
 {
@@ -1012,7 +1139,10 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     if (!s->have_last || memcmp(&s->last, id, sizeof *id) != 0) {
         s->last = *id;
         s->have_last = 1;
-        s->last_copy = rr_decide(s, id, s->last_targets, &s->last_nt, &s->last_drop);
+        s->last_copy = s->handoff ? handoff_decide(s, id, s->last_targets, &s->last_nt)
+                                  : rr_decide(s, id, s->last_targets, &s->last_nt, &s->last_drop);
+        if (s->handoff)
+            s->last_drop = 0;
     }
     if (!s->last_copy)
         return 0;
@@ -1071,13 +1201,28 @@ static void rr_sleep_until(struct kv__cluster *c, uint64_t until, uint64_t gen)
     pthread_mutex_unlock(&c->rrlock);
 }
 
+/* How a copy runs: a re-replication job's generation and rate, or a
+ * leave's hand-off (until a deadline, at full speed, each batch under
+ * lvlock, plain keys replacing what their new owners hold). */
+struct rr_how {
+    uint64_t gen;
+    int handoff;
+    uint64_t deadline_ms;
+};
+
+static int rr_stopped(struct kv__cluster *c, const struct rr_how *h)
+{
+    return h->handoff ? kv__now_ms() >= h->deadline_ms : rr_cancelled(c, h->gen);
+}
+
 /* Copies items[0..n) to their targets, one batch at a time, within the
  * rate; returns the next item not done (n when all are). */
 static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *items, size_t n,
-                      uint64_t gen)
+                      const struct rr_how *h)
 {
     struct kv__backend *be = c->be;
     double bytes_per_ms = c->cfg.cluster.rereplicate_mib_s * 1048576.0 / 1000.0;
+    uint64_t gen = h->gen;
     uint64_t t0 = kv__now_ms(), sent = 0;
     struct kv__op *ops = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *ops);
     size_t *owner = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *owner);
@@ -1087,10 +1232,14 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
     size_t i = 0;
     if (!ops || !owner || !buf || !iov || !of)
         goto out;
-    while (i < n && !rr_cancelled(c, gen)) {
+    while (i < n && !rr_stopped(c, h)) {
         size_t k = 0, nb = 0;
         uint64_t bytes = 0;
         size_t first = i;
+        /* A forwarded write (leave_forward) comes before or after a whole
+         * batch, never between its read and its send. */
+        if (h->handoff)
+            pthread_mutex_lock(&c->lvlock);
         for (; i < n && nb < RR_BATCH_SHARDS && (nb == 0 || bytes < RR_BATCH_BYTES); i++) {
             struct rr_item *it = &items[i];
             if (!it->ntargets) {   /* every new owner had it: only the drop */
@@ -1111,7 +1260,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             buf[nb] = b;
             for (uint8_t t = 0; t < it->ntargets; t++) {
                 ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = it->ns, .index = it->index,
-                                          .id = it->id, .iov = &iov[nb], .iovcnt = 1 };
+                                          .id = it->id, .iov = &iov[nb], .iovcnt = 1,
+                                          .replace = h->handoff && it->ns == KV_NS_KEY };
                 owner[k] = it->targets[t];
                 of[k] = i;
                 k++;
@@ -1129,8 +1279,9 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                     ok = ops[--x].result == KV_OK;
                 if (!last)
                     continue;
-                atomic_fetch_add(ok ? &c->rr_shards : &c->rr_failed, 1);
-                if (ok)
+                atomic_fetch_add(!ok ? &c->rr_failed : h->handoff ? &c->handed_off : &c->rr_shards,
+                                 1);
+                if (ok && !h->handoff)
                     atomic_fetch_add(&c->rr_bytes, items[of[j]].len * items[of[j]].ntargets);
                 if (ok && items[of[j]].drop)   /* its new owners have it now */
                     be->remove(be->ctx, items[of[j]].ns, &items[of[j]].id, items[of[j]].index);
@@ -1140,6 +1291,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             atomic_fetch_add(&c->rr_failed, nb);
             atomic_fetch_sub(&c->rr_pending, nb);
         }
+        if (h->handoff)
+            pthread_mutex_unlock(&c->lvlock);
         for (size_t j = 0; j < nb; j++) {
             free(buf[j]);
             buf[j] = NULL;
@@ -1148,7 +1301,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             break;
         sent += bytes;
         /* The rate: this much sent may not finish before t0 + sent / rate. */
-        rr_sleep_until(c, t0 + (uint64_t)((double)sent / bytes_per_ms), gen);
+        if (!h->handoff)
+            rr_sleep_until(c, t0 + (uint64_t)((double)sent / bytes_per_ms), gen);
     }
 out:
     free(ops);
@@ -1189,7 +1343,8 @@ static int rr_run(struct kv__cluster *c, struct view *from, struct view *to, uin
     atomic_store(&c->rr_pending, s.n);
     uint64_t t0 = kv__now_ms(), done0 = atomic_load(&c->rr_shards),
              failed0 = atomic_load(&c->rr_failed);
-    size_t at = s.n ? rr_copy(c, to, s.v, s.n, gen) : 0;
+    struct rr_how how = { .gen = gen };
+    size_t at = s.n ? rr_copy(c, to, s.v, s.n, &how) : 0;
     int complete = at == s.n;
     KV_INFO("cluster: view %llu: re-replication %s: %llu shards copied, %llu failed, in %.2f s",
             (unsigned long long)to->version, complete ? "done" : "stopped (a newer view)",
@@ -1256,6 +1411,311 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
     c->rr_gen++;
     pthread_cond_signal(&c->rrcond);
     pthread_mutex_unlock(&c->rrlock);
+}
+
+/* ---- a graceful leave -----------------------------------------------------
+ *
+ * An owner that closes (kv_close, a garbage-collected Python store, SIGTERM
+ * to kvnode) must not take its share of the data with it, nor fail the
+ * writes that other members still route to it. kv__cluster_stop does, in
+ * this order:
+ *
+ * 1. Forwarding on: every write this node serves from now on (a dump, a
+ *    put, a remove from a peer whose view still has us) also goes to the
+ *    id's owners in the view without this node, before it is answered. So
+ *    whatever a peer writes here is on the next owners too, whenever it
+ *    comes.
+ * 2. Hand-off: every shard this node owns (plain keys first: a block can
+ *    be computed again, a value cannot; then newest first) is sent to the
+ *    owners the view will have without it, at full speed, until
+ *    io.timeout_ms (5 s without one) has passed. This is re-replication's
+ *    copy (rr_copy), with a leave's rule (handoff_decide) and plain keys
+ *    replacing what their next owner holds. lvlock orders each batch
+ *    against forwarded writes: a batch reads and sends its values with no
+ *    forward in between, so an older value never lands over a newer one.
+ * 3. Leave: the heartbeat stops and the record is removed; the peers learn
+ *    it at their next heartbeat (kvmaster), or at once by the watch (etcd).
+ * 4. Grace: this node serves (and forwards) for two of its heartbeat
+ *    periods more, by which time every member has fetched a view without
+ *    it (members heartbeat at the same period when they share
+ *    cluster.node_ttl_ms) and calls begun on the older view are done. Then
+ *    forwarding stops and the transport closes.
+ *
+ * So a survivor's puts to the keys this node owned succeed throughout: to
+ * us with forwarding, then to their new owners, which already hold what we
+ * had. What the deadline in 2 cuts off is logged; blocks then go the way
+ * of a node's death (a miss, unless replica_num kept a copy). Two members
+ * leaving at the same moment can hold each other's forwards (each waits
+ * under its lvlock for the other's server) until the call deadline T;
+ * those writes then fail like writes to a dead owner.
+ */
+
+/* The current view less this node: where its data goes when it leaves. */
+static struct view *view_without_self(struct kv__cluster *c)
+{
+    struct view *w = calloc(1, sizeof *w);
+    if (!w)
+        return NULL;
+    w->c = c;
+    w->refs = 1;
+    pthread_mutex_lock(&c->vlock);
+    struct view *v = c->view;
+    w->owners = calloc(v->n ? v->n : 1, sizeof *w->owners);
+    w->seeds = calloc(v->n ? v->n : 1, sizeof *w->seeds);
+    if (w->owners && w->seeds) {
+        w->version = v->version;
+        w->nmembers = v->nmembers ? v->nmembers - 1 : 0;
+        for (size_t i = 0; i < v->n; i++) {
+            if (v->owners[i]->self)
+                continue;
+            v->owners[i]->refs++;
+            w->owners[w->n] = v->owners[i];
+            w->seeds[w->n++] = v->owners[i]->seed;
+        }
+    }
+    pthread_mutex_unlock(&c->vlock);
+    if (!w->owners || !w->seeds) {
+        view_put(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* Caller holds lvlock, leaving 1: op (a dump or a remove just served here)
+ * goes to the id's owners in the view without us that are not its owners
+ * now (those get the writer's own copy). Returns the first failure; for a
+ * remove KV_ENOTFOUND when no next owner had it (or there is none). */
+static int leave_forward(struct kv__cluster *c, const struct kv__op *op)
+{
+    struct view *to = view_without_self(c), *from = view_get(c);
+    if (!to) {
+        view_put(from);
+        return KV_ENOMEM;
+    }
+    size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX], own[KV_PLACE_MAX];
+    size_t no = kv__place(from->seeds, from->n, &op->id, c->replicas, o);
+    size_t nw = kv__place(to->seeds, to->n, &op->id, c->replicas, w), k = 0;
+    struct kv__op ops[KV_PLACE_MAX];
+    for (size_t i = 0; i < nw; i++) {
+        int owner_now = 0;
+        for (size_t j = 0; j < no && !owner_now; j++)
+            owner_now = from->owners[o[j]] == to->owners[w[i]];
+        if (owner_now)
+            continue;
+        ops[k] = *op;
+        own[k++] = w[i];
+    }
+    int rc = k ? run_grouped(c, to, ops, own, k) : KV_OK, found = 0;
+    for (size_t j = 0; rc == KV_OK && j < k; j++) {
+        found |= ops[j].result == KV_OK;
+        if (ops[j].result != KV_OK && !(op->kind == KV_OP_REMOVE && ops[j].result == KV_ENOTFOUND))
+            rc = ops[j].result;
+    }
+    if (k && rc == KV_OK)
+        atomic_fetch_add(&c->forwarded, 1);
+    if (rc == KV_OK && op->kind == KV_OP_REMOVE && !found)
+        rc = KV_ENOTFOUND;
+    view_put(from);
+    view_put(to);
+    return rc;
+}
+
+/* A write about to be stored here (dump, commit): forwarded first while
+ * leaving; *locked says lvlock is held, to be dropped after the store. */
+static int leave_write(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
+                       const kv_iov *iov, uint32_t iovcnt, int *locked)
+{
+    *locked = 0;
+    if (atomic_load(&c->leaving) != 1)
+        return KV_OK;
+    pthread_mutex_lock(&c->lvlock);
+    *locked = 1;
+    if (atomic_load(&c->leaving) != 1)
+        return KV_OK;
+    /* A plain key's value is a put (the serving side dropped the old one);
+     * a block's shard is a dump its next owner skips when it has it. */
+    struct kv__op op = { .kind = KV_OP_DUMP, .ns = (uint8_t)ns, .index = index, .id = *id,
+                         .iov = iov, .iovcnt = iovcnt, .replace = ns == KV_NS_KEY };
+    return leave_forward(c, &op);
+}
+
+/* What the transport serves: c->be, with the writes forwarded (above). */
+#define SV_BE(ctx) (((struct kv__cluster *)(ctx))->be)
+
+static int sv_lookup(void *ctx, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
+{
+    return SV_BE(ctx)->lookup(SV_BE(ctx)->ctx, ns, ids, n, hit);
+}
+
+static int sv_size(void *ctx, int ns, const kv_block_id *id, uint32_t index, uint64_t *len)
+{
+    return SV_BE(ctx)->size(SV_BE(ctx)->ctx, ns, id, index, len);
+}
+
+static int sv_load(void *ctx, int ns, const kv_block_id *id, uint32_t index, const kv_iov *iov,
+                   uint32_t iovcnt)
+{
+    return SV_BE(ctx)->load(SV_BE(ctx)->ctx, ns, id, index, iov, iovcnt);
+}
+
+static int sv_pin(void *ctx, int ns, const kv_block_id *id, uint32_t index, const void **data,
+                  uint64_t *len, kv__pin *pin)
+{
+    return SV_BE(ctx)->pin(SV_BE(ctx)->ctx, ns, id, index, data, len, pin);
+}
+
+static void sv_unpin(void *ctx, kv__pin *pin)
+{
+    SV_BE(ctx)->unpin(SV_BE(ctx)->ctx, pin);
+}
+
+static int sv_reserve(void *ctx, uint64_t len, kv__resv *r)
+{
+    return SV_BE(ctx)->reserve(SV_BE(ctx)->ctx, len, r);
+}
+
+static void sv_abort(void *ctx, kv__resv *r)
+{
+    SV_BE(ctx)->abort(SV_BE(ctx)->ctx, r);
+}
+
+static int sv_commit(void *ctx, kv__resv *r, int ns, const kv_block_id *id, uint32_t index)
+{
+    struct kv__cluster *c = ctx;
+    kv_iov v = { r->data, r->len };
+    int locked, rc = leave_write(c, ns, id, index, &v, 1, &locked);
+    if (rc == KV_OK)
+        rc = c->be->commit(c->be->ctx, r, ns, id, index);
+    else
+        c->be->abort(c->be->ctx, r);   /* not on the next owner: not stored */
+    if (locked)
+        pthread_mutex_unlock(&c->lvlock);
+    return rc;
+}
+
+static int sv_dump(void *ctx, int ns, const kv_block_id *id, uint32_t index, const kv_iov *iov,
+                   uint32_t iovcnt)
+{
+    struct kv__cluster *c = ctx;
+    int locked, rc = leave_write(c, ns, id, index, iov, iovcnt, &locked);
+    if (rc == KV_OK)
+        rc = c->be->dump(c->be->ctx, ns, id, index, iov, iovcnt);
+    if (locked)
+        pthread_mutex_unlock(&c->lvlock);
+    return rc;
+}
+
+static int sv_scan(void *ctx, int ns, kv__scan_cb cb, void *arg)
+{
+    return SV_BE(ctx)->scan(SV_BE(ctx)->ctx, ns, cb, arg);
+}
+
+static int sv_remove(void *ctx, int ns, const kv_block_id *id, uint32_t index)
+{
+    struct kv__cluster *c = ctx;
+    if (atomic_load(&c->leaving) != 1)
+        return c->be->remove(c->be->ctx, ns, id, index);
+    pthread_mutex_lock(&c->lvlock);
+    int rc = c->be->remove(c->be->ctx, ns, id, index);
+    if (atomic_load(&c->leaving) == 1 && (rc == KV_OK || rc == KV_ENOTFOUND)) {
+        struct kv__op op = { .kind = KV_OP_REMOVE, .ns = (uint8_t)ns, .index = index, .id = *id };
+        int frc = leave_forward(c, &op);
+        /* removed when either had it; a next owner not asked may keep it */
+        if (frc != KV_OK && frc != KV_ENOTFOUND)
+            rc = frc;
+        else if (frc == KV_OK)
+            rc = KV_OK;
+    }
+    pthread_mutex_unlock(&c->lvlock);
+    return rc;
+}
+
+static void serve_be_init(struct kv__cluster *c)
+{
+    const struct kv__backend *b = c->be;
+    c->serve_be = (struct kv__backend){
+        .ctx = c, .seg_base = b->seg_base, .seg_len = b->seg_len,
+        .lookup = b->lookup ? sv_lookup : NULL, .size = b->size ? sv_size : NULL,
+        .load = b->load ? sv_load : NULL, .pin = b->pin ? sv_pin : NULL,
+        .unpin = b->unpin ? sv_unpin : NULL, .reserve = b->reserve ? sv_reserve : NULL,
+        .commit = b->commit ? sv_commit : NULL, .abort = b->abort ? sv_abort : NULL,
+        .dump = b->dump ? sv_dump : NULL, .scan = b->scan ? sv_scan : NULL,
+        .remove = b->remove ? sv_remove : NULL,
+    };
+}
+
+/* Plain keys first (a block can be computed again), then newest first. */
+static int handoff_order(const void *a, const void *b)
+{
+    const struct rr_item *x = a, *y = b;
+    if (x->ns != y->ns)
+        return x->ns == KV_NS_KEY ? -1 : y->ns == KV_NS_KEY ? 1 : x->ns - y->ns;
+    return rr_newest_first(a, b);
+}
+
+/* Step 2: returns the shards not handed on (0: all were). */
+static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
+{
+    struct view *from = view_get(c), *to = view_without_self(c);
+    struct rr_scan s = { .c = c, .from = from, .to = to, .handoff = 1 };
+    size_t left = 0;
+    if (to && to->n && c->be->scan) {
+        for (int ns = 0; ns < KV_NS_COUNT && !s.oom; ns++) {
+            s.ns = ns;
+            s.have_last = 0;
+            c->be->scan(c->be->ctx, ns, rr_visit, &s);
+        }
+        if (s.n)
+            qsort(s.v, s.n, sizeof *s.v, handoff_order);
+        uint64_t t0 = kv__now_ms(), ok0 = atomic_load(&c->handed_off);
+        atomic_store(&c->rr_pending, s.n);
+        struct rr_how how = { .handoff = 1, .deadline_ms = deadline_ms };
+        size_t at = s.n ? rr_copy(c, to, s.v, s.n, &how) : 0;
+        atomic_store(&c->rr_pending, 0);
+        uint64_t ok = atomic_load(&c->handed_off) - ok0;
+        left = s.n - ok;
+        if (s.n)
+            KV_INFO("cluster: leaving: handed %llu of %zu shards to their next owners in %.2f s%s",
+                    (unsigned long long)ok, s.n, (double)(kv__now_ms() - t0) / 1000.0,
+                    at < s.n ? " (stopped at the deadline)" : "");
+        if (s.oom)
+            KV_WARN("cluster: leaving: out of memory listing shards; some were not handed on");
+    }
+    free(s.v);
+    view_put(to);
+    view_put(from);
+    return left;
+}
+
+static void leave_gracefully(struct kv__cluster *c)
+{
+    uint64_t t = c->cfg.io.timeout_ms;
+    view_refresh(c, !t ? KV_NET_DEFAULT_TIMEOUT_MS : t / 2 < 50 ? 50 : (unsigned)(t / 2));
+    struct view *v = view_get(c);
+    int owner = 0;
+    for (size_t i = 0; i < v->n; i++)
+        owner |= v->owners[i]->self;
+    size_t next = owner ? v->n - 1 : 0;
+    view_put(v);
+    /* No other owner: nothing to hand to, and a write served while
+     * leaving would be lost with us anyway; the plain leave will do. */
+    if (!next)
+        return;
+    uint64_t bound = c->cfg.io.timeout_ms ? c->cfg.io.timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
+    atomic_store(&c->leaving, 1);
+    size_t left = handoff(c, kv__now_ms() + bound);
+    hb_stop(c);
+    c->ms->ops->leave(c->ms, &c->self);
+    c->left = 1;
+    unsigned every = kv__membership_heartbeat_ms(c->cfg.cluster.node_ttl_ms);
+    usleep((useconds_t)(2 * every + 50) * 1000);
+    pthread_mutex_lock(&c->lvlock);
+    atomic_store(&c->leaving, 2);
+    pthread_mutex_unlock(&c->lvlock);
+    if (left)
+        KV_WARN("cluster: left the view with %zu shards not handed on", left);
+    KV_INFO("cluster: left the view (%llu writes forwarded while leaving)",
+            (unsigned long long)atomic_load(&c->forwarded));
 }
 
 /* ---- the seam ----------------------------------------------------------- */
@@ -1967,6 +2427,12 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->rereplicate_pending = atomic_load(&c->rr_pending);
     out->rereplicate_jobs = atomic_load(&c->rr_jobs);
     out->rereplicate_behind = atomic_load(&c->rr_wanted) - atomic_load(&c->rr_done);
+    out->handed_off = atomic_load(&c->handed_off);
+    out->forwarded = atomic_load(&c->forwarded);
+    pthread_mutex_lock(&c->vlock);
+    for (struct peer *p = c->peers; p; p = p->next)
+        out->peers++;
+    pthread_mutex_unlock(&c->vlock);
     struct view *v = view_get(c);
     out->view_version = v->version;
     out->members = v->nmembers;

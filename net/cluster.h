@@ -61,7 +61,12 @@ int  kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg
 /* The same over any backend (be NULL = pure client); what tests use. */
 int  kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cfg,
                                struct kv__cluster **out, char *err, size_t errlen);
-/* Leaves the view, stops serving and closes every connection. NULL ok. */
+/* Leaves the view, stops serving and closes every connection. NULL ok.
+ * An owner leaves gracefully first (cluster.c, "a graceful leave"): it
+ * hands what it owns to the owners of the view without it (at most
+ * io.timeout_ms, 5 s without one), leaves the view while it still serves,
+ * forwarding the writes it serves to those owners, and serves two
+ * heartbeat periods more (kv__membership_heartbeat_ms) before it stops. */
 void kv__cluster_stop(struct kv__cluster *c);
 
 /* results[i] / hit[i] per item; the return value is KV_OK when the batch ran
@@ -116,6 +121,12 @@ struct kv__cluster_counters {
      * changes seen whose job has not run to the end (0: all copied) */
     uint64_t rereplicated_shards, rereplicated_bytes, rereplicate_failed;
     uint64_t rereplicate_pending, rereplicate_jobs, rereplicate_behind;
+    /* peers in the table: the live view's owners plus those of views still
+     * in use (the previous view, a running job's); for tests */
+    uint64_t peers;
+    /* graceful leave (kv__cluster_stop): shards handed to their next
+     * owners, and writes served while leaving that were forwarded there */
+    uint64_t handed_off, forwarded;
 };
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out);
 

@@ -3,7 +3,10 @@ processes on loopback (tcp). Every process is killed and reaped by the
 cluster fixture (conftest.py), pass or fail."""
 
 import ctypes
+import gc
 import os
+import threading
+import time
 
 import pytest
 
@@ -159,4 +162,49 @@ def test_plain_keys_are_cluster_wide(cluster):
         assert a.remove_all(force=True) == 0
     finally:
         a.close()
+        b.close()
+
+
+def test_mooncake_two_stores_one_closes(cluster):
+    """Mooncake's two-store case (issue 18): two stores, each contributing
+    DRAM, put objects; one store goes away without close() (SGLang never
+    calls it: the garbage collector closes it). It hands its objects to the
+    other and leaves the view before it stops serving, so the other still
+    gets every object, and its puts during and after succeed (they failed
+    with -900/KV_ENET for about a second, and the objects were gone)."""
+    held = [_mstore(cluster)]
+    b = _mstore(cluster)
+    try:
+        cluster.wait_owners(2)
+        time.sleep(0.6)                 # both stores' next heartbeats bring the view
+        keys = ["obj%d" % i for i in range(100)]
+        vals = [os.urandom(4096 + 31 * i) for i in range(100)]
+        for i, (k, v) in enumerate(zip(keys, vals)):
+            assert (held[0] if i % 2 else b).put(k, v) == 0
+        failed, done, stop = [], [], threading.Event()
+
+        def putter():
+            while not stop.is_set():
+                k = "live%d" % len(done)
+                rc = b.put(k, k.encode() * 100)
+                (failed if rc else done).append((k, rc))
+                time.sleep(0.003)       # a steady stream, too little to evict anything
+
+        t = threading.Thread(target=putter)
+        t.start()
+        try:
+            time.sleep(0.1)
+            held.clear()
+            gc.collect()                # the store's engine closes here
+            cluster.wait_owners(1)
+            time.sleep(0.5)             # and puts after it is gone
+        finally:
+            stop.set()
+            t.join()
+        assert failed == [] and len(done) > 10
+        assert b.get_batch(keys) == vals
+        assert b.batch_is_exist([k for k, _ in done]) == [1] * len(done)
+        assert b.put("after", b"still here") == 0 and b.get("after") == b"still here"
+    finally:
+        held.clear()
         b.close()
