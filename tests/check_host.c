@@ -354,7 +354,7 @@ START_TEST(many_calls_are_one_round_trip_per_chunk)
     kv_engine *b = tu_open_yaml(w.yaml);
     ck_assert_uint_eq(stats(b).host_attached, 1);
     enum { N = 5000 };
-    static char keys[N][16];
+    static char keys[N][24];
     static uint8_t vals[N][64];
     kv_pair *items = calloc(N, sizeof *items);
     int *res = calloc(N, sizeof *res);
