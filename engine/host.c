@@ -245,6 +245,11 @@ static int h_exists(void *c, const void *k, size_t kl) { return kv_exists(c, k, 
 static int h_remove(void *c, const void *k, size_t kl) { return kv_remove(c, k, kl); }
 static int h_remove_all(void *c, uint64_t *n) { return kv_remove_all(c, n); }
 static int h_stats(void *c, kv_stats *out) { return kv_stats_get(c, out); }
+static int h_many(void *c, int what, kv_pair *items, size_t n, int *res)
+{
+    return what == 0 ? kv_put_many(c, items, n, res)
+         : what == 1 ? kv_get_many(c, items, n, res) : kv_exists_many(c, items, n, res);
+}
 
 int kv__host_serve(kv_engine *e, char *err, size_t errlen)
 {
@@ -252,7 +257,8 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
     struct kv__shm_host sh = {
         .ctx = e, .lookup = h_lookup, .prefetch = h_prefetch, .pin = h_pin, .unpin = h_unpin,
         .load = h_load, .dump = h_dump, .put = h_put, .get = h_get, .exists = h_exists,
-        .remove = h_remove, .remove_all = h_remove_all, .stats = h_stats, .seg_fd = -1,
+        .remove = h_remove, .remove_all = h_remove_all, .stats = h_stats, .many = h_many,
+        .seg_fd = -1,
     };
     if (e->dram && e->dram->seg.fd >= 0) {
         int rc = kv__segment_seal(&e->dram->seg);
@@ -358,6 +364,11 @@ int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
 void kv__host_leave(kv_engine *e)
 {
     pthread_rwlock_unlock(&e->host->lk);
+}
+
+uint64_t kv__host_requests(kv_engine *e)
+{
+    return e->host ? kv__shm_server_requests(e->host->srv) : 0;
 }
 
 void kv__host_stats(kv_engine *e, kv_stats *out)

@@ -41,6 +41,9 @@ void kv__host_leave(kv_engine *e);
 
 /* Connections served, pins held for them, attached or not (kv_stats). */
 void kv__host_stats(kv_engine *e, kv_stats *out);
+/* Requests this engine's server has answered (0 when it serves nothing):
+ * the round trips attached engines made, for tests and benchmarks. */
+uint64_t kv__host_requests(kv_engine *e);
 
 /* engine.c: what kv_open opens for a store of its own (tiers, cluster), so
  * that a takeover opens the same; and n (at most 64) shards of a task run

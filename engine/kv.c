@@ -266,34 +266,37 @@ static int check_batch(kv_engine *e, const kv_pair *items, size_t n, int *result
     return !e || (n && (!items || !results)) ? KV_EINVAL : KV_OK;
 }
 
-/* A batch on an attached engine: each item a call to the server (what:
- * 0 put, 1 get, 2 exists); a connection error ends it. */
+/* A batch on an attached engine (what: 0 put, 1 get, 2 exists): the items
+ * that are well formed go to the server in as few round trips as frames
+ * allow (kv__shm_many); a connection error ends it. */
 static int attached_many(struct kv__shm_client *hc, int what, kv_pair *items, size_t n,
                          int *results)
 {
-    for (size_t i = 0; i < n; i++) {
+    kv_pair *ok = malloc(n * sizeof *ok);
+    size_t *at = malloc(n * sizeof *at);
+    int *res = malloc(n * sizeof *res);
+    int rc = ok && at && res ? KV_OK : KV_ENOMEM;
+    size_t m = 0;
+    for (size_t i = 0; rc == KV_OK && i < n; i++) {
         kv_pair *it = &items[i];
-        if (!it->key || it->klen == 0 || it->klen > KV_KEY_MAX || (what < 2 && !it->val && it->len)) {
+        if (!it->key || it->klen == 0 || it->klen > KV_KEY_MAX || (what < 2 && !it->val && it->len) ||
+            (what == 0 && it->len > KV_VALUE_MAX - 1 - it->klen)) {
             results[i] = KV_EINVAL;
             continue;
         }
-        int r;
-        if (what == 0) {
-            r = it->len > KV_VALUE_MAX - 1 - it->klen ? KV_EINVAL
-                                                      : kv__shm_put(hc, it->key, it->klen, it->val, it->len);
-        } else if (what == 1) {
-            size_t vl = 0;
-            r = kv__shm_get(hc, it->key, it->klen, it->val, it->len, &vl);
-            if (r == KV_OK || r == KV_ENOBUFS)
-                it->len = vl;
-        } else {
-            r = kv__shm_exists(hc, it->key, it->klen);
-        }
-        if (r == KV_ENET || r == KV_ETIMEDOUT || r == KV_EPROTO)
-            return r;
-        results[i] = r;
+        ok[m] = *it;
+        at[m++] = i;
     }
-    return KV_OK;
+    if (rc == KV_OK && m)
+        rc = kv__shm_many(hc, what, ok, m, res);
+    for (size_t j = 0; rc == KV_OK && j < m; j++) {
+        results[at[j]] = res[j];
+        items[at[j]].len = ok[j].len;   /* a get's value length */
+    }
+    free(ok);
+    free(at);
+    free(res);
+    return rc;
 }
 
 KV__EXPORT int kv_put_many(kv_engine *e, const kv_pair *items, size_t n, int *results)

@@ -27,6 +27,8 @@
 #include "internal.h"
 #include "segment.h"
 
+static bool shmem_thp(void);
+
 #define HUGE_SZ (2u << 20)
 
 /* 0, or an errno when the memory cannot be had (ENOMEM): better to fail
@@ -127,9 +129,26 @@ static int map_memfd(struct kv__segment *s, size_t len, int hugepages)
     s->map_len = len;
     s->fd = fd;
     s->pages = "shmem";
-    if (hugepages != KV_HUGE_OFF && madvise(p, len, MADV_HUGEPAGE) == 0)
+    if (hugepages != KV_HUGE_OFF && madvise(p, len, MADV_HUGEPAGE) == 0 && shmem_thp())
         s->pages = "shmem-thp";
     return 0;
+}
+
+/* Whether shmem may get transparent huge pages here at all: the madvise
+ * above succeeds even where shmem_enabled is never (this VM's), and the
+ * open log must not claim huge pages the segment will not get. */
+static bool shmem_thp(void)
+{
+    char buf[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *on = strchr(buf, '[');
+    return on && (strncmp(on, "[always]", 8) == 0 || strncmp(on, "[within_size]", 13) == 0 ||
+                  strncmp(on, "[advise]", 8) == 0 || strncmp(on, "[force]", 7) == 0);
 }
 
 int kv__segment_seal(struct kv__segment *s)

@@ -129,11 +129,14 @@ static void complete(struct kv__pool *p, struct kv__task *t)
 {
     t->done_ns = kv__now_ns();
     p->ops.finish(p->ops.ctx, t);
+    /* Before done: a waiter woken by the broadcast may read the gauge at
+     * once (kv_stats_get right after kv_wait), and must not count its own
+     * task. */
+    atomic_fetch_sub(&p->inflight, 1);
     pthread_mutex_lock(&t->mu);
     t->done = true;
     pthread_cond_broadcast(&t->cv);
     pthread_mutex_unlock(&t->mu);
-    atomic_fetch_sub(&p->inflight, 1);
     task_unref(t);
 }
 

@@ -37,6 +37,10 @@
  *   STAGING  u64 size + a memfd           -> rc (replaces the last one)
  *   REGION   u32 id, u64 size + a memfd   -> rc
  *   UNREGION u32 id                       -> rc
+ *   MANY     u8 what (0 put, 1 get, 2 exists), u32 n,
+ *            n x (u8 klen, key, u64 len [, len value bytes for a put])
+ *                                     -> n x (i32 status, u64 vlen), then the
+ *                                        values of the gets that found one
  *
  * Lifecycle: a connection is one server thread with its pins, staging
  * mapping and region mappings; when the peer goes (closed, SIGKILLed) the
@@ -75,9 +79,11 @@
 #define ITEM_LEN       (KV_BLOCK_ID_LEN + 4 + 8 + LOC_LEN)
 #define LOAD_ANS_LEN   17u
 #define BOOTID_LEN     40u
+#define MANY_BYTES     (4u << 20)    /* a MANY request's values, or its answer's */
+#define MANY_ANS_LEN   12u
 
 enum { OP_LOOKUP = 1, OP_PREFETCH, OP_LOAD, OP_RELEASE, OP_DUMP, OP_PUT, OP_GET, OP_EXISTS,
-       OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION };
+       OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION, OP_MANY };
 enum { LOC_INLINE = 0, LOC_STAGE = 1, LOC_REGION = 2 };
 enum { HOW_NONE = 0, HOW_PINNED = 1, HOW_COPIED = 2 };
 
@@ -385,7 +391,7 @@ struct kv__shm_server {
     pthread_t accept_th;
     pthread_mutex_t mu;      /* conns */
     struct sconn *conns;
-    _Atomic uint64_t nconns, npins;
+    _Atomic uint64_t nconns, npins, requests;
     _Atomic bool stopping;
 };
 
@@ -662,6 +668,80 @@ static int do_keys(struct sconn *c, uint32_t op, const uint8_t *b, size_t len)
     return reply(c, rc, out);
 }
 
+/* MANY: a batch of plain-key calls in one frame, values inline both ways
+ * (the client sends a value larger than MANY_BYTES by itself instead). */
+static int do_many(struct sconn *c, const uint8_t *b, size_t len)
+{
+    const struct kv__shm_host *h = &c->srv->host;
+    if (len < 5 || b[0] > 2)
+        return KV_EPROTO;
+    int what = b[0];
+    uint32_t n = kv__get32(b + 1);
+    if (n == 0 || n > ITEMS_MAX)
+        return KV_EPROTO;
+    kv_pair *items = malloc((size_t)n * sizeof *items);
+    int *res = malloc((size_t)n * sizeof *res);
+    uint64_t *cap = malloc((size_t)n * sizeof *cap);
+    int rc = items && res && cap ? KV_OK : KV_ENOMEM;
+    size_t at = 5;
+    uint64_t caps = 0;
+    for (uint32_t i = 0; rc == KV_OK && i < n; i++) {
+        size_t k;
+        if (take_key(b + at, len - at, &k) != KV_OK || len - at - k < 8) {
+            rc = KV_EPROTO;
+            break;
+        }
+        uint64_t vl = kv__get64(b + at + k);
+        items[i] = (kv_pair){ b + at + 1, b[at], NULL, (size_t)vl };
+        at += k + 8;
+        if (what == 0) {
+            if (vl > len - at) {
+                rc = KV_EPROTO;
+                break;
+            }
+            items[i].val = (void *)(b + at);
+            at += (size_t)vl;
+        } else if (what == 1) {
+            cap[i] = vl;
+            caps += vl;
+            if (vl > MANY_BYTES || caps > MANY_BYTES)
+                rc = KV_EPROTO;   /* the client keeps its answers within a frame */
+        }
+    }
+    if (rc == KV_OK && at != len)
+        rc = KV_EPROTO;
+    if (rc == KV_OK)
+        rc = wbuf_need(c, (size_t)n * MANY_ANS_LEN + (size_t)caps);
+    if (rc == KV_OK && what == 1) {   /* each value read in place, packed below */
+        uint64_t off = (uint64_t)n * MANY_ANS_LEN;
+        for (uint32_t i = 0; i < n; i++) {
+            items[i].val = c->wbuf + off;
+            off += cap[i];
+        }
+    }
+    int call = rc == KV_OK ? h->many(h->ctx, what, items, n, res) : rc;
+    size_t out = 0;
+    if (rc == KV_OK && call == KV_OK) {
+        out = (size_t)n * MANY_ANS_LEN;
+        for (uint32_t i = 0; i < n; i++) {
+            uint8_t *a = c->wbuf + (size_t)i * MANY_ANS_LEN;
+            uint64_t vl = what == 1 && (res[i] == KV_OK || res[i] == KV_ENOBUFS) ? items[i].len : 0;
+            kv__put32(a, (uint32_t)res[i]);
+            kv__put64(a + 4, vl);
+            if (what == 1 && res[i] == KV_OK && vl <= cap[i]) {
+                memmove(c->wbuf + out, items[i].val, (size_t)vl);   /* never forward */
+                out += (size_t)vl;
+            }
+        }
+    }
+    free(items);
+    free(res);
+    free(cap);
+    if (rc == KV_EPROTO)
+        return rc;
+    return reply(c, rc != KV_OK ? rc : call, out);
+}
+
 /* STAGING / REGION: a client memfd to map (fd came with the frame). */
 static int do_map(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, int fd)
 {
@@ -764,6 +844,8 @@ static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, 
     case OP_REGION:
     case OP_UNREGION:
         return do_map(c, op, b, len, fd);
+    case OP_MANY:
+        return do_many(c, b, len);
     default:
         return KV_EPROTO;
     }
@@ -840,6 +922,7 @@ static void *sconn_main(void *arg)
                 close(fd);
             break;
         }
+        atomic_fetch_add(&s->requests, 1);   /* before the answer: a caller that has it sees it counted */
         rc = dispatch(c, op, c->rbuf, len, fd);
         if (fd >= 0)
             close(fd);
@@ -1018,6 +1101,11 @@ void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t 
 {
     *clients = s ? atomic_load(&s->nconns) : 0;
     *pins = s ? atomic_load(&s->npins) : 0;
+}
+
+uint64_t kv__shm_server_requests(struct kv__shm_server *s)
+{
+    return s ? atomic_load(&s->requests) : 0;
 }
 
 /* ============================== the client ================================ */
@@ -1711,4 +1799,116 @@ int kv__shm_stats(struct kv__shm_client *c, kv_stats *out)
         memcpy(out, k->buf, sizeof *out);
     cconn_put(c, k, rc);
     return rc != KV_OK ? rc : src;
+}
+
+/* An item a MANY request carries (its value, or its capacity for a get,
+ * fits a frame); the rest go through the single calls. */
+static bool many_fits(int what, const kv_pair *it)
+{
+    return what == 2 || it->len <= MANY_BYTES;
+}
+
+/*
+ * A batch: requests of at most ITEMS_MAX items whose values (puts) or
+ * capacities (gets) add up to at most MANY_BYTES, one round trip each;
+ * then the items too large for a frame, one call each (staged).
+ */
+int kv__shm_many(struct kv__shm_client *c, int what, kv_pair *items, size_t n, int *results)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k);
+    if (rc != KV_OK)
+        return rc;
+    size_t i = 0;
+    while (rc == KV_OK && i < n) {
+        while (i < n && !many_fits(what, &items[i]))
+            i++;
+        size_t req = 5, bytes = 0, m = 0, j = i;
+        for (; j < n && m < ITEMS_MAX; j++) {
+            const kv_pair *it = &items[j];
+            if (!many_fits(what, it))
+                continue;
+            size_t v = what == 2 ? 0 : it->len;
+            if (m && bytes + v > MANY_BYTES)
+                break;
+            bytes += v;
+            req += 1 + it->klen + 8 + (what == 0 ? v : 0);
+            m++;
+        }
+        if (m == 0)
+            break;
+        if ((rc = cbuf_need(k, 8 + req)) != KV_OK)
+            break;
+        uint8_t *b = k->buf + 8;
+        b[0] = (uint8_t)what;
+        kv__put32(b + 1, (uint32_t)m);
+        size_t at = 5;
+        for (size_t x = i; x < j; x++) {
+            const kv_pair *it = &items[x];
+            if (!many_fits(what, it))
+                continue;
+            b[at] = (uint8_t)it->klen;
+            memcpy(b + at + 1, it->key, it->klen);
+            at += 1 + it->klen;
+            kv__put64(b + at, it->len);
+            at += 8;
+            if (what == 0 && it->len) {
+                memcpy(b + at, it->val, it->len);
+                at += it->len;
+            }
+        }
+        int src = KV_OK;
+        size_t got = 0;
+        if ((rc = rpc(c, k, OP_MANY, req, -1, bytes, &src, &got)) != KV_OK)
+            break;
+        if (src != KV_OK) {   /* the call as a whole failed there */
+            for (size_t x = i; x < j; x++)
+                if (many_fits(what, &items[x]))
+                    results[x] = src;
+            i = j;
+            continue;
+        }
+        if (got < m * MANY_ANS_LEN) {
+            rc = KV_EPROTO;
+            break;
+        }
+        size_t y = 0, vals = m * MANY_ANS_LEN;
+        for (size_t x = i; rc == KV_OK && x < j; x++) {
+            kv_pair *it = &items[x];
+            if (!many_fits(what, it))
+                continue;
+            const uint8_t *a = k->buf + y++ * MANY_ANS_LEN;
+            int r = (int)kv__get32(a);
+            uint64_t vl = kv__get64(a + 4);
+            if (what == 1 && r == KV_OK) {
+                if (vl > it->len || vl > got - vals) {
+                    rc = KV_EPROTO;   /* more than was asked, or than came */
+                    break;
+                }
+                if (vl)
+                    memcpy(it->val, k->buf + vals, (size_t)vl);
+                vals += (size_t)vl;
+            }
+            if (what == 1 && (r == KV_OK || r == KV_ENOBUFS))
+                it->len = (size_t)vl;
+            results[x] = r;
+        }
+        i = j;
+    }
+    cconn_put(c, k, rc);
+    /* The values a frame cannot hold, each in a call of its own. */
+    for (size_t x = 0; rc == KV_OK && x < n; x++) {
+        kv_pair *it = &items[x];
+        if (many_fits(what, it))
+            continue;
+        size_t vl = 0;
+        int r = what == 0 ? kv__shm_put(c, it->key, it->klen, it->val, it->len)
+                          : kv__shm_get(c, it->key, it->klen, it->val, it->len, &vl);
+        if (r == KV_ENET || r == KV_ETIMEDOUT || r == KV_EPROTO)
+            return r;
+        if (what == 1 && (r == KV_OK || r == KV_ENOBUFS))
+            it->len = vl;
+        results[x] = r;
+    }
+    return rc;
 }

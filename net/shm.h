@@ -42,6 +42,9 @@ struct kv__shm_host {
     int  (*remove)(void *ctx, const void *key, size_t klen);
     int  (*remove_all)(void *ctx, uint64_t *removed);
     int  (*stats)(void *ctx, kv_stats *out);
+    /* kv_put_many / kv_get_many / kv_exists_many (what 0, 1, 2): a batch
+     * is one call here, so a cluster member batches it per owner too. */
+    int  (*many)(void *ctx, int what, kv_pair *items, size_t n, int *results);
     /* The segment pins point into, and its sealed memfd (-1: none, then
      * nothing is pinned and every load is copied). */
     const void *seg_base;
@@ -64,6 +67,8 @@ int  kv__shm_serve(const char *path, const char *token, unsigned timeout_ms,
 void kv__shm_stop(struct kv__shm_server *s);
 /* Connections served now, and pins they hold. */
 void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins);
+/* Requests (frames) answered since kv__shm_serve: round trips, counted. */
+uint64_t kv__shm_server_requests(struct kv__shm_server *s);
 
 /* ---- shared buffers (kv_buffer_alloc) ------------------------------------ */
 /* A process's shared buffers: memfds it maps and hands to the server on
@@ -109,5 +114,10 @@ int kv__shm_exists(struct kv__shm_client *c, const void *key, size_t klen);
 int kv__shm_remove(struct kv__shm_client *c, const void *key, size_t klen);
 int kv__shm_remove_all(struct kv__shm_client *c, uint64_t *removed);
 int kv__shm_stats(struct kv__shm_client *c, kv_stats *out);
+/* kv_put_many (what 0), kv_get_many (1), kv_exists_many (2) with their
+ * contracts: one request per chunk of items whose values fit a frame
+ * (MANY_BYTES), each value larger than a frame carries alone in its own
+ * call (staged, as kv__shm_put / kv__shm_get). */
+int kv__shm_many(struct kv__shm_client *c, int what, kv_pair *items, size_t n, int *results);
 
 #endif

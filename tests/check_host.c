@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "engine/host.h"   /* kv__host_requests: the server's round trips, counted */
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -337,6 +338,93 @@ START_TEST(second_engine_in_a_process_attaches)
     while (stats(a).host_clients && tu_now_ms() - t0 < 5000)
         usleep(5000);
     ck_assert_uint_eq(stats(a).host_clients, 0);
+    kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* The many forms of an attached engine: one round trip per chunk of items
+ * (ITEMS_MAX items, MANY_BYTES of values), never one per item; a value too
+ * large for a frame goes alone; every result and length as in process. */
+START_TEST(many_calls_are_one_round_trip_per_chunk)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    kv_engine *a = tu_open_yaml(w.yaml);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    enum { N = 5000 };
+    static char keys[N][24];
+    static uint8_t vals[N][64];
+    kv_pair *items = calloc(N, sizeof *items);
+    int *res = calloc(N, sizeof *res);
+    for (int i = 0; i < N; i++) {
+        snprintf(keys[i], sizeof keys[i], "many-%d", i);
+        tu_fill(vals[i], sizeof vals[i], (uint64_t)i);
+        items[i] = (kv_pair){ keys[i], strlen(keys[i]), vals[i], 1 + (size_t)i % 64 };
+    }
+    /* 1000 puts: one request (before: 1000) */
+    uint64_t r0 = kv__host_requests(a);
+    ck_assert_int_eq(kv_put_many(b, items, 1000, res), KV_OK);
+    ck_assert_uint_eq(kv__host_requests(a) - r0, 1);
+    for (int i = 0; i < 1000; i++)
+        ck_assert_int_eq(res[i], KV_OK);
+    /* 5000 more than ITEMS_MAX (4096): two */
+    r0 = kv__host_requests(a);
+    ck_assert_int_eq(kv_put_many(b, items, N, res), KV_OK);
+    ck_assert_uint_eq(kv__host_requests(a) - r0, 2);
+    /* exists: one request for 1000, a malformed key answered here */
+    items[3].klen = 0;
+    r0 = kv__host_requests(a);
+    ck_assert_int_eq(kv_exists_many(b, items, 1000, res), KV_OK);
+    ck_assert_uint_eq(kv__host_requests(a) - r0, 1);
+    ck_assert_int_eq(res[3], KV_EINVAL);
+    for (int i = 0; i < 1000; i++)
+        ck_assert_int_eq(res[i], i == 3 ? KV_EINVAL : 1);
+    items[3].klen = strlen(keys[3]);
+    /* gets into other buffers: found, missing, too small, and one too large
+     * for a frame (a 5 MiB value, by itself) */
+    size_t big = 5u << 20;
+    uint8_t *v = malloc(big), *back = malloc(big);
+    tu_fill(v, big, 77);
+    ck_assert_int_eq(kv_put(b, "big", 3, v, big), KV_OK);
+    static uint8_t got[1000][64];
+    kv_pair *gets = calloc(1003, sizeof *gets);
+    for (int i = 0; i < 1000; i++)
+        gets[i] = (kv_pair){ keys[i], strlen(keys[i]), got[i], sizeof got[i] };
+    gets[5].len = 2;                                         /* many-5 holds 6 bytes */
+    gets[1000] = (kv_pair){ "absent", 6, got[0], 8 };
+    gets[1001] = (kv_pair){ "big", 3, back, big };
+    gets[1002] = (kv_pair){ "bad", 3, NULL, 8 };             /* no buffer */
+    r0 = kv__host_requests(a);
+    ck_assert_int_eq(kv_get_many(b, gets, 1003, res), KV_OK);
+    ck_assert_uint_le(kv__host_requests(a) - r0, 3);        /* the batch, the big one (+ staging) */
+    for (int i = 0; i < 1000; i++) {
+        if (i == 5)
+            continue;
+        ck_assert_int_eq(res[i], KV_OK);
+        ck_assert_uint_eq(gets[i].len, 1 + (size_t)i % 64);
+        ck_assert(memcmp(got[i], vals[i], gets[i].len) == 0);
+    }
+    ck_assert_int_eq(res[5], KV_ENOBUFS);
+    ck_assert_uint_eq(gets[5].len, 6);
+    ck_assert_int_eq(res[1000], KV_ENOTFOUND);
+    ck_assert_int_eq(res[1001], KV_OK);
+    ck_assert_uint_eq(gets[1001].len, big);
+    ck_assert(tu_check_fill(back, big, 77));
+    ck_assert_int_eq(res[1002], KV_EINVAL);
+    /* what the attached engine put, the server reads */
+    size_t vl = 0;
+    uint8_t one[64];
+    ck_assert_int_eq(kv_get(a, keys[4999], strlen(keys[4999]), one, sizeof one, &vl), KV_OK);
+    ck_assert_uint_eq(vl, 1 + 4999 % 64);
+    ck_assert(memcmp(one, vals[4999], vl) == 0);
+    free(v);
+    free(back);
+    free(gets);
+    free(items);
+    free(res);
+    kv_close(b);
     kv_close(a);
     world_free(&w);
 }
@@ -891,6 +979,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, eight_processes_share_by_ssd_path);
     tcase_add_test(tc, eight_processes_share_by_store_name);
     tcase_add_test(tc, second_engine_in_a_process_attaches);
+    tcase_add_test(tc, many_calls_are_one_round_trip_per_chunk);
     tcase_add_test(tc, a_second_host_of_one_ssd_path_is_busy);
     tcase_add_test(tc, an_unsafe_store_dir_is_refused);
     tcase_add_test(tc, the_dram_budget_is_counted_once);

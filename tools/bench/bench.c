@@ -72,7 +72,7 @@ struct bench_opts {
     uint64_t numjobs, batch_size, rwmixread;
     double runtime;                     /* < 0: not given */
     int pattern;
-    bool verify, drop_caches, value_size_given;
+    bool verify, drop_caches, value_size_given, kv_buffers;
     const char *summary_json, *posix_dir, *plot;
     const char *trace;                  /* --scenario trace */
     uint64_t trace_limit, shards;
@@ -152,6 +152,9 @@ static void usage(FILE *f)
             "      --plot FILE.png      draw throughput and latency percentiles per phase\n"
             "                           (and the --compare ratios) with gnuplot; for trace,\n"
             "                           the hit ratio over the trace of every run\n"
+            "      --kv-buffers         write from memory the engine gave (kv_buffer_alloc):\n"
+            "                           attached, a dump is then one copy, the server's\n"
+            "                           (default: from the bench's own buffers)\n"
             "      --drop-caches        sync and drop the kernel's page cache before every\n"
             "                           phase: each backend starts from the same clean\n"
             "                           cache, lookups and reads are cold (needs root, else\n"
@@ -206,7 +209,7 @@ static int bad(const char *opt, const char *arg, const char *why)
 enum {
     O_SCENARIO = 256, O_VALUE_SIZE, O_NR_OBJECTS, O_NUMJOBS, O_BATCH, O_RUNTIME, O_RWMIX,
     O_VERIFY, O_PATTERN, O_JSON, O_COMPARE, O_POSIX_DIR, O_PLOT, O_DROP_CACHES, O_SALT,
-    O_TRACE, O_TRACE_LIMIT, O_SHARDS, O_TRACE_SPEED,
+    O_TRACE, O_TRACE_LIMIT, O_SHARDS, O_TRACE_SPEED, O_KV_BUFFERS,
 };
 
 /* posix | dram | redis=HOST:PORT | memcached=HOST:PORT; returns -1 or an
@@ -263,6 +266,7 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
         { "posix-dir", required_argument, NULL, O_POSIX_DIR },
         { "plot", required_argument, NULL, O_PLOT },
         { "drop-caches", no_argument, NULL, O_DROP_CACHES },
+        { "kv-buffers", no_argument, NULL, O_KV_BUFFERS },
         { "salt", required_argument, NULL, O_SALT },
         { "trace", required_argument, NULL, O_TRACE },
         { "trace-limit", required_argument, NULL, O_TRACE_LIMIT },
@@ -345,6 +349,9 @@ static int parse(struct kvctl_common *c, int argc, char **argv, struct bench_opt
             break;
         case O_DROP_CACHES:
             o->drop_caches = true;
+            break;
+        case O_KV_BUFFERS:
+            o->kv_buffers = true;
             break;
         case O_TRACE:
             o->trace = optarg;
@@ -724,7 +731,7 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
     struct kvctl_workload w = {
         .value_size = o.value_size, .nr_objects = objects, .numjobs = r.numjobs,
         .batch_size = r.batch_size, .rwmixread = r.rwmixread, .pattern = o.pattern,
-        .verify = o.verify, .salt = r.salt,
+        .verify = o.verify, .salt = r.salt, .kv_buffers = o.kv_buffers,
     };
     rc = KVCTL_EXIT_FAIL;
     if (kvctl_jobs_new(&w, &js) != KV_OK) {

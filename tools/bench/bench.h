@@ -57,6 +57,9 @@ struct kvctl_backend {
      * the index of the last hit of the leading run, -1 when the first
      * misses, or a KV_E* below -1. */
     ssize_t (*lookup_prefix)(void *st, const kv_block_id *ids, size_t n);
+    /* Optional (NULL: none): len bytes of the backend's own shared memory
+     * (kv_buffer_alloc), freed by close; NULL when it has none to give. */
+    void *(*buffer)(void *st, size_t len);
 };
 
 extern const struct kvctl_backend kvctl_backend_kvengine;
@@ -228,6 +231,7 @@ struct kvctl_workload {
     unsigned rwmixread;         /* percent of mixed_rw batches that read */
     int pattern;                /* fill byte, or -1 for pseudo-random bytes */
     bool verify;
+    bool kv_buffers;            /* writes from the backend's buffers (--kv-buffers) */
     uint64_t salt;              /* block ids are a hash of (salt, object number) */
 };
 

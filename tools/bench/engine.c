@@ -26,7 +26,13 @@ static int engine_open(const struct kvctl_open_args *a, void **st)
 
 static void engine_close(void *st)
 {
-    kv_close(st);
+    kv_close(st);   /* frees what engine_buffer gave */
+}
+
+static void *engine_buffer(void *st, size_t len)
+{
+    void *p = NULL;
+    return kv_buffer_alloc(st, len, &p) == KV_OK ? p : NULL;
 }
 
 static void fill(int *res, size_t n, int v)
@@ -104,4 +110,5 @@ const struct kvctl_backend kvctl_backend_kvengine = {
     .lookup = engine_lookup,
     .info = engine_info,
     .lookup_prefix = engine_lookup_prefix,
+    .buffer = engine_buffer,
 };

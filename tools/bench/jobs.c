@@ -51,6 +51,8 @@ struct job {
     uint8_t *payload;               /* value_size: the bytes every value shares */
     uint8_t *hdr;                   /* slots * HDR: headers of a write batch */
     uint8_t *rbuf;                  /* slots * value_size: read destinations */
+    uint8_t *wbuf;                  /* --kv-buffers: slots * value_size of the backend's */
+    void *wbuf_st;                  /* the open backend wbuf belongs to */
     uint8_t *mdst;                  /* memcpy baseline: its own destinations */
     uint64_t mslots;                /* values mdst holds */
     kv_iov *wiov;                   /* slots * 2 */
@@ -198,8 +200,11 @@ void kvctl_jobs_free(struct kvctl_jobs *js)
 
 void kvctl_jobs_reset(struct kvctl_jobs *js)
 {
-    for (unsigned i = 0; i < js->w.numjobs; i++)
+    for (unsigned i = 0; i < js->w.numjobs; i++) {
         js->job[i].written = js->job[i].seq = 0;
+        js->job[i].wbuf = NULL;   /* the backend it came from is closed (or about to be) */
+        js->job[i].wbuf_st = NULL;
+    }
 }
 
 /* ---- one batch ----------------------------------------------------------- */
@@ -246,6 +251,14 @@ static void write_batch(struct job *jb, size_t m, struct jstat *s)
         uint8_t *h = jb->hdr + i * HDR;
         sh->block = kvctl_object_id(js->w.salt, jb->obj[i]);
         sh->index = 0;
+        if (jb->wbuf) {   /* the value lies whole in shared memory: one iovec */
+            uint8_t *v = jb->wbuf + i * vs;
+            object_header(jb, jb->obj[i], &sh->block, v);
+            jb->wiov[2 * i] = (kv_iov){ v, vs };
+            sh->iov = &jb->wiov[2 * i];
+            sh->iovcnt = 1;
+            continue;
+        }
         object_header(jb, jb->obj[i], &sh->block, h);
         jb->wiov[2 * i] = (kv_iov){ h, vs < HDR ? vs : HDR };
         jb->wiov[2 * i + 1] = (kv_iov){ jb->payload + HDR, vs > HDR ? vs - HDR : 0 };
@@ -573,6 +586,19 @@ void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void 
                     enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
 {
     static const char *names[] = { "write", "lookup", "read", "mixed" };
+    /* --kv-buffers: each job's write slots in the backend's shared memory,
+     * the payload laid in once (as a caller would produce its values
+     * there); a write then only stamps each value's header. */
+    for (unsigned i = 0; js->w.kv_buffers && be->buffer && js->w.value_size >= HDR &&
+                         i < js->w.numjobs; i++) {
+        struct job *jb = &js->job[i];
+        if (jb->wbuf_st == st)
+            continue;
+        jb->wbuf = be->buffer(st, js->slots * js->w.value_size);
+        jb->wbuf_st = st;
+        for (size_t k = 0; jb->wbuf && k < js->slots; k++)
+            memcpy(jb->wbuf + k * js->w.value_size, jb->payload, js->w.value_size);
+    }
     double cpu0 = cpu_now();
     run_phase(js, be, st, kind, seconds, names[kind]);
     double secs = phase_seconds(js), cpu = cpu_now() - cpu0;
