@@ -303,13 +303,24 @@ int kv__local_lookup(kv_engine *e, int ns, const kv_block_id *ids, size_t n, uin
         kv__dram_lookup(e->dram, ns, ids, n, hit);
     else
         memset(hit, 0, n);
+    /* While the passes run, a hit says where shard 0 is: 1 DRAM, 2 below;
+     * the count pass turns them back into 1s (blocks are counted, keys not). */
     for (size_t i = 0; e->ntiers && i < n; i++)
         if (!hit[i])
-            hit[i] = kv__store_below_contains(e, ns, &ids[i], 0);
+            hit[i] = kv__store_below_contains(e, ns, &ids[i], 0) ? 2 : 0;
     uint32_t shards = ns == KV_NS_BLOCK ? e->cfg.store.block_shards : 1;
     for (size_t i = 0; shards > 1 && i < n; i++)
         for (uint32_t s = 1; hit[i] && s < shards; s++)
-            hit[i] = shard_held(e, ns, &ids[i], s);
+            if (!shard_held(e, ns, &ids[i], s))
+                hit[i] = 0;
+    uint64_t dram = 0, below = 0;
+    for (size_t i = 0; i < n; i++) {
+        dram += hit[i] == 1;
+        below += hit[i] == 2;
+        hit[i] = hit[i] != 0;
+    }
+    if (ns == KV_NS_BLOCK && n)
+        kv__metrics_lookups(&e->lk, dram, below, n - dram - below);
     return KV_OK;
 }
 

@@ -428,7 +428,15 @@ typedef struct kv_stats {
     uint64_t host_clients;       /* processes' connections this engine serves its store to now */
     uint64_t host_pins;          /* DRAM shards pinned for attached readers now */
     uint64_t host_attached;      /* 1 when this engine is attached to another process's store */
-    uint64_t reserved[13];
+    /* Lookups of blocks (kv_lookup, kv_lookup_prefix, and in a cluster the
+     * lookups peers send this node) answered by this engine's store: each
+     * block id examined is one hit, by the tier that holds its shard 0
+     * (DRAM first), or one miss (absent or incomplete). */
+    uint64_t lookup_hits_dram, lookup_hits_ssd, lookup_misses;
+    /* kv_lookup_prefix calls made on this engine handle: ids passed in,
+     * and of those the ids in the leading run of hits (the prefix found). */
+    uint64_t prefix_ids, prefix_hits;
+    uint64_t reserved[8];
 } kv_stats;
 KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
 
