@@ -577,6 +577,12 @@ START_TEST(admin_put_get_lookup_rm)
     ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
     ck_assert_double_eq(jget(v, "ssd_blocks", J_NUM)->num, 1);
     ck_assert(jget(v, "ssd_used", J_NUM)->num >= 2 * 2999);
+    /* the lookup figures are there (this kvctl's own engine made none) */
+    ck_assert_double_eq(jget(v, "lookup_misses", J_NUM)->num, 0);
+    ck_assert_double_eq(jget(v, "prefix_ids", J_NUM)->num, 0);
+    jget(v, "lookup_hits_dram", J_NUM);
+    jget(v, "lookup_hits_ssd", J_NUM);
+    jget(v, "prefix_hits", J_NUM);
     jfree(v);
     out_free(&r);
     r = run_kvctl(dir, 20, "-c", cfg, "stats", NULL);

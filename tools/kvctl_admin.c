@@ -335,14 +335,16 @@ static void print_stats_json(const kv_stats *s)
         "hits_dram", "hits_ssd", "misses", "evictions", "spills", "spill_drops",
         "checksum_failures", "tasks_inflight", "dram_shards", "dram_index_bytes",
         "promotions", "keys", "dumps_ok", "dumps_failed", "loads_ok", "loads_failed",
-        "enospc", "open_ns",
+        "enospc", "open_ns", "lookup_hits_dram", "lookup_hits_ssd", "lookup_misses",
+        "prefix_ids", "prefix_hits",
     };
     const uint64_t v[] = {
         s->dram_capacity, s->dram_used, s->dram_blocks, s->ssd_capacity, s->ssd_used,
         s->ssd_blocks, s->hits_dram, s->hits_ssd, s->misses, s->evictions, s->spills,
         s->spill_drops, s->checksum_failures, s->tasks_inflight, s->dram_shards,
         s->dram_index_bytes, s->promotions, s->keys, s->dumps_ok, s->dumps_failed,
-        s->loads_ok, s->loads_failed, s->enospc, s->open_ns,
+        s->loads_ok, s->loads_failed, s->enospc, s->open_ns, s->lookup_hits_dram,
+        s->lookup_hits_ssd, s->lookup_misses, s->prefix_ids, s->prefix_hits,
     };
     printf("{\"source\":\"store\"");
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
