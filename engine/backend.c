@@ -7,7 +7,7 @@
  * graph then has no cycle: engine -> net -> (errors, log), never back up
  * (scripts/layers.sh checks it on every make test).
  */
-#include "engine.h"
+#include "store.h"
 #include "net/transport.h"
 
 static int e_lookup(void *c, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
@@ -29,6 +29,11 @@ static void e_abort(void *c, kv__resv *r) { kv__local_abort(c, r); }
 static int e_scan(void *c, int ns, kv__scan_cb cb, void *arg) { return kv__local_scan(c, ns, cb, arg); }
 static int e_remove(void *c, int ns, const kv_block_id *id, uint32_t x)
 { return kv__local_remove(c, ns, id, x); }
+static void e_stats(void *c, kv_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    kv__store_stats(c, out);
+}
 
 void kv__backend_engine(kv_engine *e, struct kv__backend *out)
 {
@@ -45,5 +50,6 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->dump = e_dump;
     out->scan = e_scan;
     out->remove = e_remove;
+    out->stats = e_stats;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
 }

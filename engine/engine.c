@@ -239,10 +239,22 @@ KV__EXPORT int kv_lookup(kv_engine *e, const kv_block_id *ids, size_t n, uint8_t
     return kv__local_lookup(e, KV_NS_BLOCK, ids, n, hit);
 }
 
+static ssize_t lookup_prefix(kv_engine *e, const kv_block_id *ids, size_t n);
+
+/* The prefix figures are counted here, per call and by the caller's engine
+ * (a cluster's owners and an attached store's server see only lookups). */
 KV__EXPORT ssize_t kv_lookup_prefix(kv_engine *e, const kv_block_id *ids, size_t n)
 {
     if (!e || (n > 0 && !ids))
         return KV_EINVAL;
+    ssize_t last = lookup_prefix(e, ids, n);
+    if (last >= -1 && n)
+        kv__metrics_prefix(&e->lk, n, (uint64_t)(last + 1));
+    return last;
+}
+
+static ssize_t lookup_prefix(kv_engine *e, const kv_block_id *ids, size_t n)
+{
     /* Locally one id at a time: the run stops at the first miss, and ids
      * past it are neither looked at nor leased. In a cluster every call is
      * a round trip, so ids go in chunks that double (1, 2, 4 ... 64): a
@@ -304,9 +316,15 @@ KV__EXPORT int kv_stats_get(kv_engine *e, kv_stats *out)
             kv__host_leave(e);
         }
         out->host_attached = 1;
+        /* the store's lookups are its server's; the prefix calls are ours */
+        kv_stats mine;
+        kv__metrics_lookup_sum(&e->lk, &mine);
+        out->prefix_ids = mine.prefix_ids;
+        out->prefix_hits = mine.prefix_hits;
         return rc;
     }
     kv__store_stats(e, out);
+    kv__metrics_lookup_sum(&e->lk, out);
     out->hits_dram = atomic_load(&e->ct.hits_dram);
     out->hits_ssd = atomic_load(&e->ct.hits_ssd);
     out->misses = atomic_load(&e->ct.misses);
@@ -415,9 +433,11 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         KV_ERROR("kv_open: %s", err);
         return rc;
     }
-    kv_engine *e = calloc(1, sizeof *e);
+    /* Aligned: the lookup counters' stripes are a cache line each. */
+    kv_engine *e = aligned_alloc(_Alignof(kv_engine), sizeof *e);
     if (!e)
         return KV_ENOMEM;
+    memset(e, 0, sizeof *e);
     uint64_t t0 = kv__now_ns();
     e->cfg = *cfg;
     e->epoch_ns = t0;

@@ -71,6 +71,54 @@ void kv__metrics_task(struct kv__metrics *m, int op, uint64_t ns, bool ok)
     atomic_fetch_add_explicit(ok ? &h->ok : &h->failed, 1, memory_order_relaxed);
 }
 
+/* ---- lookup counters ------------------------------------------------------------ */
+
+static _Atomic unsigned next_stripe;
+static _Thread_local unsigned my_stripe;   /* 0: none yet; else stripe + 1 */
+
+static struct kv__lk_stripe *stripe(struct kv__lk_counters *c)
+{
+    if (!my_stripe)
+        my_stripe = atomic_fetch_add_explicit(&next_stripe, 1, memory_order_relaxed) %
+                    KV__LK_STRIPES + 1;
+    return &c->s[my_stripe - 1];
+}
+
+static void add(_Atomic uint64_t *v, uint64_t n)
+{
+    if (n)
+        atomic_fetch_add_explicit(v, n, memory_order_relaxed);
+}
+
+void kv__metrics_lookups(struct kv__lk_counters *c, uint64_t dram, uint64_t ssd, uint64_t miss)
+{
+    struct kv__lk_stripe *s = stripe(c);
+    add(&s->hits_dram, dram);
+    add(&s->hits_ssd, ssd);
+    add(&s->misses, miss);
+}
+
+void kv__metrics_prefix(struct kv__lk_counters *c, uint64_t ids, uint64_t hits)
+{
+    struct kv__lk_stripe *s = stripe(c);
+    add(&s->prefix_ids, ids);
+    add(&s->prefix_hits, hits);
+}
+
+void kv__metrics_lookup_sum(struct kv__lk_counters *c, kv_stats *out)
+{
+    out->lookup_hits_dram = out->lookup_hits_ssd = out->lookup_misses = 0;
+    out->prefix_ids = out->prefix_hits = 0;
+    for (size_t i = 0; i < KV__LK_STRIPES; i++) {
+        struct kv__lk_stripe *s = &c->s[i];
+        out->lookup_hits_dram += atomic_load_explicit(&s->hits_dram, memory_order_relaxed);
+        out->lookup_hits_ssd += atomic_load_explicit(&s->hits_ssd, memory_order_relaxed);
+        out->lookup_misses += atomic_load_explicit(&s->misses, memory_order_relaxed);
+        out->prefix_ids += atomic_load_explicit(&s->prefix_ids, memory_order_relaxed);
+        out->prefix_hits += atomic_load_explicit(&s->prefix_hits, memory_order_relaxed);
+    }
+}
+
 /* ---- text ---------------------------------------------------------------- */
 
 /* A growing output buffer; on allocation failure it goes quiet and says so
@@ -130,15 +178,31 @@ static void bprintf(struct buf *b, const char *fmt, ...)
       "Capacity of each tier in bytes (0: none or unbounded).")                               \
     X(USED, "used_bytes", "gauge", "tier", "engine", "Bytes held by each tier.")               \
     X(BLOCKS, "blocks", "gauge", "tier", "engine", "Blocks (shard 0 present) held by each tier.") \
-    X(HITS, "hits_total", "counter", "tier", "engine",                                         \
+    X(LOOKUP_HITS, "lookup_hits_total", "counter", "tier", "engine",                           \
+      "Block ids looked up (kv_lookup, kv_lookup_prefix, a peer's lookup) that this node's "  \
+      "store found complete, by the tier holding shard 0 (DRAM first).")                      \
+    X(LOOKUP_MISSES, "lookup_misses_total", "counter", "", "engine",                           \
+      "Block ids looked up that no tier held complete.")                                      \
+    X(LOOKUP_HIT_RATIO, "lookup_hit_ratio", "gauge", "tier", "engine",                         \
+      "Share of block ids looked up since open that hit in each tier; tier=\"all\": in any.") \
+    X(PREFIX_IDS, "prefix_lookup_ids_total", "counter", "", "engine",                          \
+      "Block ids passed to kv_lookup_prefix on this engine.")                                 \
+    X(PREFIX_HITS, "prefix_lookup_hits_total", "counter", "", "engine",                        \
+      "Of those, the ids in the leading run of hits (the prefix found).")                     \
+    X(PREFIX_HIT_RATIO, "prefix_hit_ratio", "gauge", "", "engine",                             \
+      "prefix_lookup_hits_total / prefix_lookup_ids_total since open (0 before any call).")   \
+    X(READ_HITS, "read_hits_total", "counter", "tier", "engine",                               \
       "Reads (shard loads, plain-key gets) served by each tier.")                             \
-    X(MISSES, "misses_total", "counter", "tier", "engine",                                     \
-      "Reads each tier could not serve: a DRAM miss went on to SSD or missed everywhere; an " \
-      "SSD miss missed everywhere.")                                                          \
     X(READ_MISSES, "read_misses_total", "counter", "", "engine",                               \
       "Reads no tier could serve (the shard or key was nowhere).")                            \
     X(READ_HIT_RATIO, "read_hit_ratio", "gauge", "tier", "engine",                             \
       "Share of all reads since open served by each tier; tier=\"all\": by any tier.")        \
+    X(HITS, "hits_total", "counter", "tier", "engine",                                         \
+      "Deprecated alias of kvengine_read_hits_total (the same value); it goes in a later "    \
+      "release.")                                                                             \
+    X(MISSES, "misses_total", "counter", "tier", "engine",                                     \
+      "Deprecated: reads each tier could not serve (dram: read_hits_total{tier=\"ssd\"} + "   \
+      "read_misses_total; ssd: read_misses_total); it goes in a later release.")              \
     X(PLAIN_KEYS, "plain_keys", "gauge", "", "engine", "Plain keys stored in DRAM.")           \
     X(EVICTIONS, "evictions_total", "counter", "", "engine", "Blocks evicted from DRAM.")       \
     X(SPILLS, "spills_total", "counter", "", "engine", "Evicted blocks written to the SSD tier.") \
@@ -219,6 +283,17 @@ static double share(uint64_t part, uint64_t whole)
     return whole ? (double)part / (double)whole : 0.0;
 }
 
+/* Shares of dram hits, ssd hits and both among all (hits and misses). */
+static void ratios(struct buf *b, int m, uint64_t dram, uint64_t ssd, uint64_t miss)
+{
+    const char *n = metric_docs[m].name;
+    uint64_t all = dram + ssd + miss;
+    head(b, m);
+    bprintf(b, "%s{tier=\"dram\"} %.6f\n", n, share(dram, all));
+    bprintf(b, "%s{tier=\"ssd\"} %.6f\n", n, share(ssd, all));
+    bprintf(b, "%s{tier=\"all\"} %.6f\n", n, share(dram + ssd, all));
+}
+
 static void histogram(struct buf *b, struct kv__metrics *m)
 {
     static const char *const names[KV__OP_COUNT] = { "dump", "load" };
@@ -275,15 +350,19 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
     tiers(&b, M_CAPACITY, s.dram_capacity, s.ssd_capacity);
     tiers(&b, M_USED, s.dram_used, s.ssd_used);
     tiers(&b, M_BLOCKS, s.dram_blocks, s.ssd_blocks);
+    tiers(&b, M_LOOKUP_HITS, s.lookup_hits_dram, s.lookup_hits_ssd);
+    one(&b, M_LOOKUP_MISSES, s.lookup_misses);
+    ratios(&b, M_LOOKUP_HIT_RATIO, s.lookup_hits_dram, s.lookup_hits_ssd, s.lookup_misses);
+    one(&b, M_PREFIX_IDS, s.prefix_ids);
+    one(&b, M_PREFIX_HITS, s.prefix_hits);
+    head(&b, M_PREFIX_HIT_RATIO);
+    bprintf(&b, "%s %.6f\n", metric_docs[M_PREFIX_HIT_RATIO].name,
+            share(s.prefix_hits, s.prefix_ids));
+    tiers(&b, M_READ_HITS, s.hits_dram, s.hits_ssd);
+    one(&b, M_READ_MISSES, s.misses);
+    ratios(&b, M_READ_HIT_RATIO, s.hits_dram, s.hits_ssd, s.misses);
     tiers(&b, M_HITS, s.hits_dram, s.hits_ssd);
     tiers(&b, M_MISSES, s.hits_ssd + s.misses, kv__store_depth(e) ? s.misses : 0);
-    one(&b, M_READ_MISSES, s.misses);
-    uint64_t reads = s.hits_dram + s.hits_ssd + s.misses;
-    const char *rn = metric_docs[M_READ_HIT_RATIO].name;
-    head(&b, M_READ_HIT_RATIO);
-    bprintf(&b, "%s{tier=\"dram\"} %.6f\n", rn, share(s.hits_dram, reads));
-    bprintf(&b, "%s{tier=\"ssd\"} %.6f\n", rn, share(s.hits_ssd, reads));
-    bprintf(&b, "%s{tier=\"all\"} %.6f\n", rn, share(s.hits_dram + s.hits_ssd, reads));
     one(&b, M_PLAIN_KEYS, s.keys);
     one(&b, M_EVICTIONS, s.evictions);
     one(&b, M_SPILLS, s.spills);

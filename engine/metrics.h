@@ -29,6 +29,25 @@ void kv__metrics_close(struct kv__metrics *m);
  * done. Lock-free: a few relaxed atomic adds. m NULL is a no-op. */
 void kv__metrics_task(struct kv__metrics *m, int op, uint64_t ns, bool ok);
 
+/* Lookup counters (kv_stats' lookup_* and prefix_*), striped: a thread
+ * adds to its own stripe (picked once per thread, round robin) with relaxed
+ * atomics, so threads looking up at once do not share a cache line; a
+ * reader sums the stripes. A lookup call adds once per counter, not once
+ * per id: its loop counts in registers. */
+#define KV__LK_STRIPES 16
+struct kv__lk_stripe {
+    _Atomic uint64_t hits_dram, hits_ssd, misses, prefix_ids, prefix_hits;
+} __attribute__((aligned(64)));
+struct kv__lk_counters {
+    struct kv__lk_stripe s[KV__LK_STRIPES];
+};
+/* Counts one lookup call's outcome: ids hit in DRAM, hit below, missed. */
+void kv__metrics_lookups(struct kv__lk_counters *c, uint64_t dram, uint64_t ssd, uint64_t miss);
+/* Counts one kv_lookup_prefix call: ids asked, ids in the leading run. */
+void kv__metrics_prefix(struct kv__lk_counters *c, uint64_t ids, uint64_t hits);
+/* Sums the stripes into out's lookup_* and prefix_* fields. */
+void kv__metrics_lookup_sum(struct kv__lk_counters *c, kv_stats *out);
+
 /* One exported metric, for the generated table (doc/metrics.md,
  * scripts/gendoc.c) and the naming test: the full name (kvengine_...), its
  * Prometheus type, its labels ("" or "tier", "op, result"...), which

@@ -11,6 +11,7 @@
 #define KV_ENGINE_STORE_H
 
 #include "engine.h"
+#include "metrics.h"
 #include "task.h"
 #include "tier.h"
 
@@ -45,6 +46,7 @@ struct kv_engine {
     struct kv__pool *pool;
     atomic_bool closing;
     struct kv__counters ct;
+    struct kv__lk_counters lk;     /* lookup and prefix counters (metrics.h) */
     struct kv__host *host;         /* NULL unless the store is shared (engine/host.c) */
     struct kv__shm_regions *buffers;   /* kv_buffer_alloc's (net/shm.h) */
 };

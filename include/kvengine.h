@@ -428,7 +428,15 @@ typedef struct kv_stats {
     uint64_t host_clients;       /* processes' connections this engine serves its store to now */
     uint64_t host_pins;          /* DRAM shards pinned for attached readers now */
     uint64_t host_attached;      /* 1 when this engine is attached to another process's store */
-    uint64_t reserved[13];
+    /* Lookups of blocks (kv_lookup, kv_lookup_prefix, and in a cluster the
+     * lookups peers send this node) answered by this engine's store: each
+     * block id examined is one hit, by the tier that holds its shard 0
+     * (DRAM first), or one miss (absent or incomplete). */
+    uint64_t lookup_hits_dram, lookup_hits_ssd, lookup_misses;
+    /* kv_lookup_prefix calls made on this engine handle: ids passed in,
+     * and of those the ids in the leading run of hits (the prefix found). */
+    uint64_t prefix_ids, prefix_hits;
+    uint64_t reserved[8];
 } kv_stats;
 KV_EXPORT int kv_stats_get(kv_engine *e, kv_stats *out);
 
@@ -607,7 +615,10 @@ KV_EXPORT void kv_metrics_retarget(kv_metrics_server *s, kv_metrics_fn fn, void 
  *   it; the version is then etcd's revision of the last change. *members is
  *   a malloc'd array of *n entries (free() it; NULL when *n is 0), *version
  *   the view's version. owner is 1 for a member that stores blocks, 0 for a
- *   pure client; segments and segment_bytes describe the DRAM it registered.
+ *   pure client; segments and segment_bytes describe the DRAM it registered
+ *   for RDMA (none on tcp); the figures (DRAM and SSD capacity and use,
+ *   blocks, keys, version) are the member's own, signed by it with the rest
+ *   of its record at its last heartbeat.
  *   KV_ENET when the master (or every etcd endpoint) does not answer,
  *   KV_ETIMEDOUT when it does not answer within `io.timeout_ms` (2 s when
  *   0), KV_EPERM when it refuses the token, KV_EPROTO for a malformed answer.
@@ -618,6 +629,17 @@ typedef struct kv_member_info {
     int      owner;
     uint32_t segments;
     uint64_t segment_bytes;
+    /* The member's figures as its record carries them, refreshed by every
+     * heartbeat (its store's kv_stats; 0 for a pure client): */
+    uint64_t dram_capacity, dram_used;   /* bytes */
+    uint64_t ssd_capacity, ssd_used;     /* bytes */
+    uint64_t dram_blocks, ssd_blocks;    /* blocks (shard 0 present) per tier */
+    uint64_t keys;                       /* plain keys */
+    int64_t  heartbeat_age_ms;           /* since the record was last refreshed: our
+                                          * wall clock against its stamp (0 when
+                                          * ahead of ours); -1 when unknown */
+    char     version[33];                /* its library's kv_version() */
+    uint64_t reserved[8];
 } kv_member_info;
 
 KV_EXPORT int kv_members(const kv_config *cfg, uint64_t *version, kv_member_info **members,

@@ -379,6 +379,29 @@ static void view_refresh(struct kv__cluster *c, unsigned timeout_ms)
     pthread_mutex_unlock(&c->hblock);
 }
 
+/* The figures this member's record carries (kvctl members), refreshed for
+ * every heartbeat: its store's, through the backend, its wall clock (the
+ * age kvctl shows is the reader's clock against it) and its version. */
+static void self_figures(struct kv__cluster *c)
+{
+    struct kv__member *s = &c->self;
+    if (c->be && c->be->stats) {
+        kv_stats st;
+        c->be->stats(c->be->ctx, &st);
+        s->dram_capacity = st.dram_capacity;
+        s->dram_used = st.dram_used;
+        s->ssd_capacity = st.ssd_capacity;
+        s->ssd_used = st.ssd_used;
+        s->dram_blocks = st.dram_blocks;
+        s->ssd_blocks = st.ssd_blocks;
+        s->keys = st.keys;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->stamp_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    snprintf(s->version, sizeof s->version, "%s", kv_version());
+}
+
 static void *hb_main(void *arg)
 {
     struct kv__cluster *c = arg;
@@ -407,6 +430,7 @@ static void *hb_main(void *arg)
         int rc;
         if (beat) {
             next = now + every;
+            self_figures(c);
             rc = c->ms->ops->heartbeat(c->ms, &c->self, &version, &m, &n);
         } else {
             rc = c->ms->ops->view(c->ms, &version, &m, &n);
@@ -520,6 +544,7 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     uint64_t version;
     struct kv__member *m = NULL;
     size_t n = 0;
+    self_figures(c);
     if ((rc = c->ms->ops->join(c->ms, &c->self, &version, &m, &n))) {
         kv__errf(err, errlen, "%s: %s", c->where,
                  rc != KV_EPERM ? kv_strerror(rc)

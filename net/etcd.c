@@ -7,7 +7,12 @@
  * to whole seconds: etcd's unit) that its heartbeats keep alive; a member
  * that stops heartbeating loses its lease, and etcd deletes its record.
  * The view is every record under PREFIX/members/, and its version is the
- * etcd revision at which the set of records last changed.
+ * etcd revision at which the set of records last changed. Each heartbeat
+ * also puts the member's record with its current figures (kvctl members)
+ * at PREFIX/figures/ID on the same lease: outside the watched range, so
+ * figures that change every second ring no member's doorbell; only a
+ * read-only view (kv_members) reads them, and believes one only when it
+ * verifies like a member record and names the same place as the member's.
  *
  * Key design choice: the watch is a doorbell, not a log. A thread keeps a
  * watch stream open on the prefix; every event on it makes the thread read
@@ -63,6 +68,7 @@ struct etcd {
     int nep;
     _Atomic int cur;                    /* the endpoint that answered last */
     char key_prefix[KV_CFG_STR + 16];   /* "PREFIX/members/" */
+    char fig_prefix[KV_CFG_STR + 16];   /* "PREFIX/figures/" */
     char user[KV_CFG_STR], password[KV_CFG_STR];
     char token[KV_CFG_STR];             /* cluster.token: signs and checks records */
     char cacert[KV_CFG_STR], cert[KV_CFG_STR], key[KV_CFG_STR];   /* https when cacert */
@@ -232,6 +238,11 @@ static int unhex(const char *s, uint8_t *out, size_t n)
     return 0;
 }
 
+/* The record's figures, in kv__member's order (JSON numbers). */
+static const char *const figure_names[] = { "dram_capacity", "dram_used", "ssd_capacity",
+                                            "ssd_used", "dram_blocks", "ssd_blocks", "keys",
+                                            "stamp_ms" };
+
 static char *record_encode(const struct kv__member *m)
 {
     json_object *o = json_object_new_object(), *segs = json_object_new_array();
@@ -249,6 +260,11 @@ static char *record_encode(const struct kv__member *m)
     }
     json_object_object_add(o, "segs", segs);
     jadd_int(o, "lease", (int64_t)m->lease);
+    const uint64_t fig[] = { m->dram_capacity, m->dram_used, m->ssd_capacity, m->ssd_used,
+                             m->dram_blocks, m->ssd_blocks, m->keys, m->stamp_ms };
+    for (size_t i = 0; i < KV__ARRAY_LEN(fig); i++)
+        jadd_int(o, figure_names[i], (int64_t)fig[i]);
+    json_object_object_add(o, "version", json_object_new_string(m->version));
     json_object_object_add(o, "mac", json_object_new_string(mac));
     char *out = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
     json_object_put(o);
@@ -278,6 +294,13 @@ static int record_decode(const char *text, struct kv__member *m)
             m->seg[i].rkey = (uint32_t)jint(s, "rkey");
         }
         m->lease = (uint64_t)jint(o, "lease");
+        uint64_t *fig[] = { &m->dram_capacity, &m->dram_used, &m->ssd_capacity, &m->ssd_used,
+                            &m->dram_blocks, &m->ssd_blocks, &m->keys, &m->stamp_ms };
+        for (size_t i = 0; i < KV__ARRAY_LEN(fig); i++)
+            *fig[i] = (uint64_t)jint(o, figure_names[i]);
+        const char *ver = jstr(o, "version");
+        snprintf(m->version, sizeof m->version, "%s", ver && strlen(ver) <= KV_PROTO_VER_MAX
+                                                          ? ver : "");
         rc = unhex(jstr(o, "mac"), m->mac, sizeof m->mac);
     }
     json_object_put(o);
@@ -950,6 +973,7 @@ static int etcd_open(const struct kv_config *cfg, unsigned timeout_ms, void (*no
         return KV_ECONFIG;
     }
     snprintf(e->key_prefix, sizeof e->key_prefix, "%s/members/", pre);
+    snprintf(e->fig_prefix, sizeof e->fig_prefix, "%s/figures/", pre);
     snprintf(e->token_key, sizeof e->token_key, "%s/token", pre);
     snprintf(e->token, sizeof e->token, "%s", cfg->cluster.token);
     snprintf(e->cacert, sizeof e->cacert, "%s", cfg->cluster.etcd_cacert);
@@ -1041,6 +1065,66 @@ static int etcd_join(struct kv__membership *m, const struct kv__member *self, ui
     return rc ? rc : view_copy(e, version, members, n);
 }
 
+/* Puts self, with its figures as they are now, at PREFIX/figures/ID on our
+ * lease (see the top). Caller holds call_lock and has a lease. */
+static int put_figures(struct etcd *e, const struct kv__member *self)
+{
+    struct kv__member f = *self;
+    f.lease = (uint64_t)e->lease;
+    int rc = kv__member_sign(e->token, &f);
+    char *val = rc == KV_OK ? record_encode(&f) : NULL;
+    if (!val)
+        return rc == KV_OK ? KV_ENOMEM : rc;
+    char key[sizeof e->fig_prefix + KV_PROTO_ID_MAX + 1];
+    snprintf(key, sizeof key, "%s%s", e->fig_prefix, f.id);
+    json_object *req = json_object_new_object(), *ans = NULL;
+    jadd_b64(req, "key", key);
+    jadd_b64(req, "value", val);
+    jadd_int(req, "lease", e->lease);
+    rc = post(e, "/v3/kv/put", req, &ans);
+    json_object_put(req);
+    json_object_put(ans);
+    free(val);
+    return rc;
+}
+
+/* For a read-only view: replaces each member's record by its figures
+ * record when that one proves itself (its MAC, its key, its lease) and is
+ * the same member in the same place; else the member keeps the figures it
+ * joined with. Caller holds call_lock. */
+static void merge_figures(struct etcd *e, struct kv__member *list, size_t n)
+{
+    char end[sizeof e->fig_prefix];
+    prefix_end(e->fig_prefix, end, sizeof end);
+    json_object *req = json_object_new_object(), *ans = NULL;
+    jadd_b64(req, "key", e->fig_prefix);
+    jadd_b64(req, "range_end", end);
+    int rc = post(e, "/v3/kv/range", req, &ans);
+    json_object_put(req);
+    json_object *kvs = rc == KV_OK ? jget(ans, "kvs") : NULL;
+    size_t total = kvs && json_object_is_type(kvs, json_type_array)
+                       ? json_object_array_length(kvs) : 0;
+    size_t pl = strlen(e->fig_prefix);
+    for (size_t i = 0; i < total; i++) {
+        json_object *kv = json_object_array_get_idx(kvs, i);
+        size_t vl = 0, kl = 0;
+        const char *v64 = jstr(kv, "value"), *k64 = jstr(kv, "key");
+        char *val = v64 ? b64_decode(v64, &vl) : NULL, *key = k64 ? b64_decode(k64, &kl) : NULL;
+        struct kv__member f;
+        if (val && key && strlen(key) == kl && strlen(val) == vl && kl > pl &&
+            record_decode(val, &f) == 0 && strcmp(key + pl, f.id) == 0 &&
+            f.lease == (uint64_t)jint(kv, "lease") && kv__member_verify(e->token, &f))
+            for (size_t j = 0; j < n; j++)
+                if (kv__member_same_place(&list[j], &f)) {
+                    list[j] = f;
+                    break;
+                }
+        free(val);
+        free(key);
+    }
+    json_object_put(ans);
+}
+
 static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *self,
                           uint64_t *version, struct kv__member **members, size_t *n)
 {
@@ -1085,6 +1169,8 @@ static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *sel
     }
     if (rc == KV_OK && !e->lease && (rc = put_record(e)) == KV_OK)
         rc = refresh(e, &changed);
+    if (rc == KV_OK && e->lease)
+        put_figures(e, self);   /* best effort: the figures are not membership */
     if (rc == KV_OK)
         rc = start_watch(e);
     pthread_mutex_unlock(&e->call_lock);
@@ -1100,8 +1186,13 @@ static int etcd_view(struct kv__membership *m, uint64_t *version, struct kv__mem
     /* With a watch running the cached view is current; else read it. */
     if (!e->watching || !e->have_view)
         rc = refresh(e, &changed);
+    if (rc == KV_OK)
+        rc = view_copy(e, version, members, n);
+    /* A reader that is no member (kv_members) shows the latest figures. */
+    if (rc == KV_OK && !e->joined)
+        merge_figures(e, *members, *n);
     pthread_mutex_unlock(&e->call_lock);
-    return rc ? rc : view_copy(e, version, members, n);
+    return rc;
 }
 
 static int etcd_leave(struct kv__membership *m, const struct kv__member *self)
@@ -1113,6 +1204,12 @@ static int etcd_leave(struct kv__membership *m, const struct kv__member *self)
     json_object *req = json_object_new_object(), *ans = NULL;
     jadd_b64(req, "key", key);
     int rc = post(e, "/v3/kv/deleterange", req, &ans);
+    json_object_put(req);
+    json_object_put(ans);
+    snprintf(key, sizeof key, "%s%s", e->fig_prefix, self->id);
+    req = json_object_new_object();
+    jadd_b64(req, "key", key);
+    post(e, "/v3/kv/deleterange", req, &ans);   /* its lease would take it too */
     json_object_put(req);
     json_object_put(ans);
     if (e->lease) {   /* and the lease, so that nothing of ours lingers */

@@ -249,7 +249,7 @@ static int master_serve(struct master *ms, struct mconn *c)
                     (unsigned long long)ms->version, ms->n);
         }
     } else if (e && !owner && !stale) {
-        if (!same_record(&e->m, &m))
+        if (!kv__member_same_place(&e->m, &m))
             return refuse(ms, c, KV_EBUSY, "the record is a live member's, changed only by it",
                           m.id);
         /* answered, not refreshed: the record still ages as its owner's */
@@ -257,9 +257,12 @@ static int master_serve(struct master *ms, struct mconn *c)
         if (!same_record(&e->m, &m) && view_bytes_with(ms, at, &m) > MASTER_VIEW_BYTES)
             return refuse(ms, c, KV_ENOSPC, "the view is full (its VIEW would pass 4 MiB)",
                           m.id);
+        /* Every heartbeat brings the member's figures (kvctl members):
+         * kept, but only a change of place is a new view. */
         if (!same_record(&e->m, &m)) {
+            if (!kv__member_same_place(&e->m, &m))
+                ms->version++;
             e->m = m;
-            ms->version++;
         }
         e->last_ms = now;
     } else {
@@ -271,7 +274,7 @@ static int master_serve(struct master *ms, struct mconn *c)
         if (e) {
             KV_INFO("kvmaster: %s claimed afresh at %s (its owner silent %llu ms)", m.id, m.addr,
                     (unsigned long long)(now - e->last_ms));
-            if (!same_record(&e->m, &m))
+            if (!kv__member_same_place(&e->m, &m))
                 ms->version++;
         } else {
             if (ms->n >= KV_PROTO_VIEW_MAX || view_bytes_with(ms, -1, &m) > MASTER_VIEW_BYTES)

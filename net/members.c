@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -34,6 +35,19 @@ static void to_info(const struct kv__member *m, kv_member_info *out)
     out->segments = m->nseg;
     for (uint32_t i = 0; i < m->nseg && i < KV_PROTO_SEG_MAX; i++)
         out->segment_bytes += m->seg[i].len;
+    out->dram_capacity = m->dram_capacity;
+    out->dram_used = m->dram_used;
+    out->ssd_capacity = m->ssd_capacity;
+    out->ssd_used = m->ssd_used;
+    out->dram_blocks = m->dram_blocks;
+    out->ssd_blocks = m->ssd_blocks;
+    out->keys = m->keys;
+    snprintf(out->version, sizeof out->version, "%s", m->version);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    out->heartbeat_age_ms = !m->stamp_ms ? -1 : now > m->stamp_ms ? (int64_t)(now - m->stamp_ms)
+                                                                  : 0;
 }
 
 static int members_from_store(const kv_config *cfg, uint64_t *version,

@@ -202,10 +202,19 @@ static int get_str(const uint8_t **p, const uint8_t *end, char *out, size_t cap)
     return KV_OK;
 }
 
+#define MEMBER_FIGURES (8 * 8)   /* the eight u64 figures after the lease */
+
 size_t kv__member_wire_len(const struct kv__member *m)
 {
     return 2 + strlen(m->id) + 2 + strlen(m->addr) + 8 + (size_t)m->nseg * 20 + 8 +
-           sizeof m->mac;
+           MEMBER_FIGURES + 2 + strlen(m->version) + sizeof m->mac;
+}
+
+int kv__member_same_place(const struct kv__member *a, const struct kv__member *b)
+{
+    return strcmp(a->id, b->id) == 0 && strcmp(a->addr, b->addr) == 0 && a->flags == b->flags &&
+           a->nseg == b->nseg && a->lease == b->lease &&
+           memcmp(a->seg, b->seg, a->nseg * sizeof a->seg[0]) == 0;
 }
 
 /* The member's fields up to its mac (what kv__member_sign covers). */
@@ -225,11 +234,15 @@ static int put_fields(uint8_t **p, uint8_t *end, const struct kv__member *m)
         kv__put64(*p + 8, m->seg[i].len);
         kv__put32(*p + 16, m->seg[i].rkey);
     }
-    if ((size_t)(end - *p) < 8)
+    if ((size_t)(end - *p) < 8 + MEMBER_FIGURES)
         return KV_ENOBUFS;
-    kv__put64(*p, m->lease);
-    *p += 8;
-    return KV_OK;
+    const uint64_t fig[] = { m->lease, m->dram_capacity, m->dram_used, m->ssd_capacity,
+                             m->ssd_used, m->dram_blocks, m->ssd_blocks, m->keys, m->stamp_ms };
+    for (size_t i = 0; i < KV__ARRAY_LEN(fig); i++, *p += 8)
+        kv__put64(*p, fig[i]);
+    if (memchr(m->version, 0, sizeof m->version) == NULL)
+        return KV_EINVAL;
+    return put_str(p, end, m->version) ? KV_ENOBUFS : KV_OK;
 }
 
 static int put_member(uint8_t **p, uint8_t *end, const struct kv__member *m)
@@ -312,11 +325,16 @@ static int get_member(const uint8_t **p, const uint8_t *end, struct kv__member *
         m->seg[i].len = kv__get64(*p + 8);
         m->seg[i].rkey = kv__get32(*p + 16);
     }
-    if ((size_t)(end - *p) < 8 + sizeof m->mac)
+    if ((size_t)(end - *p) < 8 + MEMBER_FIGURES)
         return KV_EPROTO;
-    m->lease = kv__get64(*p);
-    memcpy(m->mac, *p + 8, sizeof m->mac);
-    *p += 8 + sizeof m->mac;
+    uint64_t *fig[] = { &m->lease, &m->dram_capacity, &m->dram_used, &m->ssd_capacity,
+                        &m->ssd_used, &m->dram_blocks, &m->ssd_blocks, &m->keys, &m->stamp_ms };
+    for (size_t i = 0; i < KV__ARRAY_LEN(fig); i++, *p += 8)
+        *fig[i] = kv__get64(*p);
+    if (get_str(p, end, m->version, sizeof m->version) || (size_t)(end - *p) < sizeof m->mac)
+        return KV_EPROTO;
+    memcpy(m->mac, *p, sizeof m->mac);
+    *p += sizeof m->mac;
     return KV_OK;
 }
 
@@ -386,9 +404,9 @@ int kv__view_decode_secret(const uint8_t *body, size_t len, uint64_t *version,
     if (len < 12)
         return KV_EPROTO;
     uint32_t cnt = kv__get32(body + 8);
-    /* Each member takes at least 52 bytes: refuse counts the body cannot
+    /* Each member takes at least 118 bytes: refuse counts the body cannot
      * hold before allocating for them. */
-    if (cnt > KV_PROTO_VIEW_MAX || (size_t)cnt * 52 > len - 12)
+    if (cnt > KV_PROTO_VIEW_MAX || (size_t)cnt * (52 + MEMBER_FIGURES + 2) > len - 12)
         return KV_EPROTO;
     struct kv__member *m = calloc(cnt ? cnt : 1, sizeof *m);
     if (!m)

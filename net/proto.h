@@ -36,9 +36,13 @@
  *   JOIN       a member (below), the sender's own record      (node->master)
  *   VIEW       version u64, count u32, count members          (master->node)
  *   member     id_len u16, id, addr_len u16, addr, flags u32, nseg u32,
- *              nseg x (base u64, len u64, rkey u32), lease u64, mac[32]
+ *              nseg x (base u64, len u64, rkey u32), lease u64,
+ *              figures: dram_capacity, dram_used, ssd_capacity, ssd_used,
+ *              dram_blocks, ssd_blocks, keys, stamp_ms (u64 each),
+ *              ver_len u16, ver, mac[32]
  *              (mac: kv__member_sign's, made by the member itself, so
- *              neither kvmaster nor etcd can make up or alter a record)
+ *              neither kvmaster nor etcd can make up or alter a record;
+ *              it covers every field before it, the figures included)
  * The RDMA transport adds its own types from KV_MSG_RDMA_FIRST up, with
  * BATCH / BATCH_R bodies.
  */
@@ -61,6 +65,7 @@
 #define KV_PROTO_SUM_LEN  8             /* a load's checksum on tcp */
 #define KV_PROTO_SEG_MAX  64            /* segment descriptors per member */
 #define KV_PROTO_VIEW_MAX 4096          /* members per view */
+#define KV_PROTO_VER_MAX  32            /* a member's version string */
 
 enum kv__msg {
     /* 1, 2: version 1's HELLO / HELLO_OK, retired */
@@ -135,11 +140,23 @@ struct kv__member {
     uint32_t nseg;
     struct kv__segdesc seg[KV_PROTO_SEG_MAX];
     uint64_t lease;             /* etcd: the lease the record lives on; 0 with kvmaster */
+    /* The member's figures as of its last heartbeat (kvctl members): its
+     * store's kv_stats (bytes, blocks, plain keys), its wall clock then
+     * (ms since 1970), and its library version. They say nothing about
+     * placement: a record that differs from the last only here is the same
+     * member in the same place (kv__member_same_place), no view change. */
+    uint64_t dram_capacity, dram_used, ssd_capacity, ssd_used;
+    uint64_t dram_blocks, ssd_blocks, keys;
+    uint64_t stamp_ms;
+    char version[KV_PROTO_VER_MAX + 1];
     uint8_t mac[32];            /* kv__member_sign's */
 };
+/* 1 when a and b are the same member in the same place: id, address,
+ * flags, segments and lease (everything but the figures and the mac). */
+int kv__member_same_place(const struct kv__member *a, const struct kv__member *b);
 /* A member's record signed with the token: mac = HMAC-SHA256 under the
  * label "kvengine/member" of the member's wire form up to the mac (id,
- * addr, flags, segments, lease). KV_OK, KV_EINVAL (too many segments),
+ * addr, flags, segments, lease, figures, version). KV_OK, KV_EINVAL (too many segments),
  * KV_EIO. */
 int kv__member_sign(const char *token, struct kv__member *m);
 /* 1 when m's id and address are what a member can have: printable bytes

@@ -74,6 +74,9 @@ struct kv__backend {
      * absent. NULL = KV_ENOTSUP. Blocks are never removed over the wire
      * (their shards leave together, by eviction). */
     int  (*remove)(void *ctx, int ns, const kv_block_id *id, uint32_t index);
+    /* The store's figures (tiers' capacity, used bytes, blocks, plain keys)
+     * into out, zeroed first, for the member's record. NULL = none. */
+    void (*stats)(void *ctx, kv_stats *out);
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 

@@ -173,9 +173,13 @@ static int metrics_md(void)
            "Names: `kvengine_` and lower snake case; a counter ends in `_total` and\n"
            "nothing else does; the unit is the last word (`_bytes`, `_seconds`); a\n"
            "`_ratio` is a share in [0,1]. \"Reads\" are shard loads and plain-key gets;\n"
-           "each one is served by one tier (counted in `kvengine_hits_total{tier}`) or\n"
-           "misses everywhere (`kvengine_read_misses_total`). A histogram also has the\n"
-           "`_bucket`, `_sum` and `_count` series.\n\n"
+           "each one is served by one tier (counted in `kvengine_read_hits_total{tier}`)\n"
+           "or misses everywhere (`kvengine_read_misses_total`). \"Lookups\" are block\n"
+           "ids a lookup examined: each one hits in the tier that holds its shard 0\n"
+           "(`kvengine_lookup_hits_total{tier}`) or misses (`kvengine_lookup_misses_total`),\n"
+           "on the node whose store answered; the prefix figures are the caller's own\n"
+           "`kv_lookup_prefix` calls. A histogram also has the `_bucket`, `_sum` and\n"
+           "`_count` series.\n\n"
            "| name | type | labels | exported by | what it counts |\n"
            "|---|---|---|---|---|\n");
     struct kv__metric_doc d;

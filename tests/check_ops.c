@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -502,6 +503,160 @@ START_TEST(references_match_the_code)
     free(md);
 }
 END_TEST
+/* ---- hit ratios: lookups per tier, prefix (issue 19) ------------------------------ */
+
+static kv_stats stats_of(kv_engine *e)
+{
+    kv_stats st;
+    ck_assert_int_eq(kv_stats_get(e, &st), KV_OK);
+    return st;
+}
+
+#define CK_LOOKUPS(e, d, s, m)                                                              \
+    do {                                                                                   \
+        kv_stats st_ = stats_of(e);                                                        \
+        ck_assert_uint_eq(st_.lookup_hits_dram, (d));                                      \
+        ck_assert_uint_eq(st_.lookup_hits_ssd, (s));                                       \
+        ck_assert_uint_eq(st_.lookup_misses, (m));                                         \
+    } while (0)
+
+/* Blocks on SSD only (dumped by an ssd-pipeline engine on the same path),
+ * blocks in DRAM, blocks nowhere: each lookup moves exactly its counter,
+ * prefix lookups count the ids they examined and their own ratio, and
+ * loads (reads) are counted apart. */
+START_TEST(lookup_hits_per_tier_and_prefix_ratio)
+{
+    char *dir = tu_mkdtemp(), buf[4096];
+    tu_fill(buf, sizeof buf, 7);
+    kv_engine *e = tu_open_yamlf("pipeline: ssd\nssd: { path: %s }\n", dir);
+    ck_assert_int_eq(tu_dump1(e, tu_id(1, 19), 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, tu_id(2, 19), 0, buf, sizeof buf), KV_OK);
+    kv_close(e);
+    e = tu_open_yamlf("pipeline: dram|ssd\ndram: { capacity: 16MiB }\nssd: { path: %s }\n", dir);
+    ck_assert_int_eq(tu_dump1(e, tu_id(3, 19), 0, buf, sizeof buf), KV_OK);
+    CK_LOOKUPS(e, 0, 0, 0);
+    kv_block_id ids[4] = { tu_id(3, 19), tu_id(1, 19), tu_id(2, 19), tu_id(4, 19) };
+    uint8_t hit[4];
+    ck_assert_int_eq(kv_lookup(e, ids, 4, hit), KV_OK);
+    ck_assert(hit[0] == 1 && hit[1] == 1 && hit[2] == 1 && hit[3] == 0);
+    CK_LOOKUPS(e, 1, 2, 1);
+    ck_assert_int_eq(kv_lookup(e, &ids[3], 1, hit), KV_OK);   /* a miss alone */
+    CK_LOOKUPS(e, 1, 2, 2);
+    ck_assert_int_eq(kv_lookup(e, ids, 1, hit), KV_OK);       /* a DRAM hit alone */
+    CK_LOOKUPS(e, 2, 2, 2);
+    ck_assert_int_eq(kv_lookup(e, &ids[1], 1, hit), KV_OK);   /* an SSD hit alone */
+    CK_LOOKUPS(e, 2, 3, 2);
+
+    /* prefix: DRAM, SSD, then a miss: 2 of 4 ids; the id past the miss is
+     * not examined, so the lookups move by 1, 1, 1 */
+    kv_block_id run[4] = { tu_id(3, 19), tu_id(1, 19), tu_id(4, 19), tu_id(3, 19) };
+    ck_assert_int_eq(kv_lookup_prefix(e, run, 4), 1);
+    CK_LOOKUPS(e, 3, 4, 3);
+    kv_stats st = stats_of(e);
+    ck_assert_uint_eq(st.prefix_ids, 4);
+    ck_assert_uint_eq(st.prefix_hits, 2);
+    ck_assert_int_eq(kv_lookup_prefix(e, &run[2], 1), -1);    /* 0 of 1 */
+    ck_assert_int_eq(kv_lookup_prefix(e, run, 2), 1);         /* 2 of 2 */
+    st = stats_of(e);
+    ck_assert_uint_eq(st.prefix_ids, 7);
+    ck_assert_uint_eq(st.prefix_hits, 4);
+    CK_LOOKUPS(e, 4, 5, 4);
+    /* lookups are not reads */
+    ck_assert_uint_eq(st.hits_dram + st.hits_ssd + st.misses, 0);
+    ck_assert_int_eq(tu_load1(e, tu_id(1, 19), 0, buf, sizeof buf), KV_OK);
+    st = stats_of(e);
+    ck_assert_uint_eq(st.hits_ssd, 1);
+    CK_LOOKUPS(e, 4, 5, 4);
+
+    char *text = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
+    check_names(text);
+    CK_HAS(text, "kvengine_lookup_hits_total{tier=\"dram\"} 4\n");
+    CK_HAS(text, "kvengine_lookup_hits_total{tier=\"ssd\"} 5\n");
+    CK_HAS(text, "kvengine_lookup_misses_total 4\n");
+    CK_HAS(text, "kvengine_lookup_hit_ratio{tier=\"dram\"} 0.307692\n");   /* 4 / 13 */
+    CK_HAS(text, "kvengine_lookup_hit_ratio{tier=\"ssd\"} 0.384615\n");    /* 5 / 13 */
+    CK_HAS(text, "kvengine_lookup_hit_ratio{tier=\"all\"} 0.692308\n");    /* 9 / 13 */
+    CK_HAS(text, "kvengine_prefix_lookup_ids_total 7\n");
+    CK_HAS(text, "kvengine_prefix_lookup_hits_total 4\n");
+    CK_HAS(text, "kvengine_prefix_hit_ratio 0.571429\n");                  /* 4 / 7 */
+    CK_HAS(text, "kvengine_read_hits_total{tier=\"ssd\"} 1\n");
+    CK_HAS(text, "kvengine_hits_total{tier=\"ssd\"} 1\n");                 /* the alias */
+    free(text);
+    kv_close(e);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* A block hits only once complete (store.block_shards): until then its
+ * lookup is a miss, not a DRAM hit; plain keys' lookups are not counted. */
+START_TEST(lookup_counts_complete_blocks_only)
+{
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 16MiB }\n"
+                                "store: { block_shards: 2 }\n");
+    char buf[512];
+    tu_fill(buf, sizeof buf, 1);
+    kv_block_id id = tu_id(9, 19);
+    uint8_t hit;
+    ck_assert_int_eq(tu_dump1(e, id, 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_int_eq(hit, 0);
+    CK_LOOKUPS(e, 0, 0, 1);
+    ck_assert_int_eq(tu_dump1(e, id, 1, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(kv_lookup(e, &id, 1, &hit), KV_OK);
+    ck_assert_int_eq(hit, 1);
+    CK_LOOKUPS(e, 1, 0, 1);
+    ck_assert_int_eq(kv_put(e, "k", 1, "v", 1), KV_OK);
+    ck_assert_int_eq(kv_exists(e, "k", 1), 1);
+    CK_LOOKUPS(e, 1, 0, 1);
+    kv_close(e);
+}
+END_TEST
+
+struct lk_arg {
+    kv_engine *e;
+    int rounds;
+};
+
+static void *lookup_loop(void *p)
+{
+    struct lk_arg *a = p;
+    kv_block_id ids[3] = { tu_id(1, 20), tu_id(2, 20), tu_id(3, 20) };
+    uint8_t hit[3];
+    for (int i = 0; i < a->rounds; i++) {
+        if (kv_lookup(a->e, ids, 3, hit) != KV_OK || kv_lookup_prefix(a->e, ids, 3) != 1)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+/* Counters striped per thread still add up exactly. */
+START_TEST(lookup_counters_exact_across_threads)
+{
+    kv_engine *e = tu_open_yaml("pipeline: dram\ndram: { capacity: 16MiB }\n");
+    char buf[256];
+    tu_fill(buf, sizeof buf, 2);
+    ck_assert_int_eq(tu_dump1(e, tu_id(1, 20), 0, buf, sizeof buf), KV_OK);
+    ck_assert_int_eq(tu_dump1(e, tu_id(2, 20), 0, buf, sizeof buf), KV_OK);
+    enum { T = 20, R = 500 };
+    pthread_t th[T];
+    struct lk_arg a = { e, R };
+    for (int i = 0; i < T; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, lookup_loop, &a), 0);
+    for (int i = 0; i < T; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        ck_assert_ptr_null(r);
+    }
+    /* per round: lookup 2 hits + 1 miss; prefix examines all 3 (2 + 1) */
+    CK_LOOKUPS(e, 4ull * T * R, 0, 2ull * T * R);
+    kv_stats st = stats_of(e);
+    ck_assert_uint_eq(st.prefix_ids, 3ull * T * R);
+    ck_assert_uint_eq(st.prefix_hits, 2ull * T * R);
+    kv_close(e);
+}
+END_TEST
 
 Suite *ops_suite(void)
 {
@@ -517,6 +672,9 @@ Suite *ops_suite(void)
     tcase_add_test(m, idle_connections_do_not_lock_scrapers_out);
     tcase_add_test(m, beyond_loopback_needs_a_token);
     tcase_add_test(m, daemons_refuse_open_metrics_without_a_token);
+    tcase_add_test(m, lookup_hits_per_tier_and_prefix_ratio);
+    tcase_add_test(m, lookup_counts_complete_blocks_only);
+    tcase_add_test(m, lookup_counters_exact_across_threads);
     suite_add_tcase(s, m);
     TCase *d = tcase_create("docs");
     tcase_add_test(d, references_match_the_code);

@@ -194,6 +194,15 @@ static struct kv__member member(int i)
     for (uint32_t s = 0; s < m.nseg; s++)
         m.seg[s] = (struct kv__segdesc){ .base = 0x7f0000000000ull + s, .len = 1 << 30,
                                          .rkey = 42 + s };
+    m.dram_capacity = 1ull << 33;
+    m.dram_used = 1000u + (unsigned)i;
+    m.ssd_capacity = 1ull << 36;
+    m.ssd_used = 2000u + (unsigned)i;
+    m.dram_blocks = 3u + (unsigned)i;
+    m.ssd_blocks = 4u + (unsigned)i;
+    m.keys = 5u + (unsigned)i;
+    m.stamp_ms = 1764600000000ull + (unsigned)i;
+    snprintf(m.version, sizeof m.version, "0.%d.0", i);
     return m;
 }
 
@@ -220,7 +229,26 @@ START_TEST(view_round_trip)
             ck_assert_uint_eq(out[i].seg[s].base, in[i].seg[s].base);
             ck_assert_uint_eq(out[i].seg[s].rkey, in[i].seg[s].rkey);
         }
+        /* the figures (issue 19) */
+        ck_assert_uint_eq(out[i].dram_capacity, in[i].dram_capacity);
+        ck_assert_uint_eq(out[i].dram_used, in[i].dram_used);
+        ck_assert_uint_eq(out[i].ssd_capacity, in[i].ssd_capacity);
+        ck_assert_uint_eq(out[i].ssd_used, in[i].ssd_used);
+        ck_assert_uint_eq(out[i].dram_blocks, in[i].dram_blocks);
+        ck_assert_uint_eq(out[i].ssd_blocks, in[i].ssd_blocks);
+        ck_assert_uint_eq(out[i].keys, in[i].keys);
+        ck_assert_uint_eq(out[i].stamp_ms, in[i].stamp_ms);
+        ck_assert_str_eq(out[i].version, in[i].version);
+        ck_assert_uint_eq(kv__member_wire_len(&in[i]),
+                          (size_t)kv__join_encode(&in[i], (uint8_t[1024]){ 0 }, 1024));
+        ck_assert(kv__member_same_place(&out[i], &in[i]));
     }
+    /* the figures are not the place; the address is */
+    struct kv__member moved = in[1];
+    moved.dram_used++;
+    ck_assert(kv__member_same_place(&moved, &in[1]));
+    snprintf(moved.addr, sizeof moved.addr, "127.0.0.1:1");
+    ck_assert(!kv__member_same_place(&moved, &in[1]));
     free(out);
     for (int cut = 0; cut < len; cut++) {
         out = (void *)1;
@@ -298,9 +326,18 @@ START_TEST(member_mac)
     ck_assert(kv__member_verify("sesame", &m));
     ck_assert(!kv__member_verify("sesamE", &m));
     ck_assert(!kv__member_verify("", &m));
-    for (int f = 0; f < 7; f++) {
+    for (int f = 0; f < 16; f++) {
         struct kv__member x = m;
         switch (f) {
+        case 7: x.dram_capacity++; break;
+        case 8: x.dram_used++; break;
+        case 9: x.ssd_capacity++; break;
+        case 10: x.ssd_used++; break;
+        case 11: x.dram_blocks++; break;
+        case 12: x.ssd_blocks++; break;
+        case 13: x.keys++; break;
+        case 14: x.stamp_ms++; break;
+        case 15: x.version[0] ^= 1; break;
         case 0: x.id[0] ^= 1; break;
         case 1: snprintf(x.addr, sizeof x.addr, "10.0.0.9:1"); break;
         case 2: x.flags ^= KV_MEMBER_OWNER; break;

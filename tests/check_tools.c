@@ -33,6 +33,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "etcd_fixture.h"
 #include "persist/ssd.h"
 #include "testutil.h"
 #include "testutil_int.h"
@@ -576,6 +577,12 @@ START_TEST(admin_put_get_lookup_rm)
     ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
     ck_assert_double_eq(jget(v, "ssd_blocks", J_NUM)->num, 1);
     ck_assert(jget(v, "ssd_used", J_NUM)->num >= 2 * 2999);
+    /* the lookup figures are there (this kvctl's own engine made none) */
+    ck_assert_double_eq(jget(v, "lookup_misses", J_NUM)->num, 0);
+    ck_assert_double_eq(jget(v, "prefix_ids", J_NUM)->num, 0);
+    jget(v, "lookup_hits_dram", J_NUM);
+    jget(v, "lookup_hits_ssd", J_NUM);
+    jget(v, "prefix_hits", J_NUM);
     jfree(v);
     out_free(&r);
     r = run_kvctl(dir, 20, "-c", cfg, "stats", NULL);
@@ -854,6 +861,240 @@ START_TEST(cluster_members_metrics_and_bench)
     out_free(&r);
     stop_all();
     free(vfile);
+    tu_rmdir(dir);
+}
+END_TEST
+
+/* ---- kvctl members: each member's figures (issue 19) ------------------------------ */
+
+/* A cluster member in this process: DRAM and SSD sized apart per node so
+ * that kvctl's rows can be told apart by capacity; settings[] are the
+ * membership store's. */
+static kv_engine *open_member(const char *dir, const char *name, const char *dram,
+                              const char *ssd, const char *const *settings)
+{
+    kv_config *cfg = NULL;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    const char *kv[][2] = {
+        { "pipeline", "dram|ssd" }, { "dram.capacity", dram }, { "ssd.capacity", ssd },
+        { "ssd.path", path }, { "ssd.write_through", "true" }, { "cluster.enabled", "true" },
+        { "cluster.protocol", "tcp" }, { "cluster.listen", "127.0.0.1:0" },
+        { "cluster.token", "t0k" }, { "cluster.node_ttl_ms", "2000" },
+    };
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        ck_assert_int_eq(kv_config_set(cfg, kv[i][0], kv[i][1]), KV_OK);
+    for (size_t i = 0; settings[i]; i++) {
+        char k[128];
+        const char *eq = strchr(settings[i], '=');
+        snprintf(k, sizeof k, "%.*s", (int)(eq - settings[i]), settings[i]);
+        ck_assert_int_eq(kv_config_set(cfg, k, eq + 1), KV_OK);
+    }
+    kv_engine *e = NULL;
+    ck_assert_int_eq(kv_open(cfg, &e), KV_OK);
+    kv_config_free(cfg);
+    return e;
+}
+
+/* The view version a member has installed (its kvengine_view_version). */
+static uint64_t view_version(kv_engine *e)
+{
+    char *text = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
+    const char *p = strstr(text, "\nkvengine_view_version ");
+    ck_assert_ptr_nonnull(p);
+    uint64_t v = strtoull(p + strlen("\nkvengine_view_version "), NULL, 10);
+    free(text);
+    return v;
+}
+
+/* Whether row (a member of kvctl members --json) carries st's figures. */
+static bool row_is(const struct jv *row, const kv_stats *st)
+{
+    return jnum_of(row, "dram_capacity") == (double)st->dram_capacity &&
+           jnum_of(row, "dram_used") == (double)st->dram_used &&
+           jnum_of(row, "ssd_capacity") == (double)st->ssd_capacity &&
+           jnum_of(row, "ssd_used") == (double)st->ssd_used &&
+           jnum_of(row, "dram_blocks") == (double)st->dram_blocks &&
+           jnum_of(row, "ssd_blocks") == (double)st->ssd_blocks &&
+           jnum_of(row, "keys") == (double)st->keys;
+}
+
+/* Two members; blocks and a key stored through the cluster after they
+ * joined; kvctl members (asking only the membership store) shows, within
+ * a few heartbeats, each node's figures as its own kv_stats has them, and
+ * totals that add up. */
+static void members_show_figures(const char *dir, const char *const *store, bool kvmaster)
+{
+    kv_engine *a = open_member(dir, "a", "48MiB", "1GiB", store);
+    kv_engine *b = open_member(dir, "b", "24MiB", "2GiB", store);
+    enum { N = 24 };
+    static char buf[N][8192];
+    kv_shard sh[N];
+    kv_iov iov[N];
+    for (int i = 0; i < N; i++) {
+        tu_fill(buf[i], sizeof buf[i], (uint64_t)i);
+        iov[i] = (kv_iov){ buf[i], sizeof buf[i] };
+        sh[i] = (kv_shard){ tu_id((uint64_t)i, 77), 0, &iov[i], 1 };
+    }
+    ck_assert_int_eq(tu_task(a, 1, sh, N), KV_OK);
+    ck_assert_int_eq(kv_put(b, "figures", 7, "value", 5), KV_OK);
+    kv_stats sa, sb;
+    ck_assert_int_eq(kv_stats_get(a, &sa), KV_OK);
+    ck_assert_int_eq(kv_stats_get(b, &sb), KV_OK);
+    ck_assert_uint_ge(sa.dram_blocks + sb.dram_blocks, N);   /* on one node or both */
+    ck_assert_uint_gt(sa.ssd_used + sb.ssd_used, 0);
+
+    char *args[24];
+    int na = 0;
+    for (size_t i = 0; store[i]; i++) {
+        args[na++] = "--set";
+        args[na++] = (char *)store[i];
+    }
+    args[na++] = "--set";
+    args[na++] = "cluster.token=t0k";
+    args[na++] = "members";
+    args[na++] = "--json";
+    args[na] = NULL;
+    bool ok = false;
+    char *last = NULL;
+    double view = -1;
+    uint64_t va = 0, vb = 0;
+    for (int tries = 0; tries < 200 && !ok; tries++) {
+        if (tries)
+            usleep(50000);
+        /* the nodes' own figures move too (re-replication once b is in
+         * a's view): compare with them as they are now */
+        ck_assert_int_eq(kv_stats_get(a, &sa), KV_OK);
+        ck_assert_int_eq(kv_stats_get(b, &sb), KV_OK);
+        va = view_version(a);
+        vb = view_version(b);
+        struct out r = run_argv(dir, 10, args);
+        CK_STATUS(r, 0);
+        free(last);
+        last = strdup(r.out);
+        struct jv *v = jparse(r.out);
+        ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+        const struct jv *mem = jget(v, "members", J_ARR);
+        if (mem->n == 2) {
+            const struct jv *ra = mem->items[0], *rb = mem->items[1];
+            if (jnum_of(ra, "dram_capacity") != (double)sa.dram_capacity) {
+                ra = mem->items[1];
+                rb = mem->items[0];
+            }
+            ok = row_is(ra, &sa) && row_is(rb, &sb) && va == view_version(a) &&
+                 vb == view_version(b);
+            if (ok) {
+                view = jnum_of(v, "version");
+                for (int k = 0; k < 2; k++) {
+                    const struct jv *row = mem->items[k];
+                    ck_assert_str_eq(jget(row, "role", J_STR)->str, "owner");
+                    ck_assert_str_eq(jget(row, "lib_version", J_STR)->str, kv_version());
+                    ck_assert(jnum_of(row, "heartbeat_age_ms") >= 0);
+                }
+                const struct jv *t = jget(v, "totals", J_OBJ);
+                ck_assert_double_eq(jnum_of(t, "owners"), 2);
+                ck_assert_double_eq(jnum_of(t, "dram_capacity"),
+                                    (double)(sa.dram_capacity + sb.dram_capacity));
+                ck_assert_double_eq(jnum_of(t, "dram_used"), (double)(sa.dram_used + sb.dram_used));
+                ck_assert_double_eq(jnum_of(t, "ssd_capacity"),
+                                    (double)(sa.ssd_capacity + sb.ssd_capacity));
+                ck_assert_double_eq(jnum_of(t, "ssd_used"), (double)(sa.ssd_used + sb.ssd_used));
+                ck_assert_double_eq(jnum_of(t, "dram_blocks"),
+                                    (double)(sa.dram_blocks + sb.dram_blocks));
+                ck_assert_double_eq(jnum_of(t, "keys"), (double)(sa.keys + sb.keys));
+            }
+        }
+        jfree(v);
+        out_free(&r);
+    }
+    ck_assert_msg(ok, "kvctl members never showed the nodes' figures (a: dram %llu/%llu ssd "
+                  "%llu/%llu blocks %llu/%llu keys %llu; b: dram %llu/%llu ssd %llu/%llu "
+                  "blocks %llu/%llu keys %llu); last answer:\n%s",
+                  (unsigned long long)sa.dram_used, (unsigned long long)sa.dram_capacity,
+                  (unsigned long long)sa.ssd_used, (unsigned long long)sa.ssd_capacity,
+                  (unsigned long long)sa.dram_blocks, (unsigned long long)sa.ssd_blocks,
+                  (unsigned long long)sa.keys, (unsigned long long)sb.dram_used,
+                  (unsigned long long)sb.dram_capacity, (unsigned long long)sb.ssd_used,
+                  (unsigned long long)sb.ssd_capacity, (unsigned long long)sb.dram_blocks,
+                  (unsigned long long)sb.ssd_blocks, (unsigned long long)sb.keys, last);
+    free(last);
+    /* new figures come with the next heartbeats, and are no new view (no
+     * member reinstalls its placement for them) */
+    ck_assert_int_eq(kv_put(b, "figures2", 8, "value", 5), KV_OK);
+    ck_assert_int_eq(kv_put(b, "figures3", 8, "value", 5), KV_OK);
+    ck_assert_int_eq(kv_stats_get(a, &sa), KV_OK);
+    ck_assert_int_eq(kv_stats_get(b, &sb), KV_OK);
+    ok = false;
+    for (int tries = 0; tries < 200 && !ok; tries++) {
+        usleep(50000);
+        struct out r = run_argv(dir, 10, args);
+        CK_STATUS(r, 0);
+        struct jv *v = jparse(r.out);
+        ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+        const struct jv *t = jget(v, "totals", J_OBJ);
+        ok = jnum_of(t, "keys") == (double)(sa.keys + sb.keys);
+        /* etcd's version read without joining is the revision of the read */
+        if (ok && kvmaster)
+            ck_assert_msg(jnum_of(v, "version") == view, "figures changed the view:\n%s", r.out);
+        jfree(v);
+        out_free(&r);
+    }
+    ck_assert_msg(ok, "the new keys never showed in kvctl members");
+    ck_assert_uint_eq(view_version(a), va);
+    ck_assert_uint_eq(view_version(b), vb);
+    /* the table: both rows and the totals */
+    args[na - 1] = NULL;
+    struct out r = run_argv(dir, 10, args);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "2 members (2 owners, 0 clients)");
+    CK_HAS(r.out, "48 MiB");
+    CK_HAS(r.out, "24 MiB");
+    CK_HAS(r.out, "\ntotal ");
+    CK_HAS(r.out, "72 MiB");
+    CK_HAS(r.out, kv_version());
+    out_free(&r);
+    kv_close(b);
+    kv_close(a);
+}
+
+START_TEST(members_figures_kvmaster)
+{
+    char *dir = tu_mkdtemp();
+    unsigned mport = tu_free_port(), mmetrics = tu_free_port();
+    char bin[512], s_master[96], s_mm[96], mlog[512];
+    snprintf(s_master, sizeof s_master, "cluster.master=127.0.0.1:%u", mport);
+    snprintf(s_mm, sizeof s_mm, "metrics.listen=127.0.0.1:%u", mmetrics);
+    snprintf(mlog, sizeof mlog, "%s/kvmaster.log", dir);
+    snprintf(bin, sizeof bin, "%s/kvmaster", tu_build_dir());
+    char *margv[] = { bin, "--set", s_master, "--set", s_mm, "--set", "cluster.token=t0k",
+                      "--set", "cluster.node_ttl_ms=2000", NULL };
+    spawn_daemon(margv, mlog);
+    wait_health(mmetrics, "kvmaster", mlog);
+    const char *store[] = { s_master, NULL };
+    members_show_figures(dir, store, true);
+    stop_all();
+    tu_rmdir(dir);
+}
+END_TEST
+
+START_TEST(members_figures_etcd)
+{
+    if (!tu_etcd_available()) {
+        fprintf(stderr, "tools: no etcd (%s); members' figures over etcd not checked\n",
+                tu_etcd_bin());
+        return;
+    }
+    char *dir = tu_mkdtemp();
+    struct tu_etcd etcd;
+    tu_etcd_start(&etcd, dir, 1);
+    char s_ep[256];
+    snprintf(s_ep, sizeof s_ep, "cluster.etcd_endpoints=%s", etcd.endpoints);
+    const char *store[] = { "cluster.metadata=etcd", s_ep, NULL };
+    members_show_figures(dir, store, false);
+    tu_etcd_stop(&etcd);
     tu_rmdir(dir);
 }
 END_TEST
@@ -1157,6 +1398,8 @@ Suite *tools_suite(void)
     tcase_set_timeout(met, 60);
     tcase_add_test(met, metrics_of_an_engine);
     tcase_add_test(met, cluster_members_metrics_and_bench);
+    tcase_add_test(met, members_figures_kvmaster);
+    tcase_add_test(met, members_figures_etcd);
     suite_add_tcase(s, met);
 
     TCase *peers = tcase_create("peers");

@@ -335,14 +335,16 @@ static void print_stats_json(const kv_stats *s)
         "hits_dram", "hits_ssd", "misses", "evictions", "spills", "spill_drops",
         "checksum_failures", "tasks_inflight", "dram_shards", "dram_index_bytes",
         "promotions", "keys", "dumps_ok", "dumps_failed", "loads_ok", "loads_failed",
-        "enospc", "open_ns",
+        "enospc", "open_ns", "lookup_hits_dram", "lookup_hits_ssd", "lookup_misses",
+        "prefix_ids", "prefix_hits",
     };
     const uint64_t v[] = {
         s->dram_capacity, s->dram_used, s->dram_blocks, s->ssd_capacity, s->ssd_used,
         s->ssd_blocks, s->hits_dram, s->hits_ssd, s->misses, s->evictions, s->spills,
         s->spill_drops, s->checksum_failures, s->tasks_inflight, s->dram_shards,
         s->dram_index_bytes, s->promotions, s->keys, s->dumps_ok, s->dumps_failed,
-        s->loads_ok, s->loads_failed, s->enospc, s->open_ns,
+        s->loads_ok, s->loads_failed, s->enospc, s->open_ns, s->lookup_hits_dram,
+        s->lookup_hits_ssd, s->lookup_misses, s->prefix_ids, s->prefix_hits,
     };
     printf("{\"source\":\"store\"");
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -520,7 +522,20 @@ static int members_run(struct actx *x)
             fprintf(stderr, "kvctl members: %s: %s\n", master, kv_strerror(err));
         return err == KV_ECONFIG ? KVCTL_EXIT_USAGE : KVCTL_EXIT_FAIL;
     }
-    char sz[32];
+    /* The cluster's totals: what its owners hold and could hold. */
+    kv_member_info tot;
+    memset(&tot, 0, sizeof tot);
+    size_t owners = 0;
+    for (size_t i = 0; i < n; i++) {
+        owners += m[i].owner != 0;
+        tot.dram_capacity += m[i].dram_capacity;
+        tot.dram_used += m[i].dram_used;
+        tot.ssd_capacity += m[i].ssd_capacity;
+        tot.ssd_used += m[i].ssd_used;
+        tot.dram_blocks += m[i].dram_blocks;
+        tot.ssd_blocks += m[i].ssd_blocks;
+        tot.keys += m[i].keys;
+    }
     if (x->o.json) {
         printf("{\"master\":");
         kvctl_jstr(stdout, master);
@@ -530,18 +545,49 @@ static int members_run(struct actx *x)
             kvctl_jstr(stdout, m[i].id);
             printf(",\"addr\":");
             kvctl_jstr(stdout, m[i].addr);
-            printf(",\"role\":\"%s\",\"segments\":%u,\"segment_bytes\":%" PRIu64 "}",
+            printf(",\"role\":\"%s\",\"segments\":%u,\"segment_bytes\":%" PRIu64,
                    m[i].owner ? "owner" : "client", m[i].segments, m[i].segment_bytes);
+            printf(",\"dram_capacity\":%" PRIu64 ",\"dram_used\":%" PRIu64
+                   ",\"ssd_capacity\":%" PRIu64 ",\"ssd_used\":%" PRIu64
+                   ",\"dram_blocks\":%" PRIu64 ",\"ssd_blocks\":%" PRIu64 ",\"keys\":%" PRIu64
+                   ",\"heartbeat_age_ms\":%" PRId64 ",\"lib_version\":",
+                   m[i].dram_capacity, m[i].dram_used, m[i].ssd_capacity, m[i].ssd_used,
+                   m[i].dram_blocks, m[i].ssd_blocks, m[i].keys, m[i].heartbeat_age_ms);
+            kvctl_jstr(stdout, m[i].version);
+            printf("}");
         }
-        printf("]}\n");
+        printf("],\"totals\":{\"members\":%zu,\"owners\":%zu,\"clients\":%zu"
+               ",\"dram_capacity\":%" PRIu64 ",\"dram_used\":%" PRIu64
+               ",\"ssd_capacity\":%" PRIu64 ",\"ssd_used\":%" PRIu64
+               ",\"dram_blocks\":%" PRIu64 ",\"ssd_blocks\":%" PRIu64 ",\"keys\":%" PRIu64 "}}\n",
+               n, owners, n - owners, tot.dram_capacity, tot.dram_used, tot.ssd_capacity,
+               tot.ssd_used, tot.dram_blocks, tot.ssd_blocks, tot.keys);
     } else {
-        printf("view %" PRIu64 " at %s: %zu member%s\n", version, master, n, n == 1 ? "" : "s");
-        if (n)
-            printf("%-24s %-22s %-7s %12s\n", "id", "address", "role", "dram");
-        for (size_t i = 0; i < n; i++)
-            printf("%-24s %-22s %-7s %12s\n", m[i].id, m[i].addr[0] ? m[i].addr : "-",
-                   m[i].owner ? "owner" : "client",
-                   kvctl_fmt_size(m[i].segment_bytes, sz, sizeof sz));
+        printf("view %" PRIu64 " at %s: %zu member%s (%zu owner%s, %zu client%s)\n", version,
+               master, n, n == 1 ? "" : "s", owners, owners == 1 ? "" : "s", n - owners,
+               n - owners == 1 ? "" : "s");
+        const char *fmt = "%-22s %-21s %-6s %21s %21s %17s %8s %7s %s\n";
+        printf(fmt, "id", "address", "role", "dram used/capacity", "ssd used/capacity",
+               "blocks dram/ssd", "keys", "beat", "version");
+        char du[16], dc[16], su[16], sc[16], d[48], sd[48], b[40], k[24], age[24];
+        for (size_t i = 0; i <= n; i++) {
+            const kv_member_info *r = i < n ? &m[i] : &tot;
+            snprintf(d, sizeof d, "%s / %s", kvctl_fmt_size(r->dram_used, du, sizeof du),
+                     kvctl_fmt_size(r->dram_capacity, dc, sizeof dc));
+            snprintf(sd, sizeof sd, "%s / %s", kvctl_fmt_size(r->ssd_used, su, sizeof su),
+                     kvctl_fmt_size(r->ssd_capacity, sc, sizeof sc));
+            snprintf(b, sizeof b, "%" PRIu64 " / %" PRIu64, r->dram_blocks, r->ssd_blocks);
+            snprintf(k, sizeof k, "%" PRIu64, r->keys);
+            if (i == n)
+                snprintf(age, sizeof age, "-");
+            else if (r->heartbeat_age_ms < 0)
+                snprintf(age, sizeof age, "?");
+            else
+                snprintf(age, sizeof age, "%.1fs", (double)r->heartbeat_age_ms / 1000);
+            printf(fmt, i < n ? r->id : "total", i < n ? (r->addr[0] ? r->addr : "-") : "",
+                   i < n ? (r->owner ? "owner" : "client") : "", d, sd, b, k, age,
+                   i < n && r->version[0] ? r->version : i < n ? "?" : "");
+        }
     }
     free(m);
     return KVCTL_EXIT_OK;
@@ -964,8 +1010,11 @@ static const struct admin admins[] = {
       "\n"
       "Asks the kvmaster at cluster.master (with cluster.token), or etcd at\n"
       "cluster.etcd_endpoints when cluster.metadata is etcd, for the view and\n"
-      "prints its version and members: id, address, role (owner or client) and\n"
-      "registered DRAM. Does not join the view.\n"
+      "prints its version and members: id, address, role (owner or client), DRAM\n"
+      "and SSD used and capacity, blocks per tier, plain keys, the age of its last\n"
+      "heartbeat and its version, as each member's signed record carries them\n"
+      "(refreshed every heartbeat); then the cluster's totals. Does not join the\n"
+      "view.\n"
       "\n"
       "  -j, --json             one JSON object on stdout\n",
       "j", 0, 0, 0, NEED_CONFIG, NULL, members_run },

@@ -73,7 +73,12 @@ class kv_pair(ctypes.Structure):
 class kv_member_info(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char * 129), ("addr", ctypes.c_char * 129),
                 ("owner", ctypes.c_int), ("segments", ctypes.c_uint32),
-                ("segment_bytes", ctypes.c_uint64)]
+                ("segment_bytes", ctypes.c_uint64),
+                ("dram_capacity", ctypes.c_uint64), ("dram_used", ctypes.c_uint64),
+                ("ssd_capacity", ctypes.c_uint64), ("ssd_used", ctypes.c_uint64),
+                ("dram_blocks", ctypes.c_uint64), ("ssd_blocks", ctypes.c_uint64),
+                ("keys", ctypes.c_uint64), ("heartbeat_age_ms", ctypes.c_int64),
+                ("version", ctypes.c_char * 33), ("reserved", ctypes.c_uint64 * 8)]
 
 
 def _candidates():
