@@ -831,6 +831,23 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             self._pin(k, config)
         return rc
 
+    def put_from_with_metadata(self, key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
+                               config=None):
+        """Stores the metadata buffer's metadata_size bytes, then the data
+        buffer's size bytes, as one object (Mooncake's layout for it: the
+        metadata first). 0 or a negative code; an empty data buffer stores
+        nothing and succeeds, as Mooncake's does."""
+        if self._eng is None:
+            return _NOT_SET_UP
+        if not self._ptr_ok(buffer_ptr, size) or not self._ptr_ok(metadata_buffer_ptr,
+                                                                  metadata_size):
+            return _BAD
+        if size == 0:
+            return 0
+        ptrs = [p for p, z in ((metadata_buffer_ptr, metadata_size), (buffer_ptr, size)) if z]
+        sizes = [z for z in (metadata_size, size) if z]
+        return self.batch_put_from_multi_buffers([key], [ptrs], [sizes], config)[0]
+
     def get_into(self, key, buffer_ptr, size):
         """Bytes read into [buffer_ptr, buffer_ptr+size), or a negative code
         (INVALID_PARAMS when the object is larger than size)."""
