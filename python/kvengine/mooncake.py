@@ -37,7 +37,8 @@ Mapping (what Mooncake's arguments mean here):
   cluster.replica_num, so replica counts and preferred segments of one
   call are unused. Reads lease an object (DEFAULT_KV_LEASE_TTL ms) and soft
   pins keep one for their TTL; remove refuses a leased object (-706) unless
-  forced. The leases are this process's (kvengine's plain keys have none).
+  forced. Leases and pins are kept in the store (see "Leases" below), so
+  every process that opens it sees them.
 - The rest of setup's arguments: engine (a TransferEngine) is unused,
   enable_ssd_offload opens the SSD tier at ssd_offload_path, tenant_id
   prefixes keys (none for "default"), enable_client_http_server serves
@@ -51,8 +52,9 @@ Mapping (what Mooncake's arguments mean here):
   -600 (bad arguments, a buffer too small), BUFFER_OVERFLOW -10 (a value
   larger than local_buffer_size), RPC_FAIL -900 / RPC_TIMEOUT -901 (the
   network), INTERNAL_ERROR -1 (anything else, and a store not set up).
-- remove_all removes every object in the store, whoever put it
-  (kv_remove_all: every owner drops its plain keys; blocks stay).
+- remove_all in the default tenant removes every object in the store,
+  whoever put it (kv_remove_all: every owner drops its plain keys; blocks
+  stay); a tenant's removes the tenant's objects this store put.
 
 Key design choice: nothing here raises on a failed store operation (only
 on a call that cannot be made at all, like a missing argument): a caller
@@ -491,7 +493,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 self._hostname = settings.get("cluster.listen", host) if clustered else host
                 return 0
             except _engine.KvError as exc:
-                rc = exc.code
+                rc = self._open_rc = exc.code
                 self.last_error = "setup: %s" % exc
             except (TypeError, ValueError) as exc:
                 return self._fail(_BAD, "setup: %s" % exc)
@@ -526,8 +528,18 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 settings.update(env_settings())
             except ValueError as exc:
                 return self._fail(_BAD, "setup_dummy: %s" % exc)
-            rc = self._open(os.environ.get("KVENGINE_CONFIG") or None, settings, "localhost",
-                            False)
+            # Another process may be opening the store right now (faulting
+            # in a large pool takes seconds): kv_open waits io.timeout_ms or
+            # 5 s for it, then says EBUSY; a dummy client started next to
+            # its peers keeps asking, up to a minute, as long as it is so.
+            deadline = time.monotonic() + 60
+            self._open_rc = 0
+            while True:
+                rc = self._open(os.environ.get("KVENGINE_CONFIG") or None, settings,
+                                "localhost", False)
+                if not rc or self._open_rc != _engine.EBUSY or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             if rc:
                 return rc
             self._hostname = server_address

@@ -339,3 +339,36 @@ def test_structure_inference():
     assert [(x.path, x.values) for x in leaves] == [("r.m[0].t", ["a", "b", "c"])]
     assert _escape_key("x\\.[") == "x\\\\\\.\\["
     assert repr(MISSING) == "MISSING" and not MISSING
+
+
+def test_setup_dummy_waits_for_a_peer_still_opening_the_store():
+    """Mooncake's CI starts its dummy clients together; before, the second
+    one failed with -600 (kv_open's EBUSY after 5 s) while the first was
+    still faulting in its pool."""
+    addr = "127.0.0.1:%s" % uuid.uuid4().hex[:8]
+    code = ("import sys, time, kvengine.mooncake as mc\n"
+            "s = mc.MooncakeDistributedStore()\n"
+            "rc = s.setup_dummy('64MB', '16MB', sys.argv[1])\n"
+            "print(rc, s.last_error)\n"
+            "assert rc == 0\n"
+            "assert s.put('from-' + sys.argv[2], b'x') == 0\n"
+            "t = time.monotonic()\n"
+            "while s.is_exist('from-' + sys.argv[3]) != 1 and time.monotonic() - t < 60:\n"
+            "    time.sleep(0.05)\n"
+            "assert s.is_exist('from-' + sys.argv[3]) == 1\n"
+            "time.sleep(0.5)\n"
+            "s.close()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               KVENGINE_SETTINGS="dram.hugepages=off log.level=error io.timeout_ms=50")
+    procs = [subprocess.Popen([sys.executable, "-c", code, addr, me, peer], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for me, peer in (("a", "b"), ("b", "a"))]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=120)[0])
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
