@@ -332,10 +332,15 @@ def _now_ms():
     return int(time.time() * 1000)
 
 
+_LEASE_HASH = hashlib.blake2b(digest_size=16, person=b"mooncake-lease")
+
+
 def _lease_id(k, bucket):
     """The block id of a read lease on engine key k expiring at bucket."""
-    return hashlib.blake2b(k + struct.pack("<Q", bucket), digest_size=16,
-                           person=b"mooncake-lease").digest()
+    h = _LEASE_HASH.copy()
+    h.update(k)
+    h.update(bucket.to_bytes(8, "little"))
+    return h.digest()
 
 
 def _pin_key(k):
@@ -675,18 +680,32 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         fresh = now + ttl * 3 // 4
         val = struct.pack("<Q", bucket * _LEASE_MS)
         shards = []
+        until = time.monotonic() + ttl / 1000.0
+        bb = bucket.to_bytes(8, "little")
+        expiry = bucket * _LEASE_MS
+        nsh = self._block_shards
         with self._llock:
             wrote = self._wrote
+            leases = self._leases
             for k in ks:
+                if leases.get(k, 0) < until:
+                    leases[k] = until
                 if wrote.get(k, 0) >= fresh:
                     continue
-                wrote[k] = bucket * _LEASE_MS
-                bid = _lease_id(k, bucket)
-                shards += [(bid, i, [val]) for i in range(self._block_shards)]
+                wrote[k] = expiry
+                h = _LEASE_HASH.copy()
+                h.update(k)
+                h.update(bb)
+                bid = h.digest()
+                if nsh == 1:
+                    shards.append((bid, 0, [val]))
+                else:
+                    shards += [(bid, i, [val]) for i in range(nsh)]
             if len(wrote) > 65536:
                 self._wrote = {x: t for x, t in wrote.items() if t > now}
-        for k in ks:
-            self._lease(k)
+            if len(leases) > 65536:
+                m = time.monotonic()
+                self._leases = {x: t for x, t in leases.items() if t > m}
         if not shards:
             return
         try:
