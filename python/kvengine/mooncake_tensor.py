@@ -494,12 +494,12 @@ class ParallelismCalls:
     batch_upsert_tensor_with_parallelism = batch_put_tensor_with_parallelism
 
     def put_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
-                                         config=None):
+                                         config=None, writer_partition=None):
         """[buffer_ptr, +size) holds one tensor object; stored as
         put_tensor_with_parallelism stores that tensor."""
         if not self._ptr_ok(buffer_ptr, size) or not buffer_ptr or size < METADATA_SIZE:
             return -600
-        if _tp_only(parallelism) is None:
+        if _tp_only(parallelism) is None and writer_partition is None:
             rc = self.put_tensor_from(key, buffer_ptr, size)
             if rc == 0 and config is not None:
                 self._pin(self._key(key), config)
@@ -508,16 +508,18 @@ class ParallelismCalls:
         meta = parse(bytes(raw[:METADATA_SIZE]), size)
         if meta is None:
             return -600
-        return self._put_par(key, to_tensor(_torch(), raw, meta), parallelism, config, None)
+        return self._put_par(key, to_tensor(_torch(), raw, meta), parallelism, config,
+                             writer_partition)
 
     def batch_put_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes, parallelisms=None,
-                                               config=None):
+                                               config=None, writer_partitions=None):
         n = len(keys)
         pars = [None] * n if parallelisms is None else list(parallelisms)
-        if len(buffer_ptrs) != n or len(sizes) != n or len(pars) != n:
+        wps = [None] * n if writer_partitions is None else list(writer_partitions)
+        if len(buffer_ptrs) != n or len(sizes) != n or len(pars) != n or len(wps) != n:
             return [-600] * n
-        return [self.put_tensor_with_parallelism_from(k, p, z, q, config)
-                for k, p, z, q in zip(keys, buffer_ptrs, sizes, pars)]
+        return [self.put_tensor_with_parallelism_from(k, p, z, q, config, w)
+                for k, p, z, q, w in zip(keys, buffer_ptrs, sizes, pars, wps)]
 
     upsert_tensor_with_parallelism_from = put_tensor_with_parallelism_from
     batch_upsert_tensor_with_parallelism_from = batch_put_tensor_with_parallelism_from

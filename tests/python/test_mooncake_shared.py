@@ -372,3 +372,20 @@ def test_setup_dummy_waits_for_a_peer_still_opening_the_store():
                 p.kill()
                 p.wait()
     assert [p.returncode for p in procs] == [0, 0], outs
+
+
+def test_with_parallelism_from_takes_a_writer_partition(store):
+    """Mooncake's test_upsert_api passes writer_partition(s) to the _from
+    forms: TypeError before."""
+    full = torch.arange(8, dtype=torch.float32).view(4, 2)
+    blob = mc._serialize_tensor(full)
+    src = (ctypes.c_ubyte * len(blob)).from_buffer_copy(blob)
+    sp = ctypes.addressof(src)
+    assert store.register_buffer(sp, len(blob)) == 0
+    for r in range(2):
+        assert store.upsert_tensor_with_parallelism_from("wf", sp, len(blob),
+                                                         writer_partition=(r, 2, 0)) == 0
+    assert torch.equal(store.get_tensor_with_parallelism("wf", _target("full")), full)
+    assert store.batch_put_tensor_with_parallelism_from(
+        ["wb", "wb"], [sp, sp], [len(blob)] * 2, writer_partitions=[(0, 2, 0), (1, 2, 0)]) == [0, 0]
+    assert torch.equal(store.get_tensor_with_parallelism("wb", _target("full")), full)
