@@ -37,7 +37,8 @@ Mapping (what Mooncake's arguments mean here):
   cluster.replica_num, so replica counts and preferred segments of one
   call are unused. Reads lease an object (DEFAULT_KV_LEASE_TTL ms) and soft
   pins keep one for their TTL; remove refuses a leased object (-706) unless
-  forced. The leases are this process's (kvengine's plain keys have none).
+  forced. Leases and pins are kept in the store (see "Leases" below), so
+  every process that opens it sees them.
 - The rest of setup's arguments: engine (a TransferEngine) is unused,
   enable_ssd_offload opens the SSD tier at ssd_offload_path, tenant_id
   prefixes keys (none for "default"), enable_client_http_server serves
@@ -51,8 +52,9 @@ Mapping (what Mooncake's arguments mean here):
   -600 (bad arguments, a buffer too small), BUFFER_OVERFLOW -10 (a value
   larger than local_buffer_size), RPC_FAIL -900 / RPC_TIMEOUT -901 (the
   network), INTERNAL_ERROR -1 (anything else, and a store not set up).
-- remove_all removes every object in the store, whoever put it
-  (kv_remove_all: every owner drops its plain keys; blocks stay).
+- remove_all in the default tenant removes every object in the store,
+  whoever put it (kv_remove_all: every owner drops its plain keys; blocks
+  stay); a tenant's removes the tenant's objects this store put.
 
 Key design choice: nothing here raises on a failed store operation (only
 on a call that cannot be made at all, like a missing argument): a caller
@@ -62,6 +64,7 @@ written for Mooncake tests return codes.
 import ctypes
 import enum
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -321,12 +324,36 @@ def _tenant_prefix(tenant_id):
     return b"\0" + t + b"\0"
 
 
+_LEASE_MS = 20              # a read lease's expiry is rounded down to this
+_PIN_NS = b"\0\0mc-pin\0"   # no tenant prefix or user key starts with two NULs
+
+
+def _now_ms():
+    return int(time.time() * 1000)
+
+
+_LEASE_HASH = hashlib.blake2b(digest_size=16, person=b"mooncake-lease")
+
+
+def _lease_id(k, bucket):
+    """The block id of a read lease on engine key k expiring at bucket."""
+    h = _LEASE_HASH.copy()
+    h.update(k)
+    h.update(bucket.to_bytes(8, "little"))
+    return h.digest()
+
+
+def _pin_key(k):
+    return _PIN_NS + hashlib.blake2b(k, digest_size=16, person=b"mooncake-pin").digest()
+
+
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
 
-class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
+class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
+                               _tensor.SafetensorCalls):
     """Mooncake's MooncakeDistributedStore, backed by a kvengine engine."""
 
     def __init__(self):
@@ -338,6 +365,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
         self._cluster_settings = None
         self._prefix = b""
         self._leases = {}
+        self._wrote = {}         # key -> expiry of the read lease this process stored last
+        self._pins = {}          # key -> expiry of the soft pins this process stored
+        self._block_shards = 1
         self._llock = threading.Lock()
         self._regs = {}          # registered buffers: address -> size (get_into_ranges)
         self.dummy = False
@@ -437,7 +467,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
                 self._hostname = str(local_hostname)
             self._local_buffer = buf
             self._prefix = prefix
-            self._keys = set() if _lib.kv_remove_all is None else None
+            # A tenant's remove_all removes the tenant's objects only: the
+            # engine cannot list keys by prefix, so the tenant's keys this
+            # store put are kept here (see remove_all).
+            self._keys = set() if _lib.kv_remove_all is None or prefix else None
             self._cluster_settings = settings if clustered else None
             self._config_file = kvengine_config
             self.last_error = ""
@@ -457,11 +490,15 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
                 settings["cluster.listen"] = "%s:%d" % (host, p)
                 picked = True
             try:
+                self._block_shards = max(1, int(settings.get("store.block_shards", 1)))
+            except ValueError:
+                return self._fail(_BAD, "setup: store.block_shards is a positive integer")
+            try:
                 self._eng = _engine.Engine(config_file, settings)
                 self._hostname = settings.get("cluster.listen", host) if clustered else host
                 return 0
             except _engine.KvError as exc:
-                rc = exc.code
+                rc = self._open_rc = exc.code
                 self.last_error = "setup: %s" % exc
             except (TypeError, ValueError) as exc:
                 return self._fail(_BAD, "setup: %s" % exc)
@@ -496,8 +533,18 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
                 settings.update(env_settings())
             except ValueError as exc:
                 return self._fail(_BAD, "setup_dummy: %s" % exc)
-            rc = self._open(os.environ.get("KVENGINE_CONFIG") or None, settings, "localhost",
-                            False)
+            # Another process may be opening the store right now (faulting
+            # in a large pool takes seconds): kv_open waits io.timeout_ms or
+            # 5 s for it, then says EBUSY; a dummy client started next to
+            # its peers keeps asking, up to a minute, as long as it is so.
+            deadline = time.monotonic() + 60
+            self._open_rc = 0
+            while True:
+                rc = self._open(os.environ.get("KVENGINE_CONFIG") or None, settings,
+                                "localhost", False)
+                if not rc or self._open_rc != _engine.EBUSY or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
             if rc:
                 return rc
             self._hostname = server_address
@@ -567,7 +614,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             k = key
         else:
             return None
-        if not k:
+        if not k or k[0] == 0:    # a leading NUL is the store's own namespaces'
             return None
         k = self._prefix + k
         return k if len(k) <= _lib.KV_KEY_MAX else None
@@ -581,14 +628,33 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
         return rc
 
     # Leases: Mooncake's master leases an object for default_kv_lease_ttl
-    # when it is written and to every reader, and a soft pin keeps it for
-    # its TTL; remove() and batch_replica_clear()
-    # refuses an object under lease (OBJECT_HAS_LEASE) unless forced. They
-    # are kept here, by this process, for the objects it read or pinned:
-    # kvengine's plain keys have no leases of their own, so another
-    # process's reads do not hold off this one's remove.
+    # to every reader (and when it is written), and a soft pin keeps it for
+    # its TTL; remove() and batch_replica_clear() refuse an object under
+    # lease (OBJECT_HAS_LEASE) unless forced. kvengine's plain keys have no
+    # leases, so they are kept in the store itself, where every process
+    # (and every attached host-store client) that opens it sees them:
+    #
+    # - A read lease is a block whose id is a hash of the object's key and
+    #   the lease's expiry, rounded down to _LEASE_MS (an 8-byte shard 0). A
+    #   block is never rewritten, so renewing writes the next one; a remove
+    #   asks kv_lookup, in one call, for the ids of every expiry between now
+    #   and the lease horizon. Blocks stay out of the plain-key namespace,
+    #   so kv_remove_all neither counts nor drops them; an expired one is
+    #   simply never asked for again and is evicted as the coldest data
+    #   (bounded by the tiers, never cleaned key by key). A process renews
+    #   an object's lease only when the one it wrote last has less than 3/4
+    #   of the TTL left: at most one block per object per TTL/4 of reads.
+    # - A soft pin is a plain key (_PIN_NS + a hash of the object's key)
+    #   holding its expiry: pins are rare and must also be dropped early
+    #   (soft_pin_action DISABLE, remove), which a block cannot be. It goes
+    #   with the object's remove; an expired one is removed when met.
+    # - A put's lease, and a copy of every lease and pin, are kept in this
+    #   process too (the fast answer for its own removes).
+    # Expiries are wall-clock milliseconds, so processes on one host agree;
+    # across hosts they are as good as the hosts' clock sync.
 
     def _lease(self, k, ttl_ms=None):
+        """This process's lease on k (a put's, and the copy of the others)."""
         ttl = self.kv_lease_ttl_ms if ttl_ms is None else ttl_ms
         if ttl <= 0:
             return
@@ -600,19 +666,109 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
                 now = time.monotonic()
                 self._leases = {x: t for x, t in self._leases.items() if t > now}
 
+    def _share_leases(self, ks):
+        """Read leases on the objects ks, in the store (one kv_dump of the
+        lease blocks not already fresh) and here."""
+        ttl = self.kv_lease_ttl_ms
+        eng = self._eng
+        if ttl <= 0 or not ks or eng is None:
+            return
+        now = _now_ms()
+        # Rounded down, so a lease never outlives Mooncake's (a caller that
+        # sleeps the TTL and then removes succeeds), but past the next step.
+        bucket = max((now + ttl) // _LEASE_MS, now // _LEASE_MS + 1)
+        fresh = now + ttl * 3 // 4
+        val = struct.pack("<Q", bucket * _LEASE_MS)
+        shards = []
+        until = time.monotonic() + ttl / 1000.0
+        bb = bucket.to_bytes(8, "little")
+        expiry = bucket * _LEASE_MS
+        nsh = self._block_shards
+        with self._llock:
+            wrote = self._wrote
+            leases = self._leases
+            for k in ks:
+                if leases.get(k, 0) < until:
+                    leases[k] = until
+                if wrote.get(k, 0) >= fresh:
+                    continue
+                wrote[k] = expiry
+                h = _LEASE_HASH.copy()
+                h.update(k)
+                h.update(bb)
+                bid = h.digest()
+                if nsh == 1:
+                    shards.append((bid, 0, [val]))
+                else:
+                    shards += [(bid, i, [val]) for i in range(nsh)]
+            if len(wrote) > 65536:
+                self._wrote = {x: t for x, t in wrote.items() if t > now}
+            if len(leases) > 65536:
+                m = time.monotonic()
+                self._leases = {x: t for x, t in leases.items() if t > m}
+        if not shards:
+            return
+        try:
+            eng.dump(shards, wait=True)
+        except _engine.KvError as exc:     # a cache may refuse (ENOSPC): the lease is lost
+            log.debug("read lease not stored: %s", exc)
+
+    def _leases_in_store(self, k):
+        """True while any process holds a read lease or a soft pin on k."""
+        eng = self._eng
+        if eng is None:
+            return False
+        now = _now_ms()
+        horizon = max(self.kv_lease_ttl_ms, 5000)
+        ids = [_lease_id(k, b) for b in range(now // _LEASE_MS + 1,
+                                              (now + horizon) // _LEASE_MS + 2)]
+        try:
+            if any(eng.lookup(ids)):
+                return True
+        except _engine.KvError:
+            pass
+        pk = _pin_key(k)
+        eng2, h = self._enter()
+        if h is None:
+            return False
+        try:
+            buf = ctypes.create_string_buffer(8)
+            vlen = ctypes.c_size_t()
+            rc = _lib.kv_get(h, pk, len(pk), buf, 8, ctypes.byref(vlen))
+            if rc != 0 or vlen.value != 8:
+                return False
+            if struct.unpack("<Q", buf.raw)[0] > now:
+                return True
+            _lib.kv_remove(h, pk, len(pk))     # an expired pin goes when met
+            return False
+        finally:
+            eng2._leave()
+
     def _leased(self, k):
         with self._llock:
             t = self._leases.get(k)
-            if t is None:
-                return False
-            if t > time.monotonic():
-                return True
-            del self._leases[k]
-            return False
+            if t is not None:
+                if t > time.monotonic():
+                    return True
+                del self._leases[k]
+        return self._leases_in_store(k)
 
-    def _drop_lease(self, k):
+    def _drop_lease(self, k, pin=False):
+        """Forgets this process's lease on k; with pin, drops k's soft pin
+        from the store too (the read leases there expire by themselves)."""
         with self._llock:
             self._leases.pop(k, None)
+            self._wrote.pop(k, None)
+            had = self._pins.pop(k, None)
+        if pin or had:
+            eng, h = self._enter()
+            if h is None:
+                return
+            try:
+                pk = _pin_key(k)
+                _lib.kv_remove(h, pk, len(pk))
+            finally:
+                eng._leave()
 
     @staticmethod
     def _pinning(config):
@@ -625,14 +781,32 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
         return False if getattr(config, "soft_pin_action", 0) == SoftPinAction.DISABLE else None
 
     def _pin(self, k, config):
-        """A soft pin (with_soft_pin, or soft_pin_action ENABLE) is kept as a
-        lease of its TTL; soft_pin_action DISABLE drops it."""
+        """A soft pin (with_soft_pin, or soft_pin_action ENABLE) is kept for
+        its TTL, in the store and here; soft_pin_action DISABLE drops it."""
         how = self._pinning(config)
         if how:
             ttl = config.soft_pin_ttl_ms
-            self._lease(k, self.kv_soft_pin_ttl_ms if ttl is None else ttl)
+            ttl = self.kv_soft_pin_ttl_ms if ttl is None else ttl
+            if ttl <= 0:
+                return
+            self._lease(k, ttl)
+            until = _now_ms() + ttl
+            with self._llock:
+                self._pins[k] = until
+            pk = _pin_key(k)
+            eng, h = self._enter()
+            if h is None:
+                return
+            try:
+                v = struct.pack("<Q", min(until, _U64_MAX))
+                rc = _lib.kv_put(h, pk, len(pk), v, 8)
+            finally:
+                eng._leave()
+            if rc:
+                log.warning("soft pin on %r not stored in the store (%s): it holds in this "
+                            "process only", k, _engine.KvError(rc))
         elif how is False:
-            self._drop_lease(k)
+            self._drop_lease(k, pin=True)
 
     @classmethod
     def _check_group_ids(cls, config, n):
@@ -739,7 +913,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
                 out, addr = _engine._new_bytes(need)
                 rc = _lib.kv_get(h, k, len(k), addr if need else None, need, ctypes.byref(vlen))
                 if rc == 0:
-                    self._lease(k)
+                    self._share_leases([k])
                     return out if vlen.value == need else out[:vlen.value]
             return None
         finally:
@@ -768,25 +942,26 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             return out
         res, lens = got
         want = []
+        read = []
         for (i, k), rc, n in zip(ks, res, lens):
             if rc == 0 and n == 0:
                 out[i] = b""
-                self._lease(k)
+                read.append(k)
             elif rc == _engine.ENOBUFS and n <= self._local_buffer:
                 obj, addr = _engine._new_bytes(n)
                 want.append((i, k, obj, addr, n))
-        if not want:
-            return out
-        got = self._many(_lib.kv_get_many, [(k, addr, n) for _, k, _, addr, n in want])
-        if got is None:
-            return out
-        res, lens = got
-        for (i, k, obj, _, n), rc, ln in zip(want, res, lens):
-            if rc == 0:
-                out[i] = obj if ln == n else obj[:ln]
-                self._lease(k)
-            elif rc == _engine.ENOBUFS:     # it grew in between: read it alone
-                out[i] = self.get(keys[i])
+        if want:
+            got = self._many(_lib.kv_get_many, [(k, addr, n) for _, k, _, addr, n in want])
+            if got is None:
+                return out
+            res, lens = got
+            for (i, k, obj, _, n), rc, ln in zip(want, res, lens):
+                if rc == 0:
+                    out[i] = obj if ln == n else obj[:ln]
+                    read.append(k)
+                elif rc == _engine.ENOBUFS:     # it grew in between: read it alone
+                    out[i] = self.get(keys[i])
+        self._share_leases(read)
         return out
 
     def get_buffer(self, key):
@@ -831,6 +1006,23 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             self._pin(k, config)
         return rc
 
+    def put_from_with_metadata(self, key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
+                               config=None):
+        """Stores the metadata buffer's metadata_size bytes, then the data
+        buffer's size bytes, as one object (Mooncake's layout for it: the
+        metadata first). 0 or a negative code; an empty data buffer stores
+        nothing and succeeds, as Mooncake's does."""
+        if self._eng is None:
+            return _NOT_SET_UP
+        if not self._ptr_ok(buffer_ptr, size) or not self._ptr_ok(metadata_buffer_ptr,
+                                                                  metadata_size):
+            return _BAD
+        if size == 0:
+            return 0
+        ptrs = [p for p, z in ((metadata_buffer_ptr, metadata_size), (buffer_ptr, size)) if z]
+        sizes = [z for z in (metadata_size, size) if z]
+        return self.batch_put_from_multi_buffers([key], [ptrs], [sizes], config)[0]
+
     def get_into(self, key, buffer_ptr, size):
         """Bytes read into [buffer_ptr, buffer_ptr+size), or a negative code
         (INVALID_PARAMS when the object is larger than size)."""
@@ -846,7 +1038,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
         finally:
             eng._leave()
         if rc == 0:
-            self._lease(k)
+            self._share_leases([k])
             return vlen.value
         return to_mooncake(rc)
 
@@ -908,10 +1100,12 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             got = self._many(_lib.kv_get_many, items)
             if got is None:
                 return [_NOT_SET_UP] * n
+            read = []
             for i, item, rc, ln in zip(idx, items, got[0], got[1]):
                 out[i] = ln if rc == 0 else to_mooncake(rc)
                 if rc == 0:
-                    self._lease(item[0])
+                    read.append(item[0])
+            self._share_leases(read)
         return out
 
     # Several buffers per object (vLLM's and vLLM-Ascend's Mooncake
@@ -1330,7 +1524,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
         finally:
             eng._leave()
         if rc in (0, _engine.ENOTFOUND):
-            self._drop_lease(k)
+            self._drop_lease(k, pin=True)
             if self._keys is not None:
                 self._keys.discard(k)
         return to_mooncake(rc)
@@ -1343,14 +1537,29 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             "remove_by_regex: kvengine's API has no listing of keys to match a pattern against")
 
     def remove_all(self, force=False):
-        """Removes every object in the store (in a cluster, on every owner,
-        whoever put it: kv_remove_all); returns how many were removed, or -1
-        when the store is not set up or an owner could not be reached.
-        Without force, the objects this process holds leases on stay, as in
-        Mooncake: they are read first and put back after kv_remove_all (a
-        write to one of them by another process in between is lost)."""
+        """Removes every object of this store's tenant; returns how many were
+        removed, or -1 when the store is not set up or an owner could not
+        be reached. Without force, leased and soft-pinned objects stay, as in
+        Mooncake.
+
+        The default tenant (no tenant_id) removes every plain key of the
+        store, in a cluster on every owner, whoever put it (kv_remove_all):
+        that includes other tenants' objects, which kvengine cannot tell
+        apart without a listing of keys by prefix. Without force, the
+        objects this process holds leases or pins on are read first and put
+        back after it (a write to one of them by another process in between
+        is lost); other processes' leases do not keep their objects here.
+        Other processes' soft-pin records are removed too and counted.
+
+        Another tenant removes the objects this store put under the tenant
+        (kept in a set as they are put, since the engine cannot list them),
+        each checked against every process's leases and pins: never another
+        tenant's objects, but also not those other processes put under the
+        same tenant."""
         if self._eng is None:
             return -1
+        if self._keys is not None:
+            return self._remove_tracked(force)
         keep = []
         if not force:
             with self._llock:
@@ -1360,26 +1569,18 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
                 v = self._read(k)
                 if v is not None:
                     keep.append((k, v))
-        if self._keys is None:
-            try:
-                n = self._eng.remove_all()
-            except _engine.KvError:
-                return -1
-        else:
-            n = 0   # an older library: the objects this store put
-            for k in list(self._keys):
-                eng, h = self._enter()
-                if h is None:
-                    return -1
-                try:
-                    rc = _lib.kv_remove(h, k, len(k))
-                finally:
-                    eng._leave()
-                if rc == 0:
-                    n += 1
-                    self._keys.discard(k)
-                elif rc != _engine.ENOTFOUND:
-                    return -1
+        with self._llock:
+            pins = dict(self._pins)
+        pks = [_pin_key(k) for k in pins]
+        got = self._many(_lib.kv_exists_many, [(pk, 0, 0) for pk in pks]) if pks and \
+            _lib.kv_exists_many is not None else None
+        own = sum(1 for rc in got[0] if rc == 1) if got else 0
+        try:
+            n = self._eng.remove_all() - own
+        except _engine.KvError:
+            return -1
+        with self._llock:
+            self._pins = {}
         eng, h = self._enter()
         if h is None:
             return -1
@@ -1387,12 +1588,40 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.SafetensorCalls):
             for k, v in keep:
                 if self._put_raw(h, k, _buffers.span(v, False)[0], len(v)) == 0:
                     n -= 1
+                until = pins.get(k)
+                if until is not None and until > _now_ms():
+                    pk = _pin_key(k)
+                    if _lib.kv_put(h, pk, len(pk), struct.pack("<Q", until), 8) == 0:
+                        with self._llock:
+                            self._pins[k] = until
         finally:
             eng._leave()
         if force:
             with self._llock:
                 self._leases.clear()
         return max(n, 0)
+
+    def _remove_tracked(self, force):
+        """remove_all over the keys this store put (a tenant, or a library
+        without kv_remove_all)."""
+        n = 0
+        for k in list(self._keys):
+            if not force and self._leased(k):
+                continue
+            eng, h = self._enter()
+            if h is None:
+                return -1
+            try:
+                rc = _lib.kv_remove(h, k, len(k))
+            finally:
+                eng._leave()
+            if rc in (0, _engine.ENOTFOUND):
+                n += rc == 0
+                self._keys.discard(k)
+                self._drop_lease(k, pin=True)
+            else:
+                return -1
+        return n
 
     # -- replicas ------------------------------------------------------------------
     # kvengine places an object on cluster.replica_num owners chosen by
@@ -1564,6 +1793,9 @@ def bind_to_numa_node(node):
         log.warning("bind_to_numa_node(%r): skipped: %s", node, exc)
 
 
+ParallelAxis = _tensor.ParallelAxis
+TensorParallelism = _tensor.TensorParallelism
+ReadTarget = _tensor.ReadTarget
 _serialize_tensor = _tensor.serialize_tensor
 _deserialize_tensor = _tensor.deserialize_tensor
 

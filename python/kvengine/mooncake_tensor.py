@@ -364,6 +364,240 @@ class TensorCalls:
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
 
 
+class ParallelAxis:
+    """One axis of a shard's identity (Mooncake's ParallelAxis): kind "tp",
+    "dp", "ep" or "pp", rank, size, split_dim, expert_id, stage_id."""
+
+    def __init__(self, kind="tp", rank=0, size=1, split_dim=None, expert_id=None, stage_id=None):
+        self.kind, self.rank, self.size = kind, rank, size
+        self.split_dim, self.expert_id, self.stage_id = split_dim, expert_id, stage_id
+
+    def __repr__(self):
+        return "ParallelAxis(%r, rank=%r, size=%r, split_dim=%r)" % (
+            self.kind, self.rank, self.size, self.split_dim)
+
+
+class TensorParallelism:
+    """An ordered list of ParallelAxis naming a stored or wanted shard."""
+
+    def __init__(self, axes=None):
+        self.axes = list(axes or [])
+
+    def __repr__(self):
+        return "TensorParallelism(%r)" % (self.axes,)
+
+
+class ReadTarget:
+    """What a read wants: mode "as_stored" (the object under the key),
+    "shard" (the shard parallelism names) or "full" (the whole tensor)."""
+
+    def __init__(self, mode="as_stored", parallelism=None):
+        self.mode, self.parallelism = mode, parallelism
+
+    def __repr__(self):
+        return "ReadTarget(%r, %r)" % (self.mode, self.parallelism)
+
+
+_NOT_SUPPORTED = -1012
+
+
+def _tp_only(parallelism):
+    """The one tp axis of parallelism as (rank, size, split_dim), None for
+    no parallelism, or False for what this store does not map (several
+    axes, or a kind other than tp)."""
+    if parallelism is None:
+        return None
+    axes = list(getattr(parallelism, "axes", None) or [])
+    if not axes:
+        return None
+    if len(axes) != 1 or getattr(axes[0], "kind", None) != "tp":
+        return False
+    a = axes[0]
+    sd = 0 if a.split_dim is None else a.split_dim
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (a.rank, a.size, sd)) or \
+            not 0 <= a.rank < a.size:
+        return False
+    return a.rank, a.size, sd
+
+
+def _partition(wp):
+    """(rank, size, split_dim) from a writer_partition: a tuple or an
+    object with those fields; None when it is not one."""
+    try:
+        r, n, d = (wp.rank, wp.size, wp.split_dim) if hasattr(wp, "rank") else tuple(wp)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (r, n, d)) or \
+            not 0 <= r < n:
+        return None
+    return r, n, d
+
+
+class ParallelismCalls:
+    """Mooncake's unified parallel tensor calls (*_with_parallelism), as far
+    as they map here: a full tensor (no parallelism), one TP shard given as
+    the shard itself (a single tp axis: Mooncake's shard-input form, stored
+    as put_tensor_with_tp stores rank r's shard, under "<key>_tp_<r>"), and a
+    full tensor cut by writer_partition (rank, size, split_dim) into the one
+    shard it names. Reads: as_stored (the key's object), shard (a single tp
+    axis), full (the object under the key, else every TP shard joined along
+    its split dim). Several axes (dp/pp/ep with tp) are NOT_SUPPORTED
+    (-1012) from puts and None from gets: their object naming and manifests
+    are Mooncake's planner's and not reproduced here."""
+
+    def _put_par(self, key, tensor, parallelism, config, writer_partition):
+        if parallelism is not None and writer_partition is not None:
+            return -600
+        if writer_partition is not None:
+            part = _partition(writer_partition)
+            if part is None:
+                return -600
+            rank, size, dim = part
+            try:
+                meta, chunk = tp_shards(tensor, size, dim)[rank]
+            except (ValueError, AttributeError, TypeError, IndexError):
+                return -600
+            return self._put_shards([tp_key(key, rank)], [(meta, chunk)], config)[0]
+        tp = _tp_only(parallelism)
+        if tp is False:
+            return _NOT_SUPPORTED
+        if tp is None:
+            return self._put_tensors([key], [tensor], config)[0]
+        rank, size, dim = tp
+        try:
+            code = dtype_code(tensor.dtype)
+            shape = tuple(tensor.shape)
+            if code is None or not 0 <= dim < len(shape) or not tensor.is_cpu:
+                return -600
+            chunk = tensor.contiguous()
+        except AttributeError:
+            return -600
+        gshape = shape[:dim] + (shape[dim] * size,) + shape[dim + 1:]
+        meta = pack(code, gshape, shape, chunk.numel() * chunk.element_size(), SHARD,
+                    [(AXIS_TP, 0, rank, size, dim)])
+        return self._put_shards([tp_key(key, rank)], [(meta, chunk)], config)[0]
+
+    def put_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
+                                    writer_partition=None):
+        return self._put_par(key, tensor, parallelism, config, writer_partition)
+
+    def batch_put_tensor_with_parallelism(self, keys, tensors, parallelisms=None, config=None,
+                                          writer_partitions=None):
+        n = len(keys)
+        pars = [None] * n if parallelisms is None else list(parallelisms)
+        wps = [None] * n if writer_partitions is None else list(writer_partitions)
+        if len(tensors) != n or len(pars) != n or len(wps) != n:
+            return [-600] * n
+        return [self._put_par(k, t, p, config, w) for k, t, p, w in zip(keys, tensors, pars, wps)]
+
+    upsert_tensor_with_parallelism = put_tensor_with_parallelism
+    batch_upsert_tensor_with_parallelism = batch_put_tensor_with_parallelism
+
+    def put_tensor_with_parallelism_from(self, key, buffer_ptr, size, parallelism=None,
+                                         config=None, writer_partition=None):
+        """[buffer_ptr, +size) holds one tensor object; stored as
+        put_tensor_with_parallelism stores that tensor."""
+        if not self._ptr_ok(buffer_ptr, size) or not buffer_ptr or size < METADATA_SIZE:
+            return -600
+        if _tp_only(parallelism) is None and writer_partition is None:
+            rc = self.put_tensor_from(key, buffer_ptr, size)
+            if rc == 0 and config is not None:
+                self._pin(self._key(key), config)
+            return rc
+        raw = (ctypes.c_ubyte * size).from_address(buffer_ptr)
+        meta = parse(bytes(raw[:METADATA_SIZE]), size)
+        if meta is None:
+            return -600
+        return self._put_par(key, to_tensor(_torch(), raw, meta), parallelism, config,
+                             writer_partition)
+
+    def batch_put_tensor_with_parallelism_from(self, keys, buffer_ptrs, sizes, parallelisms=None,
+                                               config=None, writer_partitions=None):
+        n = len(keys)
+        pars = [None] * n if parallelisms is None else list(parallelisms)
+        wps = [None] * n if writer_partitions is None else list(writer_partitions)
+        if len(buffer_ptrs) != n or len(sizes) != n or len(pars) != n or len(wps) != n:
+            return [-600] * n
+        return [self.put_tensor_with_parallelism_from(k, p, z, q, config, w)
+                for k, p, z, q, w in zip(keys, buffer_ptrs, sizes, pars, wps)]
+
+    upsert_tensor_with_parallelism_from = put_tensor_with_parallelism_from
+    batch_upsert_tensor_with_parallelism_from = batch_put_tensor_with_parallelism_from
+
+    def _target(self, key, target):
+        """("one", stored key) or ("full", key) or None for a target not mapped."""
+        mode = "as_stored" if target is None else getattr(target, "mode", None)
+        if mode == "as_stored":
+            return "one", key
+        if mode == "full":
+            return "full", key
+        if mode == "shard":
+            tp = _tp_only(getattr(target, "parallelism", None))
+            if not tp:
+                return None
+            return "one", tp_key(key, tp[0])
+        return None
+
+    def _full(self, key):
+        torch = _torch()
+        t = self.get_tensor(key)
+        if t is not None:
+            return t
+        first = self.get_buffer(tp_key(key, 0))
+        meta = parse(first) if first is not None else None
+        if meta is None or meta.layout != SHARD or len(meta.axes) != 1 or \
+                meta.axes[0][0] != AXIS_TP:
+            return None
+        _, _, _, count, dim = meta.axes[0]
+        parts = self.batch_get_tensor([tp_key(key, r) for r in range(count)])
+        if any(p is None for p in parts):
+            return None
+        try:
+            out = torch.cat(parts, dim)
+        except RuntimeError:
+            return None
+        return out if tuple(out.shape) == meta.global_shape else None
+
+    def get_tensor_with_parallelism(self, key, target=None):
+        t = self._target(key, target)
+        if t is None:
+            return None
+        return self.get_tensor(t[1]) if t[0] == "one" else self._full(key)
+
+    def batch_get_tensor_with_parallelism(self, keys, targets=None):
+        targets = [None] * len(keys) if targets is None else list(targets)
+        if len(targets) != len(keys):
+            return [None] * len(keys)
+        return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
+
+    def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
+        """As get_tensor_into, for as_stored and shard targets; a full
+        target reads the whole tensor, writes it into the buffer as a
+        tensor object and returns a tensor over the buffer."""
+        t = self._target(key, target)
+        if t is None:
+            return None
+        if t[0] == "one":
+            return self.get_tensor_into(t[1], buffer_ptr, size)
+        full = self._full(key)
+        if full is None or not self._ptr_ok(buffer_ptr, size) or not buffer_ptr:
+            return None
+        blob = serialize_tensor(full)
+        if len(blob) > size:
+            return None
+        ctypes.memmove(buffer_ptr, blob, len(blob))
+        mem = (ctypes.c_ubyte * len(blob)).from_address(buffer_ptr)
+        return to_tensor(_torch(), mem, parse(blob))
+
+    def batch_get_tensor_with_parallelism_into(self, keys, buffer_ptrs, sizes, targets=None):
+        n = len(keys)
+        targets = [None] * n if targets is None else list(targets)
+        if len(buffer_ptrs) != n or len(sizes) != n or len(targets) != n:
+            return [None] * n
+        return [self.get_tensor_with_parallelism_into(k, p, z, t)
+                for k, p, z, t in zip(keys, buffer_ptrs, sizes, targets)]
+
+
 def serialize_tensor(tensor):
     """bytes of a tensor object (Mooncake's _serialize_tensor)."""
     meta, t = tensor_meta(tensor)
