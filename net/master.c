@@ -181,6 +181,21 @@ static size_t view_bytes_with(const struct master *ms, ssize_t at, const struct 
     return b;
 }
 
+/* 1 when addr ("a.b.c.d:port") names the IPv4 host ip (network order):
+ * the JOIN came from the host its record says it listens on. A host name
+ * is never matched (the master resolves nothing). */
+static int addr_is_from(const char *addr, uint32_t ip)
+{
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    struct in_addr a;
+    if (!colon || ip == 0 || (size_t)(colon - addr) >= sizeof host)
+        return 0;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    return inet_pton(AF_INET, host, &a) == 1 && a.s_addr == ip;
+}
+
 /* Constant time, as tokens are (kv__token_eq). */
 static int secret_eq(const uint8_t *a, const uint8_t *b)
 {
@@ -208,10 +223,22 @@ static int refuse(struct master *ms, struct mconn *c, int status, const char *wh
  * Ownership: the JOIN that creates a record gets a fresh random secret in
  * its answer, and from then on only a JOIN or LEAVE carrying it changes or
  * drops the record, so one token holder cannot rewrite another's address.
- * A JOIN without it is still answered when it repeats the record exactly
- * (a node restarted before its old record expired), without refreshing it;
- * and once the owner has been silent for two heartbeats, the id may be
- * claimed afresh (that restarted node takes its id back).
+ * A JOIN without it, for a record still live (its owner heard from within
+ * cluster.node_ttl_ms), is refused (KV_EBUSY) unless it is the owner
+ * restarted: the same address, from that address's own host (a restarted
+ * node listens where it did, and its old process, which held that port,
+ * is gone). Anyone else, from another host or naming another address,
+ * waits for the TTL like everybody, so a token holder cannot take a live
+ * member's id during a short silence and keep it. A JOIN without it that
+ * repeats the record exactly is still answered, without refreshing it.
+ *
+ * Why the address's host and not an instance nonce in the record: the
+ * VIEW hands every record to every member, so a nonce in it is public and
+ * any token holder could copy it; the secret above is what proves an
+ * instance, and a restarted process has lost it. What a restart cannot
+ * fake from another host is the connection's source address. (On the
+ * owner's own host a token holder can claim the id, but only with the
+ * owner's address in it: the traffic still goes to the owner.)
  */
 static int master_serve(struct master *ms, struct mconn *c)
 {
@@ -234,7 +261,10 @@ static int master_serve(struct master *ms, struct mconn *c)
     ssize_t at = find_member(ms, m.id);
     struct mentry *e = at >= 0 ? &ms->mem[at] : NULL;
     int owner = e && ((has && secret_eq(e->secret, secret)) || !e->owned);
-    int stale = e && now - e->last_ms > 2ull * kv__master_heartbeat_ms(ms->cfg->cluster.node_ttl_ms);
+    int stale = e && now - e->last_ms > ms->cfg->cluster.node_ttl_ms;
+    int restart = e && !owner && !stale && c->h.type == KV_MSG_JOIN &&
+                  (m.flags & KV_MEMBER_OWNER) && strcmp(e->m.addr, m.addr) == 0 &&
+                  addr_is_from(m.addr, c->ip);
     const uint8_t *give = NULL;
     /* A LEAVE for an id not in the view changes nothing and is answered
      * with the view like any other: kv_members (net/members.c) reads the
@@ -248,7 +278,7 @@ static int master_serve(struct master *ms, struct mconn *c)
             KV_INFO("kvmaster: %s left (view %llu, %zu members)", m.id,
                     (unsigned long long)ms->version, ms->n);
         }
-    } else if (e && !owner && !stale) {
+    } else if (e && !owner && !stale && !restart) {
         if (!same_record(&e->m, &m))
             return refuse(ms, c, KV_EBUSY, "the record is a live member's, changed only by it",
                           m.id);
@@ -269,7 +299,8 @@ static int master_serve(struct master *ms, struct mconn *c)
         }
         give = c->h.flags & KV_HDR_SECRET ? fresh : NULL;
         if (e) {
-            KV_INFO("kvmaster: %s claimed afresh at %s (its owner silent %llu ms)", m.id, m.addr,
+            KV_INFO("kvmaster: %s claimed afresh at %s (%s, its owner silent %llu ms)", m.id,
+                    m.addr, restart ? "restarted on its own address" : "its TTL passed",
                     (unsigned long long)(now - e->last_ms));
             if (!same_record(&e->m, &m))
                 ms->version++;
@@ -693,9 +724,9 @@ fail:
 }
 
 /* How long a JOIN keeps asking while the master says the record is a live
- * member's (KV_EBUSY): past two heartbeats (at most 1 s each) of silence
- * the id may be claimed afresh, so a node restarted on its old address
- * gets it back within this; a second live node using the id does not. */
+ * member's (KV_EBUSY): a node restarted on its old address gets its id
+ * back at once (master_serve), so this only rides out a short TTL (tests,
+ * small node_ttl_ms); a second live node using the id is refused. */
 #define MC_BUSY_RETRY_MS 2500
 
 int kv__mclient_join(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,

@@ -582,18 +582,89 @@ START_TEST(record_owned_by_its_joiner)
     /* the owner still changes its own record */
     snprintf(ma.addr, sizeof ma.addr, "127.0.0.1:2");
     ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
-    /* an identical record from another joiner is answered, not refused (a
-     * node restarted before its old record expired) */
-    ck_assert_int_eq(join(b, &ma, NULL, NULL), 1);
-    /* once the owner is quiet for two heartbeats (TTL 600: 2 x 150 ms),
-     * the id may be claimed afresh */
-    usleep(400000);
     snprintf(forged.addr, sizeof forged.addr, "127.0.0.1:3");
+    /* once the owner's TTL (600 ms) has passed, the id may be claimed
+     * afresh (b's client asks again for 2.5 s) */
     ck_assert_int_eq(join(b, &forged, NULL, NULL), 1);
     ck_assert_int_eq(kv__mclient_leave(a, &ma), KV_EPERM);
     ck_assert_int_eq(kv__mclient_leave(b, &forged), KV_OK);
     kv__mclient_close(a);
     kv__mclient_close(b);
+}
+END_TEST
+
+/* One JOIN of m from source address from (no secret: a process that did not
+ * create the record); the status of the answer. */
+static int raw_join(const char *from_ip, const struct kv__member *m)
+{
+    struct sockaddr_in sa, from = { .sin_family = AF_INET };
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    inet_pton(AF_INET, from_ip, &from.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 2000), KV_OK);
+    static uint8_t b[1 << 16];
+    struct kv__member me = *m;
+    ck_assert_int_eq(kv__member_sign("sesame", &me), KV_OK);
+    int blen = kv__join_encode(&me, b + KV_PROTO_HDR_LEN, 4096);
+    ck_assert_int_gt(blen, 0);
+    struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen, .req_id = 1,
+                         .flags = KV_HDR_SECRET };
+    kv__hdr_encode(&h, b);
+    uint64_t dl = kv__now_ms() + 5000;
+    ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1, dl), KV_OK);
+    ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN, 0, dl), KV_OK);
+    ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+    close(fd);
+    return h.status;
+}
+
+/* A live member keeps its id (issue 17, 4): a token holder elsewhere
+ * cannot take it during a silence shorter than the TTL, naming its own
+ * address or the owner's; the owner restarted (no secret, its own address,
+ * from its own host) takes it back at once. On main the forger from
+ * 127.0.0.2 took the id after two heartbeats (2 s) of silence. */
+START_TEST(live_id_kept_by_its_owner)
+{
+    kill(master_pid, SIGKILL);
+    waitpid(master_pid, NULL, 0);
+    start_master("sesame", 5000);   /* heartbeat 1 s, claimable on main after 2 s */
+    struct kv__mclient *a;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &a), KV_OK);
+    struct kv__member own = who("127.0.0.1:7001", KV_MEMBER_OWNER);
+    snprintf(own.addr, sizeof own.addr, "127.0.0.1:7001");
+    ck_assert_int_eq(join(a, &own, NULL, NULL), 1);
+    struct kv__member elsewhere = own, mine = own;
+    snprintf(elsewhere.addr, sizeof elsewhere.addr, "127.0.0.2:9");
+    mine.nseg = 1;              /* the owner's address, from another host */
+    mine.seg[0].base = 4096;
+    mine.seg[0].len = 4096;
+    ck_assert_int_eq(raw_join("127.0.0.2", &elsewhere), KV_EBUSY);
+    ck_assert_int_eq(raw_join("127.0.0.2", &mine), KV_EBUSY);
+    usleep(2300 * 1000);        /* past two heartbeats, well within the TTL */
+    ck_assert_int_eq(raw_join("127.0.0.2", &elsewhere), KV_EBUSY);
+    ck_assert_int_eq(raw_join("127.0.0.2", &mine), KV_EBUSY);
+    /* the owner restarted: its own address, from its own host */
+    struct kv__member again = own;
+    again.nseg = 1;
+    again.seg[0] = mine.seg[0];
+    ck_assert_int_eq(raw_join("127.0.0.1", &again), KV_OK);
+    ck_assert_int_eq(raw_join("127.0.0.2", &elsewhere), KV_EBUSY);
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.token", "sesame"), KV_OK);
+    uint64_t v;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &list, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(list[0].addr, "127.0.0.1:7001");
+    free(list);
+    kv_config_free(q);
+    kv__mclient_close(a);
 }
 END_TEST
 
@@ -682,6 +753,7 @@ Suite *master_suite(void)
     tcase_add_test(tc, hostile_frames);
     tcase_add_test(tc, idle_flood_does_not_lock_out);
     tcase_add_test(tc, record_owned_by_its_joiner);
+    tcase_add_test(tc, live_id_kept_by_its_owner);
     tcase_add_test(tc, open_beyond_loopback_needs_token);
     tcase_add_test(tc, token_compare);
     tcase_add_test(tc, sigterm_exits_cleanly);
