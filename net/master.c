@@ -108,6 +108,15 @@ struct master {
     struct mconn conns[MASTER_CONNS_MAX];
     size_t nconns, nunauth;
     int spare_fd;               /* given up to refuse a peer at EMFILE */
+    /* The VIEW body as last encoded, for version vver: every heartbeat is
+     * answered with it, so it is encoded again only when the view changed,
+     * and a JOIN that only appends a record appends its bytes (a view of
+     * thousands of members would otherwise be copied and encoded whole at
+     * every JOIN). */
+    uint8_t *vbuf;
+    size_t vlen, vcap;
+    uint64_t vver;
+    int vvalid;
 };
 
 static void mconn_drop(struct master *ms, size_t i)
@@ -134,34 +143,89 @@ static int same_record(const struct kv__member *a, const struct kv__member *b)
            memcmp(a->mac, b->mac, sizeof a->mac) == 0;
 }
 
+/* Makes ms->vbuf hold the encoded view of this version (room after it for
+ * a secret). */
+static int view_encode_cached(struct master *ms)
+{
+    if (ms->vvalid && ms->vver == ms->version)
+        return KV_OK;
+    size_t need = 12 + KV_PROTO_SECRET_LEN;
+    for (size_t i = 0; i < ms->n; i++)
+        need += kv__member_wire_len(&ms->mem[i].m);
+    if (need > ms->vcap) {
+        uint8_t *b = realloc(ms->vbuf, need);
+        if (!b)
+            return KV_ENOMEM;
+        ms->vbuf = b;
+        ms->vcap = need;
+    }
+    kv__put64(ms->vbuf, ms->version);
+    kv__put32(ms->vbuf + 8, (uint32_t)ms->n);
+    size_t len = 12;
+    for (size_t i = 0; i < ms->n; i++) {
+        /* one record at a time, after a 12-byte header it writes and the
+         * bytes before it are saved from */
+        uint8_t save[12];
+        memcpy(save, ms->vbuf + len - 12, 12);
+        int k = kv__view_encode(0, &ms->mem[i].m, 1, ms->vbuf + len - 12, need - len + 12);
+        memcpy(ms->vbuf + len - 12, save, 12);
+        if (k < 12) {
+            ms->vvalid = 0;
+            return k < 0 ? k : KV_EPROTO;
+        }
+        len += (size_t)k - 12;
+    }
+    ms->vlen = len;
+    ms->vver = ms->version;
+    ms->vvalid = 1;
+    return KV_OK;
+}
+
+/* The record just appended as mem[n - 1] (and the version bumped once for
+ * it): appends its bytes to a cache that was the view before it. */
+static void view_append_cached(struct master *ms)
+{
+    if (!ms->vvalid || ms->vver + 1 != ms->version || ms->n == 0)
+        return;
+    const struct kv__member *m = &ms->mem[ms->n - 1].m;
+    size_t need = ms->vlen + kv__member_wire_len(m) + KV_PROTO_SECRET_LEN;
+    if (need > ms->vcap) {
+        uint8_t *b = realloc(ms->vbuf, need);
+        if (!b) {
+            ms->vvalid = 0;
+            return;
+        }
+        ms->vbuf = b;
+        ms->vcap = need;
+    }
+    uint8_t save[12];
+    memcpy(save, ms->vbuf + ms->vlen - 12, 12);
+    int k = kv__view_encode(0, m, 1, ms->vbuf + ms->vlen - 12, need - ms->vlen + 12);
+    memcpy(ms->vbuf + ms->vlen - 12, save, 12);
+    if (k < 12) {
+        ms->vvalid = 0;
+        return;
+    }
+    ms->vlen += (size_t)k - 12;
+    kv__put64(ms->vbuf, ms->version);
+    kv__put32(ms->vbuf + 8, (uint32_t)ms->n);
+    ms->vver = ms->version;
+}
+
 /* Sends the view; with secret, appends it (the answer to the JOIN that
  * created or took over a record). */
 static int send_view(struct master *ms, int fd, uint64_t req_id, const uint8_t *secret)
 {
-    size_t need = 12 + KV_PROTO_SECRET_LEN;
-    for (size_t i = 0; i < ms->n; i++)
-        need += kv__member_wire_len(&ms->mem[i].m);
-    uint8_t *b = malloc(need);
-    if (!b)
-        return KV_ENOMEM;
-    struct kv__member *list = malloc((ms->n ? ms->n : 1) * sizeof *list);
-    if (!list) {
-        free(b);
-        return KV_ENOMEM;
-    }
-    for (size_t i = 0; i < ms->n; i++)
-        list[i] = ms->mem[i].m;
-    int len = kv__view_encode(ms->version, list, ms->n, b, need);
-    free(list);
-    if (len >= 0 && secret) {
-        memcpy(b + len, secret, KV_PROTO_SECRET_LEN);
+    int rc = view_encode_cached(ms);
+    if (rc != KV_OK)
+        return rc;
+    size_t len = ms->vlen;
+    if (secret) {
+        memcpy(ms->vbuf + len, secret, KV_PROTO_SECRET_LEN);   /* vcap has room */
         len += KV_PROTO_SECRET_LEN;
     }
-    int rc = len < 0 ? len
-                     : send_frame(fd, KV_MSG_VIEW, KV_OK, req_id, b, (size_t)len,
-                                  kv__now_ms() + MASTER_SEND_MS);
-    free(b);
-    return rc;
+    return send_frame(fd, KV_MSG_VIEW, KV_OK, req_id, ms->vbuf, len,
+                      kv__now_ms() + MASTER_SEND_MS);
 }
 
 /* The VIEW must fit one frame however records grow: a JOIN that would push
@@ -321,7 +385,9 @@ static int master_serve(struct master *ms, struct mconn *c)
                 ms->cap = nc;
             }
             e = &ms->mem[ms->n++];
+            e->m = m;
             ms->version++;
+            view_append_cached(ms);
             KV_INFO("kvmaster: %s joined at %s%s (view %llu, %zu members)", m.id, m.addr,
                     (m.flags & KV_MEMBER_OWNER) ? "" : " as a client",
                     (unsigned long long)ms->version, ms->n);
@@ -552,6 +618,7 @@ static int master_run(const kv_config *cfg, volatile int *stop, char *err, size_
         close(ms->spare_fd);
     free(pf);
     free(ms->mem);
+    free(ms->vbuf);
     free(ms);
     close(lfd);
     KV_INFO("kvmaster: stopped");

@@ -668,6 +668,75 @@ START_TEST(live_id_kept_by_its_owner)
 }
 END_TEST
 
+/* The VIEW stays within one frame (4 MiB) however many records of the
+ * largest size (1,588 bytes: 128-byte id and address, 64 segments) token
+ * holders JOIN: three hosts send 3,072 of them (each JOIN on its own
+ * connection, closed without reading the answer); the master refuses the
+ * ones past the bound with KV_ENOSPC, and the view still reads
+ * (kv_members), as heartbeats do. Without the bound the VIEW passed 4 MiB
+ * and every reader of it failed. */
+static void big_record(struct kv__member *m, const char *ip, int i)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->id, sizeof m->id, "v-%s-%05d-", ip, i);
+    memset(m->id + strlen(m->id), 'i', KV_PROTO_ID_MAX - strlen(m->id));
+    memset(m->addr, 'h', KV_PROTO_ID_MAX - 6);
+    snprintf(m->addr + KV_PROTO_ID_MAX - 6, 7, ":%05d", 1000 + i);
+    m->flags = KV_MEMBER_OWNER;
+    m->nseg = KV_PROTO_SEG_MAX;
+    for (uint32_t s = 0; s < m->nseg; s++)
+        m->seg[s] = (struct kv__segdesc){ .base = 1ull << 40, .len = 4096, .rkey = s };
+}
+
+START_TEST(view_within_one_frame)
+{
+    kill(master_pid, SIGKILL);
+    waitpid(master_pid, NULL, 0);
+    start_master("sesame", 600000);
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    static const char *ips[] = { "127.0.0.2", "127.0.0.3", "127.0.0.4" };
+    static uint8_t b[8192];
+    for (int h = 0; h < 3; h++)
+        for (int i = 0; i < 1024; i++) {
+            struct kv__member m;
+            big_record(&m, ips[h], i);
+            ck_assert_uint_eq(kv__member_wire_len(&m), 1588);
+            ck_assert_int_eq(kv__member_sign("sesame", &m), KV_OK);
+            struct sockaddr_in from = { .sin_family = AF_INET };
+            inet_pton(AF_INET, ips[h], &from.sin_addr);
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+            ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+            ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 5000), KV_OK);
+            int blen = kv__join_encode(&m, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+            ck_assert_int_gt(blen, 0);
+            struct kv__hdr hd = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen, .req_id = 1 };
+            kv__hdr_encode(&hd, b);
+            ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1,
+                                            kv__now_ms() + 5000), KV_OK);
+            close(fd);
+        }
+    /* one more from a fourth host, its answer read: the view is full */
+    struct kv__member m;
+    big_record(&m, "127.0.0.5", 0);
+    ck_assert_int_eq(raw_join("127.0.0.5", &m), KV_ENOSPC);
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.token", "sesame"), KV_OK);
+    uint64_t v;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &list, &n), KV_OK);
+    /* the records that fit a VIEW with its header and a secret */
+    ck_assert_uint_eq(n, (KV_PROTO_BODY_MAX - 12 - KV_PROTO_SECRET_LEN) / 1588);
+    free(list);
+    kv_config_free(q);
+}
+END_TEST
+
 /* kv_open of an owner listening on listen with token and insecure set (the
  * master is a closed port, so a config that passes the check fails later,
  * with KV_ENET). */
@@ -758,5 +827,11 @@ Suite *master_suite(void)
     tcase_add_test(tc, token_compare);
     tcase_add_test(tc, sigterm_exits_cleanly);
     suite_add_tcase(s, tc);
+    /* thousands of JOINs: a case of its own, with time for sanitizers */
+    TCase *big = tcase_create("view_bound");
+    tcase_add_checked_fixture(big, setup, teardown);
+    tcase_set_timeout(big, 120);
+    tcase_add_test(big, view_within_one_frame);
+    suite_add_tcase(s, big);
     return s;
 }
