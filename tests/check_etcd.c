@@ -765,8 +765,12 @@ static void put_many(int n, int valid, size_t junk_len)
             json_object *rec = NULL;
             struct kv__member m;
             memset(&m, 0, sizeof m);
-            snprintf(m.id, sizeof m.id, "n%05d-%0120d", i, 0);
-            snprintf(m.addr, sizeof m.addr, "h%0110d.example:%d", i, 1000 + i % 60000);
+            snprintf(m.id, sizeof m.id, "n%05u-", (unsigned)i % 100000u);
+            memset(m.id + 7, 'x', 120);
+            snprintf(m.addr, sizeof m.addr, "h%05u", (unsigned)i % 100000u);
+            memset(m.addr + 6, 'a', 104);
+            snprintf(m.addr + 110, sizeof m.addr - 110, ".example:%05u",
+                     1000u + (unsigned)i % 60000u);
             snprintf(key, sizeof key, PREFIX "/members/%s", m.id);
             snprintf(lid, sizeof lid, "%llu", (unsigned long long)lease);
             if (valid) {

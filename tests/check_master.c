@@ -681,7 +681,7 @@ static void big_record(struct kv__member *m, const char *ip, int i)
     snprintf(m->id, sizeof m->id, "v-%s-%05d-", ip, i);
     memset(m->id + strlen(m->id), 'i', KV_PROTO_ID_MAX - strlen(m->id));
     memset(m->addr, 'h', KV_PROTO_ID_MAX - 6);
-    snprintf(m->addr + KV_PROTO_ID_MAX - 6, 7, ":%05d", 1000 + i);
+    snprintf(m->addr + KV_PROTO_ID_MAX - 6, 7, ":%05u", (1000u + (unsigned)i) % 100000u);
     m->flags = KV_MEMBER_OWNER;
     m->nseg = KV_PROTO_SEG_MAX;
     for (uint32_t s = 0; s < m->nseg; s++)
