@@ -534,7 +534,8 @@ static size_t view_take(struct etcd *e, struct kv__member *list, uint64_t *vms, 
 /* The view is read in pages of at most this many records (etcd's range
  * limit, continued from the last key): a valid record's answer is a few
  * KiB, so a page stays far below ANSWER_MAX; a page that still passes it
- * (records someone filled with junk) is asked again with half the limit. */
+ * (records someone filled with junk) is asked again with an eighth of the
+ * limit. */
 #define VIEW_PAGE 256
 /* The most one read of the view takes in all, key and value bytes of every
  * record under the prefix, verified or not: 4096 members of the largest
@@ -580,7 +581,7 @@ static int refresh(struct etcd *e, int *changed)
         rc = post(e, "/v3/kv/range", req, &ans);
         json_object_put(req);
         if (rc == KV_ENOBUFS && limit > 1) {
-            limit /= 2;
+            limit = limit > 8 ? limit / 8 : 1;  /* each try read 16 MiB first */
             rc = KV_OK;
             continue;
         }
