@@ -543,6 +543,9 @@ static size_t view_take(struct etcd *e, struct kv__member *list, uint64_t *vms, 
  * are not members, and the read stops with KV_ENOSPC and a line naming
  * the bound rather than growing without one. */
 #define VIEW_READ_MAX (64u << 20)
+/* The base64 of the largest record (64 segments, 128-byte id and address)
+ * is under 10 KiB. */
+#define VIEW_RECORD_B64_MAX (32u << 10)
 
 /* Reads every record under the prefix, page by page at one revision;
  * installs them as the view when they differ from it (version = this
@@ -598,7 +601,9 @@ static int refresh(struct etcd *e, int *changed)
             size_t vl = 0, kl = 0;
             const char *v64 = jstr(kv, "value"), *k64s = jstr(kv, "key");
             read += (v64 ? strlen(v64) : 0) + (k64s ? strlen(k64s) : 0);
-            char *val = v64 ? b64_decode(v64, &vl) : NULL;
+            /* A member's record is a few KiB: a bigger value is not one,
+             * and is not even decoded. */
+            char *val = v64 && strlen(v64) <= VIEW_RECORD_B64_MAX ? b64_decode(v64, &vl) : NULL;
             char *key = k64s ? b64_decode(k64s, &kl) : NULL;
             if (i + 1 == total && key) {
                 /* the next page starts just after this key */
