@@ -459,10 +459,11 @@ KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)
         snprintf(err, sizeof err, "cannot start %u io threads", cfg->io.threads);
         goto fail;
     }
+    /* Before the host store's server starts: from then on its threads, and
+     * scrapes, read the engine (kv_stats_get) from other threads. */
+    e->open_ns = kv__now_ns() - t0;
     if (serve && (rc = kv__host_serve(e, err, sizeof err)) != KV_OK)
         goto fail;
-    /* Last: from here on scrapes read the engine from another thread. */
-    e->open_ns = kv__now_ns() - t0;
     rc = kv__metrics_open(e, cfg, &e->metrics, err, sizeof err);
     if (rc != KV_OK)
         goto fail;

@@ -16,8 +16,9 @@
  *
  * Key design choice: the watch is a doorbell, not a log. A thread keeps a
  * watch stream open on the prefix; every event on it makes the thread read
- * the whole prefix again (one range; a view is a few hundred records at
- * most) instead of applying events one by one. So there is one way the
+ * the whole prefix again (a range, read in pages of VIEW_PAGE records at
+ * one revision, at most VIEW_READ_MAX in all) instead of applying events
+ * one by one. So there is one way the
  * view is built, a lost or compacted watch costs nothing but a re-read,
  * and the heartbeat can check the view the same way: a keepalive's answer
  * carries etcd's current revision, and when it is newer than the last read
@@ -323,22 +324,35 @@ static int same_member(const struct kv__member *a, const struct kv__member *b)
 
 struct answer {
     char *p;
-    size_t len;
+    size_t len, cap;
+    int over;                           /* passed ANSWER_MAX: cut off */
 };
 
 static size_t on_answer(char *d, size_t sz, size_t nm, void *u)
 {
     struct answer *a = u;
     size_t n = sz * nm;
-    if (a->len + n > ANSWER_MAX)
+    if (a->len + n > ANSWER_MAX) {
+        a->over = 1;
         return 0;
-    char *p = realloc(a->p, a->len + n + 1);
-    if (!p)
-        return 0;
-    memcpy(p + a->len, d, n);
+    }
+    /* Grown by doubling: a page of the view is megabytes in 16 KiB
+     * pieces, and growing by each piece copied it over and over (under
+     * ThreadSanitizer's allocator a 16 MiB answer took longer than the
+     * call's deadline). */
+    if (a->len + n + 1 > a->cap) {
+        size_t c = a->cap ? a->cap : 4096;
+        while (c < a->len + n + 1)
+            c *= 2;
+        char *p = realloc(a->p, c);
+        if (!p)
+            return 0;
+        a->p = p;
+        a->cap = c;
+    }
+    memcpy(a->p + a->len, d, n);
     a->len += n;
-    p[a->len] = '\0';
-    a->p = p;
+    a->p[a->len] = '\0';
     return n;
 }
 
@@ -387,7 +401,12 @@ static int post_one(struct etcd *e, int k, const char *path, const char *body, u
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &http);
     int rc = KV_OK;
     json_object *o = NULL;
-    if (cc == CURLE_OPERATION_TIMEDOUT) {
+    if (cc == CURLE_WRITE_ERROR && a.over) {
+        /* Not the endpoint's fault: every endpoint holds the same data. */
+        KV_WARN("etcd %s%s: the answer passed %u MiB, the bound on one answer", e->ep[k], path,
+                ANSWER_MAX >> 20);
+        rc = KV_ENOBUFS;
+    } else if (cc == CURLE_OPERATION_TIMEDOUT) {
         rc = KV_ETIMEDOUT;
     } else if (cc != CURLE_OK) {
         rc = KV_ENET;
@@ -504,86 +523,164 @@ static void prefix_end(const char *p, char *out, size_t cap)
     out[strlen(out) - 1]++;   /* "PREFIX/members/" -> "PREFIX/members0" */
 }
 
-/* Reads every record under the prefix; installs them as the view when they
- * differ from it (version = this read's revision). *changed says whether
- * they did. Caller holds call_lock. */
+/* One record of a read of the view (val, key: decoded, NULL when they
+ * were not base64): appended to list at n when it proves itself, else the
+ * last verified record of a live member under that key stands in (see
+ * below); the new n. */
+static size_t view_take(struct etcd *e, struct kv__member *list, uint64_t *vms, size_t n,
+                        uint64_t now, const char *val, size_t vl, const char *key, size_t kl,
+                        json_object *kv, int *self_ok, size_t *bad)
+{
+    struct kv__member *m = &list[n];
+    size_t pl = strlen(e->key_prefix);
+    /* A member only when it proves itself: its MAC, its key, its lease
+     * (see the top). */
+    if (val && key && strlen(key) == kl && strlen(val) == vl &&
+        record_decode(val, m) == 0 && kl > pl && strcmp(key + pl, m->id) == 0 &&
+        m->lease == (uint64_t)jint(kv, "lease") && kv__member_sane(m) &&
+        kv__member_verify(e->token, m)) {
+        /* Our own key must hold exactly what we wrote; anything else
+         * there (an older record of ours replayed) is not believed. */
+        int mine = e->joined && strcmp(m->id, e->self.id) == 0;
+        if (mine)
+            *self_ok = same_member(m, &e->self);
+        if (!mine || *self_ok) {
+            vms[n] = now;
+            return n + 1;
+        }
+    }
+    (*bad)++;
+    /* A live member's key overwritten by someone else: its last verified
+     * record stands in until the member rewrites it (a heartbeat), for
+     * at most two TTLs, so the forgery cannot take it out of the view
+     * either. */
+    for (size_t j = 0; key && kl > pl && strncmp(key, e->key_prefix, pl) == 0 && j < e->n; j++)
+        if (strcmp(e->members[j].id, key + pl) == 0 &&
+            now - e->verified_ms[j] <= 2000ull * (uint64_t)e->ttl_s) {
+            list[n] = e->members[j];
+            vms[n] = e->verified_ms[j];
+            return n + 1;
+        }
+    return n;
+}
+
+/* The view is read in pages of at most this many records (etcd's range
+ * limit, continued from the last key): a valid record's answer is a few
+ * KiB, so a page stays far below ANSWER_MAX; a page that still passes it
+ * (records someone filled with junk) is asked again with an eighth of the
+ * limit. */
+#define VIEW_PAGE 256
+/* The most one read of the view takes in all, key and value bytes of every
+ * record under the prefix, verified or not: 4096 members of the largest
+ * record are under 32 MiB, so beyond this the prefix holds records that
+ * are not members, and the read stops with KV_ENOSPC and a line naming
+ * the bound rather than growing without one. */
+#define VIEW_READ_MAX (64u << 20)
+/* The base64 of the largest record (64 segments, 128-byte id and address)
+ * is under 10 KiB. */
+#define VIEW_RECORD_B64_MAX (32u << 10)
+
+/* Reads every record under the prefix, page by page at one revision;
+ * installs them as the view when they differ from it (version = this
+ * read's revision). *changed says whether they did. Caller holds
+ * call_lock. */
 static int refresh(struct etcd *e, int *changed)
 {
     char end[sizeof e->key_prefix];
     prefix_end(e->key_prefix, end, sizeof end);
-    json_object *req = json_object_new_object(), *ans = NULL;
-    jadd_b64(req, "key", e->key_prefix);
-    jadd_b64(req, "range_end", end);
-    int rc = post(e, "/v3/kv/range", req, &ans);
-    json_object_put(req);
     *changed = 0;
-    if (rc != KV_OK)
-        return rc;
-    uint64_t rev = (uint64_t)jint(jget(ans, "header"), "revision");
-    json_object *kvs = jget(ans, "kvs");
-    size_t total = kvs && json_object_is_type(kvs, json_type_array)
-                       ? json_object_array_length(kvs) : 0, cnt = total;
     /* Only verified records count towards the bound, so records that sort
      * first cannot push real members out. */
-    if (cnt > KV_PROTO_VIEW_MAX)
-        cnt = KV_PROTO_VIEW_MAX;
-    struct kv__member *list = calloc(cnt ? cnt : 1, sizeof *list);
-    uint64_t *vms = calloc(cnt ? cnt : 1, sizeof *vms), now = kv__now_ms();
-    size_t n = 0;
-    if (!list || !vms) {
+    struct kv__member *list = calloc(KV_PROTO_VIEW_MAX, sizeof *list);
+    uint64_t *vms = calloc(KV_PROTO_VIEW_MAX, sizeof *vms), now = kv__now_ms(), rev = 0;
+    char *from = strdup(e->key_prefix);
+    size_t n = 0, cnt = KV_PROTO_VIEW_MAX, read = 0, pl = strlen(e->key_prefix), flen;
+    int self_ok = 0, more = 1, rc = KV_OK;
+    int64_t limit = VIEW_PAGE;
+    size_t bad = 0;
+    if (!list || !vms || !from) {
         free(list);
         free(vms);
-        json_object_put(ans);
+        free(from);
         return KV_ENOMEM;
     }
-    int self_ok = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < total && n < cnt; i++) {
-        json_object *kv = json_object_array_get_idx(kvs, i);
-        size_t vl = 0, kl = 0;
-        const char *v64 = jstr(kv, "value"), *k64 = jstr(kv, "key");
-        char *val = v64 ? b64_decode(v64, &vl) : NULL, *key = k64 ? b64_decode(k64, &kl) : NULL;
-        struct kv__member *m = &list[n];
-        size_t pl = strlen(e->key_prefix);
-        /* A member only when it proves itself: its MAC, its key, its lease
-         * (see the top). */
-        if (val && key && strlen(key) == kl && strlen(val) == vl &&
-            record_decode(val, m) == 0 && kl > pl && strcmp(key + pl, m->id) == 0 &&
-            m->lease == (uint64_t)jint(kv, "lease") && kv__member_sane(m) &&
-            kv__member_verify(e->token, m)) {
-            /* Our own key must hold exactly what we wrote; anything else
-             * there (an older record of ours replayed) is not believed. */
-            int mine = e->joined && strcmp(m->id, e->self.id) == 0;
-            if (mine)
-                self_ok = same_member(m, &e->self);
-            if (!mine || self_ok) {
-                vms[n++] = now;
-                free(val);
-                free(key);
-                continue;
-            }
+    flen = pl;
+    while (more && rc == KV_OK) {
+        json_object *req = json_object_new_object(), *ans = NULL;
+        char *k64 = b64_encode(from, flen);
+        json_object_object_add(req, "key", json_object_new_string(k64 ? k64 : ""));
+        free(k64);
+        jadd_b64(req, "range_end", end);
+        jadd_int(req, "limit", limit);
+        if (rev)
+            jadd_int(req, "revision", (int64_t)rev);   /* every page at the first's */
+        rc = post(e, "/v3/kv/range", req, &ans);
+        json_object_put(req);
+        if (rc == KV_ENOBUFS && limit > 1) {
+            limit = limit > 8 ? limit / 8 : 1;  /* each try read 16 MiB first */
+            rc = KV_OK;
+            continue;
         }
-        bad++;
-        /* A live member's key overwritten by someone else: its last verified
-         * record stands in until the member rewrites it (a heartbeat), for
-         * at most two TTLs, so the forgery cannot take it out of the view
-         * either. */
-        for (size_t j = 0; key && kl > pl && strncmp(key, e->key_prefix, pl) == 0 && j < e->n;
-             j++)
-            if (strcmp(e->members[j].id, key + pl) == 0 &&
-                now - e->verified_ms[j] <= 2000ull * (uint64_t)e->ttl_s) {
-                list[n] = e->members[j];
-                vms[n++] = e->verified_ms[j];
-                break;
+        if (rc != KV_OK)
+            break;
+        if (!rev)
+            rev = (uint64_t)jint(jget(ans, "header"), "revision");
+        json_object *kvs = jget(ans, "kvs"), *mo = jget(ans, "more");
+        size_t total = kvs && json_object_is_type(kvs, json_type_array)
+                           ? json_object_array_length(kvs) : 0;
+        more = total > 0 && mo && json_object_get_boolean(mo);
+        for (size_t i = 0; i < total; i++) {
+            json_object *kv = json_object_array_get_idx(kvs, i);
+            size_t vl = 0, kl = 0;
+            const char *v64 = jstr(kv, "value"), *k64s = jstr(kv, "key");
+            read += (v64 ? strlen(v64) : 0) + (k64s ? strlen(k64s) : 0);
+            /* A member's record is a few KiB: a bigger value is not one,
+             * and is not even decoded. */
+            char *val = v64 && strlen(v64) <= VIEW_RECORD_B64_MAX ? b64_decode(v64, &vl) : NULL;
+            char *key = k64s ? b64_decode(k64s, &kl) : NULL;
+            if (i + 1 == total && key) {
+                /* the next page starts just after this key */
+                char *nf = malloc(kl + 1);
+                if (nf) {
+                    memcpy(nf, key, kl);
+                    nf[kl] = 0;
+                    free(from);
+                    from = nf;
+                    flen = kl + 1;
+                } else {
+                    rc = KV_ENOMEM;
+                }
+            } else if (i + 1 == total) {
+                more = 0;
             }
-        free(val);
-        free(key);
+            if (n < cnt)
+                n = view_take(e, list, vms, n, now, val, vl, key, kl, kv, &self_ok, &bad);
+            free(val);
+            free(key);
+        }
+        json_object_put(ans);
+        if (rc == KV_OK && more && read > VIEW_READ_MAX) {
+            KV_WARN("etcd: the records under %s pass %u MiB in all, the bound on one read of "
+                    "the view: it holds keys that are not members (remove them); the view is "
+                    "not read", e->key_prefix, VIEW_READ_MAX >> 20);
+            rc = KV_ENOSPC;
+        }
     }
+    free(from);
+    if (rc != KV_OK) {
+        free(list);
+        free(vms);
+        return rc;
+    }
+    /* Kept as the view: only as big as it is. */
+    struct kv__member *fit = realloc(list, (n ? n : 1) * sizeof *list);
+    uint64_t *vfit = realloc(vms, (n ? n : 1) * sizeof *vms);
+    list = fit ? fit : list;
+    vms = vfit ? vfit : vms;
     if (bad)
         KV_WARN("etcd: %zu record(s) under %s do not verify (MAC, key or lease); ignored", bad,
                 e->key_prefix);
     e->self_ok = self_ok;
-    json_object_put(ans);
     pthread_mutex_lock(&e->view_lock);
     int same = e->have_view && e->n == n;
     for (size_t i = 0; same && i < n; i++)

@@ -108,6 +108,15 @@ struct master {
     struct mconn conns[MASTER_CONNS_MAX];
     size_t nconns, nunauth;
     int spare_fd;               /* given up to refuse a peer at EMFILE */
+    /* The VIEW body as last encoded, for version vver: every heartbeat is
+     * answered with it, so it is encoded again only when the view changed,
+     * and a JOIN that only appends a record appends its bytes (a view of
+     * thousands of members would otherwise be copied and encoded whole at
+     * every JOIN). */
+    uint8_t *vbuf;
+    size_t vlen, vcap;
+    uint64_t vver;
+    int vvalid;
 };
 
 static void mconn_drop(struct master *ms, size_t i)
@@ -134,34 +143,89 @@ static int same_record(const struct kv__member *a, const struct kv__member *b)
            memcmp(a->mac, b->mac, sizeof a->mac) == 0;
 }
 
+/* Makes ms->vbuf hold the encoded view of this version (room after it for
+ * a secret). */
+static int view_encode_cached(struct master *ms)
+{
+    if (ms->vvalid && ms->vver == ms->version)
+        return KV_OK;
+    size_t need = 12 + KV_PROTO_SECRET_LEN;
+    for (size_t i = 0; i < ms->n; i++)
+        need += kv__member_wire_len(&ms->mem[i].m);
+    if (need > ms->vcap) {
+        uint8_t *b = realloc(ms->vbuf, need);
+        if (!b)
+            return KV_ENOMEM;
+        ms->vbuf = b;
+        ms->vcap = need;
+    }
+    kv__put64(ms->vbuf, ms->version);
+    kv__put32(ms->vbuf + 8, (uint32_t)ms->n);
+    size_t len = 12;
+    for (size_t i = 0; i < ms->n; i++) {
+        /* one record at a time, after a 12-byte header it writes and the
+         * bytes before it are saved from */
+        uint8_t save[12];
+        memcpy(save, ms->vbuf + len - 12, 12);
+        int k = kv__view_encode(0, &ms->mem[i].m, 1, ms->vbuf + len - 12, need - len + 12);
+        memcpy(ms->vbuf + len - 12, save, 12);
+        if (k < 12) {
+            ms->vvalid = 0;
+            return k < 0 ? k : KV_EPROTO;
+        }
+        len += (size_t)k - 12;
+    }
+    ms->vlen = len;
+    ms->vver = ms->version;
+    ms->vvalid = 1;
+    return KV_OK;
+}
+
+/* The record just appended as mem[n - 1] (and the version bumped once for
+ * it): appends its bytes to a cache that was the view before it. */
+static void view_append_cached(struct master *ms)
+{
+    if (!ms->vvalid || ms->vver + 1 != ms->version || ms->n == 0)
+        return;
+    const struct kv__member *m = &ms->mem[ms->n - 1].m;
+    size_t need = ms->vlen + kv__member_wire_len(m) + KV_PROTO_SECRET_LEN;
+    if (need > ms->vcap) {
+        uint8_t *b = realloc(ms->vbuf, need);
+        if (!b) {
+            ms->vvalid = 0;
+            return;
+        }
+        ms->vbuf = b;
+        ms->vcap = need;
+    }
+    uint8_t save[12];
+    memcpy(save, ms->vbuf + ms->vlen - 12, 12);
+    int k = kv__view_encode(0, m, 1, ms->vbuf + ms->vlen - 12, need - ms->vlen + 12);
+    memcpy(ms->vbuf + ms->vlen - 12, save, 12);
+    if (k < 12) {
+        ms->vvalid = 0;
+        return;
+    }
+    ms->vlen += (size_t)k - 12;
+    kv__put64(ms->vbuf, ms->version);
+    kv__put32(ms->vbuf + 8, (uint32_t)ms->n);
+    ms->vver = ms->version;
+}
+
 /* Sends the view; with secret, appends it (the answer to the JOIN that
  * created or took over a record). */
 static int send_view(struct master *ms, int fd, uint64_t req_id, const uint8_t *secret)
 {
-    size_t need = 12 + KV_PROTO_SECRET_LEN;
-    for (size_t i = 0; i < ms->n; i++)
-        need += kv__member_wire_len(&ms->mem[i].m);
-    uint8_t *b = malloc(need);
-    if (!b)
-        return KV_ENOMEM;
-    struct kv__member *list = malloc((ms->n ? ms->n : 1) * sizeof *list);
-    if (!list) {
-        free(b);
-        return KV_ENOMEM;
-    }
-    for (size_t i = 0; i < ms->n; i++)
-        list[i] = ms->mem[i].m;
-    int len = kv__view_encode(ms->version, list, ms->n, b, need);
-    free(list);
-    if (len >= 0 && secret) {
-        memcpy(b + len, secret, KV_PROTO_SECRET_LEN);
+    int rc = view_encode_cached(ms);
+    if (rc != KV_OK)
+        return rc;
+    size_t len = ms->vlen;
+    if (secret) {
+        memcpy(ms->vbuf + len, secret, KV_PROTO_SECRET_LEN);   /* vcap has room */
         len += KV_PROTO_SECRET_LEN;
     }
-    int rc = len < 0 ? len
-                     : send_frame(fd, KV_MSG_VIEW, KV_OK, req_id, b, (size_t)len,
-                                  kv__now_ms() + MASTER_SEND_MS);
-    free(b);
-    return rc;
+    return send_frame(fd, KV_MSG_VIEW, KV_OK, req_id, ms->vbuf, len,
+                      kv__now_ms() + MASTER_SEND_MS);
 }
 
 /* The VIEW must fit one frame however records grow: a JOIN that would push
@@ -179,6 +243,21 @@ static size_t view_bytes_with(const struct master *ms, ssize_t at, const struct 
         if ((ssize_t)i != at)
             b += kv__member_wire_len(&ms->mem[i].m);
     return b;
+}
+
+/* 1 when addr ("a.b.c.d:port") names the IPv4 host ip (network order):
+ * the JOIN came from the host its record says it listens on. A host name
+ * is never matched (the master resolves nothing). */
+static int addr_is_from(const char *addr, uint32_t ip)
+{
+    char host[64];
+    const char *colon = strrchr(addr, ':');
+    struct in_addr a;
+    if (!colon || ip == 0 || (size_t)(colon - addr) >= sizeof host)
+        return 0;
+    memcpy(host, addr, (size_t)(colon - addr));
+    host[colon - addr] = 0;
+    return inet_pton(AF_INET, host, &a) == 1 && a.s_addr == ip;
 }
 
 /* Constant time, as tokens are (kv__token_eq). */
@@ -208,10 +287,22 @@ static int refuse(struct master *ms, struct mconn *c, int status, const char *wh
  * Ownership: the JOIN that creates a record gets a fresh random secret in
  * its answer, and from then on only a JOIN or LEAVE carrying it changes or
  * drops the record, so one token holder cannot rewrite another's address.
- * A JOIN without it is still answered when it repeats the record exactly
- * (a node restarted before its old record expired), without refreshing it;
- * and once the owner has been silent for two heartbeats, the id may be
- * claimed afresh (that restarted node takes its id back).
+ * A JOIN without it, for a record still live (its owner heard from within
+ * cluster.node_ttl_ms), is refused (KV_EBUSY) unless it is the owner
+ * restarted: the same address, from that address's own host (a restarted
+ * node listens where it did, and its old process, which held that port,
+ * is gone). Anyone else, from another host or naming another address,
+ * waits for the TTL like everybody, so a token holder cannot take a live
+ * member's id during a short silence and keep it. A JOIN without it that
+ * repeats the record exactly is still answered, without refreshing it.
+ *
+ * Why the address's host and not an instance nonce in the record: the
+ * VIEW hands every record to every member, so a nonce in it is public and
+ * any token holder could copy it; the secret above is what proves an
+ * instance, and a restarted process has lost it. What a restart cannot
+ * fake from another host is the connection's source address. (On the
+ * owner's own host a token holder can claim the id, but only with the
+ * owner's address in it: the traffic still goes to the owner.)
  */
 static int master_serve(struct master *ms, struct mconn *c)
 {
@@ -234,7 +325,10 @@ static int master_serve(struct master *ms, struct mconn *c)
     ssize_t at = find_member(ms, m.id);
     struct mentry *e = at >= 0 ? &ms->mem[at] : NULL;
     int owner = e && ((has && secret_eq(e->secret, secret)) || !e->owned);
-    int stale = e && now - e->last_ms > 2ull * kv__master_heartbeat_ms(ms->cfg->cluster.node_ttl_ms);
+    int stale = e && now - e->last_ms > ms->cfg->cluster.node_ttl_ms;
+    int restart = e && !owner && !stale && c->h.type == KV_MSG_JOIN &&
+                  (m.flags & KV_MEMBER_OWNER) && strcmp(e->m.addr, m.addr) == 0 &&
+                  addr_is_from(m.addr, c->ip);
     const uint8_t *give = NULL;
     /* A LEAVE for an id not in the view changes nothing and is answered
      * with the view like any other: kv_members (net/members.c) reads the
@@ -248,7 +342,7 @@ static int master_serve(struct master *ms, struct mconn *c)
             KV_INFO("kvmaster: %s left (view %llu, %zu members)", m.id,
                     (unsigned long long)ms->version, ms->n);
         }
-    } else if (e && !owner && !stale) {
+    } else if (e && !owner && !stale && !restart) {
         if (!kv__member_same_place(&e->m, &m))
             return refuse(ms, c, KV_EBUSY, "the record is a live member's, changed only by it",
                           m.id);
@@ -263,6 +357,7 @@ static int master_serve(struct master *ms, struct mconn *c)
             if (!kv__member_same_place(&e->m, &m))
                 ms->version++;
             e->m = m;
+            ms->vvalid = 0;   /* the cached VIEW holds the old figures */
         }
         e->last_ms = now;
     } else {
@@ -272,7 +367,8 @@ static int master_serve(struct master *ms, struct mconn *c)
         }
         give = c->h.flags & KV_HDR_SECRET ? fresh : NULL;
         if (e) {
-            KV_INFO("kvmaster: %s claimed afresh at %s (its owner silent %llu ms)", m.id, m.addr,
+            KV_INFO("kvmaster: %s claimed afresh at %s (%s, its owner silent %llu ms)", m.id,
+                    m.addr, restart ? "restarted on its own address" : "its TTL passed",
                     (unsigned long long)(now - e->last_ms));
             if (!kv__member_same_place(&e->m, &m))
                 ms->version++;
@@ -293,7 +389,9 @@ static int master_serve(struct master *ms, struct mconn *c)
                 ms->cap = nc;
             }
             e = &ms->mem[ms->n++];
+            e->m = m;
             ms->version++;
+            view_append_cached(ms);
             KV_INFO("kvmaster: %s joined at %s%s (view %llu, %zu members)", m.id, m.addr,
                     (m.flags & KV_MEMBER_OWNER) ? "" : " as a client",
                     (unsigned long long)ms->version, ms->n);
@@ -524,6 +622,7 @@ static int master_run(const kv_config *cfg, volatile int *stop, char *err, size_
         close(ms->spare_fd);
     free(pf);
     free(ms->mem);
+    free(ms->vbuf);
     free(ms);
     close(lfd);
     KV_INFO("kvmaster: stopped");
@@ -696,9 +795,9 @@ fail:
 }
 
 /* How long a JOIN keeps asking while the master says the record is a live
- * member's (KV_EBUSY): past two heartbeats (at most 1 s each) of silence
- * the id may be claimed afresh, so a node restarted on its old address
- * gets it back within this; a second live node using the id does not. */
+ * member's (KV_EBUSY): a node restarted on its old address gets its id
+ * back at once (master_serve), so this only rides out a short TTL (tests,
+ * small node_ttl_ms); a second live node using the id is refused. */
 #define MC_BUSY_RETRY_MS 2500
 
 int kv__mclient_join(struct kv__mclient *m, const struct kv__member *self, uint64_t *version,

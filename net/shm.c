@@ -927,6 +927,13 @@ static void *sconn_main(void *arg)
         if (fd >= 0)
             close(fd);
     }
+    /* The socket is closed under the server's lock: kv__shm_stop shuts
+     * down live connections' sockets under it, and must never use a number
+     * closed here (another open may have it by then). */
+    pthread_mutex_lock(&s->mu);
+    close_listed(c->fd);
+    c->fd = -1;
+    pthread_mutex_unlock(&s->mu);
     sconn_free(c);
     atomic_fetch_sub(&s->nconns, 1);
     atomic_store(&c->done, true);

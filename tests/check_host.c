@@ -478,6 +478,15 @@ END_TEST
 
 /* ---- the DRAM budget ------------------------------------------------------------ */
 
+/* Under ASan or TSan, VmRSS counts the sanitizer's shadow memory and its
+ * quarantine of freed blocks, not the engine's: the budget is checked in
+ * the plain build only. */
+#if defined(__SANITIZE_THREAD__)
+#define RSS_CHECKED 0
+#else
+#define RSS_CHECKED 1
+#endif
+
 static int budget_child(void *arg, int k)
 {
     struct world *w = arg;
@@ -508,7 +517,7 @@ static int budget_child(void *arg, int k)
     /* The segment is the server's: this process holds its own buffers,
      * staging and the pages of the segment it read, not dram.capacity. */
     uint64_t rss = rss_bytes("VmRSS");
-    if (rss - base >= (256u << 20) / 4) {
+    if (RSS_CHECKED && rss - base >= (256u << 20) / 4) {
         fprintf(stderr, "attached VmRSS grew by %llu bytes (from %llu)\n",
                 (unsigned long long)(rss - base), (unsigned long long)base);
         return 14;
@@ -988,7 +997,14 @@ Suite *host_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, killed_clients_leave_nothing_behind);
     tcase_add_test(tc, a_killed_server_is_taken_over);
+    /* ThreadSanitizer cannot run a child that starts threads after a
+     * multi-threaded fork (it dies: "starting new threads after
+     * multi-threaded fork is not supported"), which is this test. */
+#ifndef __SANITIZE_THREAD__
     tcase_add_test(tc, a_child_forked_after_open_takes_over);
+#else
+    (void)a_child_forked_after_open_takes_over;
+#endif
     tcase_add_test(tc, dram_only_blocks_of_a_dead_server_are_misses);
     tcase_add_test(tc, a_stopped_server_fails_calls_promptly);
     suite_add_tcase(s, tc);

@@ -582,18 +582,164 @@ START_TEST(record_owned_by_its_joiner)
     /* the owner still changes its own record */
     snprintf(ma.addr, sizeof ma.addr, "127.0.0.1:2");
     ck_assert_int_eq(join(a, &ma, NULL, NULL), 1);
-    /* an identical record from another joiner is answered, not refused (a
-     * node restarted before its old record expired) */
-    ck_assert_int_eq(join(b, &ma, NULL, NULL), 1);
-    /* once the owner is quiet for two heartbeats (TTL 600: 2 x 150 ms),
-     * the id may be claimed afresh */
-    usleep(400000);
     snprintf(forged.addr, sizeof forged.addr, "127.0.0.1:3");
+    /* once the owner's TTL (600 ms) has passed, the id may be claimed
+     * afresh (b's client asks again for 2.5 s) */
     ck_assert_int_eq(join(b, &forged, NULL, NULL), 1);
     ck_assert_int_eq(kv__mclient_leave(a, &ma), KV_EPERM);
     ck_assert_int_eq(kv__mclient_leave(b, &forged), KV_OK);
     kv__mclient_close(a);
     kv__mclient_close(b);
+}
+END_TEST
+
+/* One JOIN of m from source address from (no secret: a process that did not
+ * create the record); the status of the answer. */
+static int raw_join(const char *from_ip, const struct kv__member *m)
+{
+    struct sockaddr_in sa, from = { .sin_family = AF_INET };
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    inet_pton(AF_INET, from_ip, &from.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 2000), KV_OK);
+    static uint8_t b[1 << 16];
+    struct kv__member me = *m;
+    ck_assert_int_eq(kv__member_sign("sesame", &me), KV_OK);
+    int blen = kv__join_encode(&me, b + KV_PROTO_HDR_LEN, 4096);
+    ck_assert_int_gt(blen, 0);
+    struct kv__hdr h = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen, .req_id = 1,
+                         .flags = KV_HDR_SECRET };
+    kv__hdr_encode(&h, b);
+    uint64_t dl = kv__now_ms() + 5000;
+    ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1, dl), KV_OK);
+    ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN, 0, dl), KV_OK);
+    ck_assert_int_eq(kv__hdr_decode(b, 0, &h), KV_OK);
+    close(fd);
+    return h.status;
+}
+
+/* A live member keeps its id (issue 17, 4): a token holder elsewhere
+ * cannot take it during a silence shorter than the TTL, naming its own
+ * address or the owner's; the owner restarted (no secret, its own address,
+ * from its own host) takes it back at once. On main the forger from
+ * 127.0.0.2 took the id after two heartbeats (2 s) of silence. */
+START_TEST(live_id_kept_by_its_owner)
+{
+    kill(master_pid, SIGKILL);
+    waitpid(master_pid, NULL, 0);
+    start_master("sesame", 5000);   /* heartbeat 1 s, claimable on main after 2 s */
+    struct kv__mclient *a;
+    ck_assert_int_eq(kv__mclient_open(master_addr, "sesame", 1000, &a), KV_OK);
+    struct kv__member own = who("127.0.0.1:7001", KV_MEMBER_OWNER);
+    snprintf(own.addr, sizeof own.addr, "127.0.0.1:7001");
+    ck_assert_int_eq(join(a, &own, NULL, NULL), 1);
+    struct kv__member elsewhere = own, mine = own;
+    snprintf(elsewhere.addr, sizeof elsewhere.addr, "127.0.0.2:9");
+    mine.nseg = 1;              /* the owner's address, from another host */
+    mine.seg[0].base = 4096;
+    mine.seg[0].len = 4096;
+    ck_assert_int_eq(raw_join("127.0.0.2", &elsewhere), KV_EBUSY);
+    ck_assert_int_eq(raw_join("127.0.0.2", &mine), KV_EBUSY);
+    usleep(2300 * 1000);        /* past two heartbeats, well within the TTL */
+    ck_assert_int_eq(raw_join("127.0.0.2", &elsewhere), KV_EBUSY);
+    ck_assert_int_eq(raw_join("127.0.0.2", &mine), KV_EBUSY);
+    /* the owner restarted: its own address, from its own host */
+    struct kv__member again = own;
+    again.nseg = 1;
+    again.seg[0] = mine.seg[0];
+    ck_assert_int_eq(raw_join("127.0.0.1", &again), KV_OK);
+    ck_assert_int_eq(raw_join("127.0.0.2", &elsewhere), KV_EBUSY);
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.token", "sesame"), KV_OK);
+    uint64_t v;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &list, &n), KV_OK);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_str_eq(list[0].addr, "127.0.0.1:7001");
+    free(list);
+    kv_config_free(q);
+    kv__mclient_close(a);
+}
+END_TEST
+
+/* The VIEW stays within one frame (4 MiB) however many records of the
+ * largest size (1,588 bytes: 128-byte id and address, 64 segments) token
+ * holders JOIN: three hosts send 3,072 of them (each JOIN on its own
+ * connection, closed without reading the answer); the master refuses the
+ * ones past the bound with KV_ENOSPC, and the view still reads
+ * (kv_members), as heartbeats do. Without the bound the VIEW passed 4 MiB
+ * and every reader of it failed. */
+static void big_record(struct kv__member *m, const char *ip, int i)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->id, sizeof m->id, "v-%s-%05d-", ip, i);
+    memset(m->id + strlen(m->id), 'i', KV_PROTO_ID_MAX - strlen(m->id));
+    memset(m->addr, 'h', KV_PROTO_ID_MAX - 6);
+    snprintf(m->addr + KV_PROTO_ID_MAX - 6, 7, ":%05u", (1000u + (unsigned)i) % 100000u);
+    m->flags = KV_MEMBER_OWNER;
+    m->nseg = KV_PROTO_SEG_MAX;
+    for (uint32_t s = 0; s < m->nseg; s++)
+        m->seg[s] = (struct kv__segdesc){ .base = 1ull << 40, .len = 4096, .rkey = s };
+}
+
+START_TEST(view_within_one_frame)
+{
+    kill(master_pid, SIGKILL);
+    waitpid(master_pid, NULL, 0);
+    start_master("sesame", 600000);
+    struct sockaddr_in sa;
+    ck_assert_int_eq(kv__net_parse_addr(master_addr, &sa), KV_OK);
+    static const char *ips[] = { "127.0.0.2", "127.0.0.3", "127.0.0.4" };
+    static uint8_t b[8192];
+    /* Every record is the largest a member can send (its length grows
+     * with the record's fields: the figures of kvctl members among them). */
+    struct kv__member first;
+    big_record(&first, ips[0], 0);
+    size_t big = kv__member_wire_len(&first);
+    ck_assert_uint_gt(3 * 1024 * big, KV_PROTO_BODY_MAX);   /* more than fits */
+    for (int h = 0; h < 3; h++)
+        for (int i = 0; i < 1024; i++) {
+            struct kv__member m;
+            big_record(&m, ips[h], i);
+            ck_assert_uint_eq(kv__member_wire_len(&m), big);
+            ck_assert_int_eq(kv__member_sign("sesame", &m), KV_OK);
+            struct sockaddr_in from = { .sin_family = AF_INET };
+            inet_pton(AF_INET, ips[h], &from.sin_addr);
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            ck_assert_int_eq(bind(fd, (struct sockaddr *)&from, sizeof from), 0);
+            ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+            ck_assert_int_eq(kv__auth_client(fd, "sesame", kv__now_ms() + 5000), KV_OK);
+            int blen = kv__join_encode(&m, b + KV_PROTO_HDR_LEN, sizeof b - KV_PROTO_HDR_LEN);
+            ck_assert_int_gt(blen, 0);
+            struct kv__hdr hd = { .type = KV_MSG_JOIN, .body_len = (uint32_t)blen, .req_id = 1 };
+            kv__hdr_encode(&hd, b);
+            ck_assert_int_eq(kv__sock_xfer1(fd, b, KV_PROTO_HDR_LEN + (size_t)blen, 1,
+                                            kv__now_ms() + 5000), KV_OK);
+            close(fd);
+        }
+    /* one more from a fourth host, its answer read: the view is full */
+    struct kv__member m;
+    big_record(&m, "127.0.0.5", 0);
+    ck_assert_int_eq(raw_join("127.0.0.5", &m), KV_ENOSPC);
+    kv_config *q = NULL;
+    ck_assert_int_eq(kv_config_new(&q), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.master", master_addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(q, "cluster.token", "sesame"), KV_OK);
+    uint64_t v;
+    kv_member_info *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(kv_members(q, &v, &list, &n), KV_OK);
+    /* the records that fit a VIEW with its header and a secret */
+    ck_assert_uint_eq(n, (KV_PROTO_BODY_MAX - 12 - KV_PROTO_SECRET_LEN) / big);
+    free(list);
+    kv_config_free(q);
 }
 END_TEST
 
@@ -682,9 +828,16 @@ Suite *master_suite(void)
     tcase_add_test(tc, hostile_frames);
     tcase_add_test(tc, idle_flood_does_not_lock_out);
     tcase_add_test(tc, record_owned_by_its_joiner);
+    tcase_add_test(tc, live_id_kept_by_its_owner);
     tcase_add_test(tc, open_beyond_loopback_needs_token);
     tcase_add_test(tc, token_compare);
     tcase_add_test(tc, sigterm_exits_cleanly);
     suite_add_tcase(s, tc);
+    /* thousands of JOINs: a case of its own, with time for sanitizers */
+    TCase *big = tcase_create("view_bound");
+    tcase_add_checked_fixture(big, setup, teardown);
+    tcase_set_timeout(big, 120);
+    tcase_add_test(big, view_within_one_frame);
+    suite_add_tcase(s, big);
     return s;
 }
