@@ -343,6 +343,18 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     return KV_OK;
 }
 
+/* One wait on cv (mu held) of at most ms: the condition variables here use
+ * the default clock, CLOCK_REALTIME, so the deadline is built on it. */
+static void cond_wait_ms(pthread_cond_t *cv, pthread_mutex_t *mu, uint64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    ts.tv_sec += (time_t)(ms / 1000) + ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    pthread_cond_timedwait(cv, mu, &ts);
+}
+
 /* The store's doorbell (etcd's watch): the heartbeat thread fetches the
  * view now instead of at its next beat. */
 static void on_view_change(void *arg)
@@ -368,13 +380,7 @@ static void view_refresh(struct kv__cluster *c, unsigned timeout_ms)
         uint64_t now = kv__now_ms();
         if (now >= until)
             break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wait = until - now;
-        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-        ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
+        cond_wait_ms(&c->hbcond, &c->hblock, until - now);
     }
     pthread_mutex_unlock(&c->hblock);
 }
@@ -412,13 +418,7 @@ static void *hb_main(void *arg)
     while (!c->stopping) {
         uint64_t now = kv__now_ms();
         if (!c->view_dirty && now < next) {
-            struct timespec ts;
-            uint64_t wait = next - now;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-            ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
-            ts.tv_nsec %= 1000000000L;
-            pthread_cond_timedwait(&c->hbcond, &c->hblock, &ts);
+            cond_wait_ms(&c->hbcond, &c->hblock, next - now);
             continue;
         }
         int beat = now >= next;
@@ -1215,13 +1215,7 @@ static void rr_sleep_until(struct kv__cluster *c, uint64_t until, uint64_t gen)
         uint64_t now = kv__now_ms();
         if (now >= until)
             break;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t wait = until - now;
-        ts.tv_nsec += (long)(wait % 1000) * 1000000L;
-        ts.tv_sec += (time_t)(wait / 1000) + ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&c->rrcond, &c->rrlock, &ts);
+        cond_wait_ms(&c->rrcond, &c->rrlock, until - now);
     }
     pthread_mutex_unlock(&c->rrlock);
 }
