@@ -488,14 +488,22 @@ static int reply(struct sconn *c, int rc, size_t len)
     return kv__sock_xfer(c->fd, iov, len ? 2 : 1, 1, deadline_for(c->srv->timeout_ms, len));
 }
 
+/* A LOAD or DUMP body: count u32, then count items of ITEM_LEN bytes, no
+ * more and no fewer than len says; 1..ITEMS_MAX of them. */
+static int item_count(const uint8_t *b, size_t len, uint32_t *n)
+{
+    if (len < 4)
+        return KV_EPROTO;
+    *n = kv__get32(b);
+    return *n == 0 || *n > ITEMS_MAX || len != 4 + (size_t)*n * ITEM_LEN ? KV_EPROTO : KV_OK;
+}
+
 /* LOAD: pin what DRAM holds, copy the rest into the client's memory. */
 static int do_load(struct sconn *c, const uint8_t *b, size_t len)
 {
     const struct kv__shm_host *h = &c->srv->host;
-    if (len < 4)
-        return KV_EPROTO;
-    uint32_t n = kv__get32(b);
-    if (n == 0 || n > ITEMS_MAX || len != 4 + (size_t)n * ITEM_LEN)
+    uint32_t n;
+    if (item_count(b, len, &n) != KV_OK)
         return KV_EPROTO;
     int rc = wbuf_need(c, (size_t)n * LOAD_ANS_LEN);
     if (rc != KV_OK)
@@ -561,10 +569,8 @@ static int do_load(struct sconn *c, const uint8_t *b, size_t len)
 static int do_dump(struct sconn *c, const uint8_t *b, size_t len)
 {
     const struct kv__shm_host *h = &c->srv->host;
-    if (len < 4)
-        return KV_EPROTO;
-    uint32_t n = kv__get32(b);
-    if (n == 0 || n > ITEMS_MAX || len != 4 + (size_t)n * ITEM_LEN)
+    uint32_t n;
+    if (item_count(b, len, &n) != KV_OK)
         return KV_EPROTO;
     int rc = wbuf_need(c, (size_t)n * 4);
     if (rc != KV_OK)
