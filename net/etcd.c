@@ -490,6 +490,19 @@ static int post(struct etcd *e, const char *path, json_object *req, json_object 
     return rc;
 }
 
+/* Puts key = val on this member's lease (its record, its figures). */
+static int put_leased(struct etcd *e, const char *key, const char *val)
+{
+    json_object *req = json_object_new_object(), *ans = NULL;
+    jadd_b64(req, "key", key);
+    jadd_b64(req, "value", val);
+    jadd_int(req, "lease", e->lease);
+    int rc = post(e, "/v3/kv/put", req, &ans);
+    json_object_put(req);
+    json_object_put(ans);
+    return rc;
+}
+
 static int authenticate(struct etcd *e, int k, uint64_t ms)
 {
     json_object *req = json_object_new_object(), *ans = NULL;
@@ -927,13 +940,7 @@ static int put_record(struct etcd *e)
             rc = KV_ENOMEM;
             break;
         }
-        json_object *req = json_object_new_object(), *ans = NULL;
-        jadd_b64(req, "key", key);
-        jadd_b64(req, "value", val);
-        jadd_int(req, "lease", e->lease);
-        rc = post(e, "/v3/kv/put", req, &ans);
-        json_object_put(req);
-        json_object_put(ans);
+        rc = put_leased(e, key, val);
         if (rc != KV_ENOTFOUND)
             break;
         e->lease = 0;   /* expired between grant and put: once more */
@@ -1174,13 +1181,7 @@ static int put_figures(struct etcd *e, const struct kv__member *self)
         return rc == KV_OK ? KV_ENOMEM : rc;
     char key[sizeof e->fig_prefix + KV_PROTO_ID_MAX + 1];
     snprintf(key, sizeof key, "%s%s", e->fig_prefix, f.id);
-    json_object *req = json_object_new_object(), *ans = NULL;
-    jadd_b64(req, "key", key);
-    jadd_b64(req, "value", val);
-    jadd_int(req, "lease", e->lease);
-    rc = post(e, "/v3/kv/put", req, &ans);
-    json_object_put(req);
-    json_object_put(ans);
+    rc = put_leased(e, key, val);
     free(val);
     return rc;
 }
