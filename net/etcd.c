@@ -102,6 +102,9 @@ struct etcd {
     pthread_cond_t wcond;
     int stop;
     CURLM *multi;
+
+    _Atomic uint64_t full_reads;        /* kv__etcd_counts */
+    _Atomic uint64_t events;
 };
 
 /* etcd over https (cluster.etcd_cacert set): the server is verified
@@ -611,6 +614,7 @@ static int refresh(struct etcd *e, int *changed)
     int self_ok = 0, more = 1, rc = KV_OK;
     int64_t limit = VIEW_PAGE;
     size_t bad = 0;
+    atomic_fetch_add(&e->full_reads, 1);
     if (!list || !vms || !from) {
         free(list);
         free(vms);
@@ -1321,6 +1325,13 @@ static int etcd_leave(struct kv__membership *m, const struct kv__member *self)
     e->joined = 0;
     pthread_mutex_unlock(&e->call_lock);
     return rc;
+}
+
+void kv__etcd_counts(struct kv__membership *m, uint64_t *full_reads, uint64_t *events)
+{
+    struct etcd *e = (struct etcd *)m;
+    *full_reads = atomic_load(&e->full_reads);
+    *events = atomic_load(&e->events);
 }
 
 const struct kv__membership_ops kv__etcd_membership = {

@@ -62,6 +62,11 @@ struct kv__membership {
 
 extern const struct kv__membership_ops kv__kvmaster_membership;
 extern const struct kv__membership_ops kv__etcd_membership;
+/* What an etcd handle (kv__etcd_membership's) did since open to keep its
+ * view: full reads of PREFIX/members/ (every page of one read counts once)
+ * and watch events applied one by one. Tests check with them that a
+ * change costs an event, not a read of the whole view. */
+void kv__etcd_counts(struct kv__membership *m, uint64_t *full_reads, uint64_t *events);
 
 /* The ops of cfg's cluster.metadata, and the place it is at, for messages
  * ("kvmaster at 10.0.0.1:50088", "etcd at 10.0.0.1:2379,..."). */
