@@ -10,20 +10,29 @@
  * etcd revision at which the set of records last changed. Each heartbeat
  * also puts the member's record with its current figures (kvctl members)
  * at PREFIX/figures/ID on the same lease: outside the watched range, so
- * figures that change every second ring no member's doorbell; only a
+ * figures that change every second bring no member an event; only a
  * read-only view (kv_members) reads them, and believes one only when it
  * verifies like a member record and names the same place as the member's.
  *
- * Key design choice: the watch is a doorbell, not a log. A thread keeps a
- * watch stream open on the prefix; every event on it makes the thread read
- * the whole prefix again (a range, read in pages of VIEW_PAGE records at
- * one revision, at most VIEW_READ_MAX in all) instead of applying events
- * one by one. So there is one way the
- * view is built, a lost or compacted watch costs nothing but a re-read,
- * and the heartbeat can check the view the same way: a keepalive's answer
- * carries etcd's current revision, and when it is newer than the last read
- * the heartbeat reads again, which keeps views right even while no watch
- * stream is up (an endpoint died and the thread is reconnecting).
+ * Key design choice: the watch is a log, and each entry is checked as a
+ * read of the whole view checks a record. The view is read whole (a
+ * range, in pages of VIEW_PAGE records at one revision, at most
+ * VIEW_READ_MAX in all) at the start; then a thread keeps a watch stream
+ * open on the prefix from the revision after the view's and applies each
+ * event's own record: a PUT passes the very function a record of a whole
+ * read passes (kvrec_member, and stands_in for a live member's key
+ * overwritten), a DELETE drops its member. So an event costs one record's
+ * decode and MAC, not the whole view's. The view is read whole again only
+ * when events may be lost or cannot be applied alone: the watch was
+ * cancelled (etcd compacted past the revision it resumed from), an answer
+ * was dropped (WATCH_ANSWER_MAX) or did not parse, an event did not parse
+ * or came out of order, a change would cross the view's bound
+ * (KV_PROTO_VIEW_MAX: its cut is made in key order), a member stands in
+ * past its time, and every VIEW_RESYNC_MS. A stream cut off otherwise (an
+ * endpoint died, calls moved to another) resumes from the next revision
+ * and catches up by events. While no stream is up, the heartbeat keeps
+ * the view right: a keepalive's answer carries etcd's current revision,
+ * and when it is newer than the view's the heartbeat reads it whole.
  *
  * Trust: anyone who can write to etcd can write a record, so a record is
  * believed only when it proves itself. Each carries the lease it lives on
@@ -31,13 +40,13 @@
  * (kv__member_sign); a record is a member only when its MAC verifies, its
  * id is its key's last part (so two records cannot claim one id: keys are
  * unique), and the lease it names is the one etcd keeps it on. Members
- * read their own record back at every read of the view and rewrite it at
- * the next heartbeat when it was changed or removed. Records that do not
- * verify are never counted, so they cannot push real members out of a
- * view. The token itself is checked at join against PREFIX/token, a salt
- * and its HMAC under the token that the first member writes (create-only):
- * a member with another token is refused (KV_EPERM) before it puts a
- * record.
+ * check their own record at every read of the view and every event on
+ * their key, and rewrite it at the next heartbeat when it was changed or
+ * removed. Records that do not verify are never counted, so they cannot
+ * push real members out of a view. The token itself is checked at join
+ * against PREFIX/token, a salt and its HMAC under the token that the first
+ * member writes (create-only): a member with another token is refused
+ * (KV_EPERM) before it puts a record.
  *
  * Endpoints are tried in turn, starting from the one that answered last;
  * an endpoint that cannot be reached or has no leader ("unavailable")
@@ -90,10 +99,11 @@ struct etcd {
 
     pthread_mutex_t view_lock;          /* the view below */
     uint64_t version;                   /* revision the records last changed at */
-    uint64_t seen_rev;                  /* revision of the last read */
-    struct kv__member *members;
-    uint64_t *verified_ms;              /* when each member's record last verified */
-    size_t n;
+    uint64_t seen_rev;                  /* revision the view is current at */
+    uint64_t read_rev;                  /* revision of the last read of the whole view */
+    struct kv__member *members;         /* sorted by id: etcd's key order */
+    uint64_t *bad_ms;                   /* 0, or since when the member stands in */
+    size_t n, mcap;
     int have_view;
 
     pthread_t watcher;
@@ -103,6 +113,9 @@ struct etcd {
     int stop;
     CURLM *multi;
 
+    _Atomic int watch_up;               /* a watch stream is created: events flow */
+    _Atomic int resync;                 /* events may be lost: read the view whole */
+    _Atomic uint64_t read_ms;           /* when the view was last read whole */
     _Atomic uint64_t full_reads;        /* kv__etcd_counts */
     _Atomic uint64_t events;
 };
@@ -539,47 +552,6 @@ static void prefix_end(const char *p, char *out, size_t cap)
     out[strlen(out) - 1]++;   /* "PREFIX/members/" -> "PREFIX/members0" */
 }
 
-/* One record of a read of the view (val, key: decoded, NULL when they
- * were not base64): appended to list at n when it proves itself, else the
- * last verified record of a live member under that key stands in (see
- * below); the new n. */
-static size_t view_take(struct etcd *e, struct kv__member *list, uint64_t *vms, size_t n,
-                        uint64_t now, const char *val, size_t vl, const char *key, size_t kl,
-                        json_object *kv, int *self_ok, size_t *bad)
-{
-    struct kv__member *m = &list[n];
-    size_t pl = strlen(e->key_prefix);
-    /* A member only when it proves itself: its MAC, its key, its lease
-     * (see the top). */
-    if (val && key && strlen(key) == kl && strlen(val) == vl &&
-        record_decode(val, m) == 0 && kl > pl && strcmp(key + pl, m->id) == 0 &&
-        m->lease == (uint64_t)jint(kv, "lease") && kv__member_sane(m) &&
-        kv__member_verify(e->token, m)) {
-        /* Our own key must hold exactly what we wrote; anything else
-         * there (an older record of ours replayed) is not believed. */
-        int mine = e->joined && strcmp(m->id, e->self.id) == 0;
-        if (mine)
-            *self_ok = same_member(m, &e->self);
-        if (!mine || *self_ok) {
-            vms[n] = now;
-            return n + 1;
-        }
-    }
-    (*bad)++;
-    /* A live member's key overwritten by someone else: its last verified
-     * record stands in until the member rewrites it (a heartbeat), for
-     * at most two TTLs, so the forgery cannot take it out of the view
-     * either. */
-    for (size_t j = 0; key && kl > pl && strncmp(key, e->key_prefix, pl) == 0 && j < e->n; j++)
-        if (strcmp(e->members[j].id, key + pl) == 0 &&
-            now - e->verified_ms[j] <= 2000ull * (uint64_t)e->ttl_s) {
-            list[n] = e->members[j];
-            vms[n] = e->verified_ms[j];
-            return n + 1;
-        }
-    return n;
-}
-
 /* The view is read in pages of at most this many records (etcd's range
  * limit, continued from the last key): a valid record's answer is a few
  * KiB, so a page stays far below ANSWER_MAX; a page that still passes it
@@ -595,6 +567,126 @@ static size_t view_take(struct etcd *e, struct kv__member *list, uint64_t *vms, 
 /* The base64 of the largest record (64 segments, 128-byte id and address)
  * is under 10 KiB. */
 #define VIEW_RECORD_B64_MAX (32u << 10)
+/* A member reads the view whole this often even while its watch is up:
+ * events are applied one by one, and this bounds how long any divergence
+ * the watch cannot see could last. */
+#define VIEW_RESYNC_MS (5u * 60 * 1000)
+
+/* One key-value from etcd, as a range's answer and a watch event both
+ * carry it (mvccpb.KeyValue: key and value in base64, the lease it is on),
+ * decoded: key / val NULL when absent or not base64, val also when its
+ * base64 passes VIEW_RECORD_B64_MAX (not even decoded: no member's record
+ * is that big); id the key's last part when the key is under
+ * PREFIX/members/ and has one. */
+struct kvrec {
+    char *key, *val;
+    size_t kl, vl;
+    const char *id;
+    uint64_t lease;
+};
+
+static void kvrec_decode(struct etcd *e, json_object *kv, struct kvrec *r)
+{
+    const char *v64 = jstr(kv, "value"), *k64 = jstr(kv, "key");
+    size_t pl = strlen(e->key_prefix);
+    memset(r, 0, sizeof *r);
+    r->val = v64 && strlen(v64) <= VIEW_RECORD_B64_MAX ? b64_decode(v64, &r->vl) : NULL;
+    r->key = k64 ? b64_decode(k64, &r->kl) : NULL;
+    r->lease = (uint64_t)jint(kv, "lease");
+    if (r->key && strlen(r->key) == r->kl && r->kl > pl &&
+        strncmp(r->key, e->key_prefix, pl) == 0)
+        r->id = r->key + pl;
+}
+
+static void kvrec_free(struct kvrec *r)
+{
+    free(r->key);
+    free(r->val);
+}
+
+/*
+ * The one check a record passes to be a member, whether it came in a read
+ * of the whole view or in a watch event: 1, with *m, when it proves itself
+ * (its MAC under the token, its id its key's last part, the lease it names
+ * the one etcd keeps it on, an id and address a member can have; see the
+ * top), else 0. Because the id is the key's, two records can never claim
+ * one id: keys are unique in etcd, and the view holds one entry per key.
+ * Our own key must hold exactly what we wrote; anything else there (an
+ * older record of ours replayed) is not believed: *own is set, for our own
+ * key only, to whether it holds our record. Caller holds call_lock.
+ */
+static int kvrec_member(struct etcd *e, const struct kvrec *r, struct kv__member *m, int *own)
+{
+    int ok = r->val && r->id && strlen(r->val) == r->vl && record_decode(r->val, m) == 0 &&
+             strcmp(r->id, m->id) == 0 && m->lease == r->lease && kv__member_sane(m) &&
+             kv__member_verify(e->token, m);
+    if (e->joined && r->id && strcmp(r->id, e->self.id) == 0) {
+        ok = ok && same_member(m, &e->self);
+        *own = ok;
+    }
+    return ok;
+}
+
+/* A live member's key overwritten by someone else: its last verified
+ * record stands in until the member rewrites it (a heartbeat), for at
+ * most two TTLs from when its key stopped holding it, so the forgery
+ * cannot take it out of the view either. 1 when member j of the view may
+ * still stand in at now; *since, from when it has. */
+static int stands_in(const struct etcd *e, size_t j, uint64_t now, uint64_t *since)
+{
+    *since = e->bad_ms[j] ? e->bad_ms[j] : now;
+    return now - *since <= 2000ull * (uint64_t)e->ttl_s;
+}
+
+/* The index of the member with id in the view, -1 when there is none;
+ * *at, where it is or would go. The view is sorted by id, which is etcd's
+ * key order (the keys are PREFIX/members/ID, compared bytewise, as strcmp
+ * does). Caller holds call_lock or view_lock. */
+static ssize_t view_find(const struct etcd *e, const char *id, size_t *at)
+{
+    size_t lo = 0, hi = e->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(e->members[mid].id, id);
+        if (c == 0) {
+            *at = mid;
+            return (ssize_t)mid;
+        }
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *at = lo;
+    return -1;
+}
+
+/* One record of a read of the whole view, in key order: appended to list
+ * at n when it proves itself, else the member its key held may stand in
+ * (above); the new n. */
+static size_t view_take(struct etcd *e, struct kv__member *list, uint64_t *bad_ms, size_t n,
+                        uint64_t now, const struct kvrec *r, int *self_ok, size_t *bad)
+{
+    if (kvrec_member(e, r, &list[n], self_ok)) {
+        bad_ms[n] = 0;
+        return n + 1;
+    }
+    (*bad)++;
+    size_t at;
+    ssize_t j = r->id ? view_find(e, r->id, &at) : -1;
+    if (j >= 0 && stands_in(e, (size_t)j, now, &bad_ms[n])) {
+        list[n] = e->members[j];
+        return n + 1;
+    }
+    return n;
+}
+
+/* Keys bytewise, as etcd orders them. */
+static int key_cmp(const char *a, size_t al, const char *b, size_t bl)
+{
+    int c = memcmp(a, b, al < bl ? al : bl);
+    return c ? c : (al > bl) - (al < bl);
+}
 
 /* Reads every record under the prefix, page by page at one revision;
  * installs them as the view when they differ from it (version = this
@@ -608,20 +700,24 @@ static int refresh(struct etcd *e, int *changed)
     /* Only verified records count towards the bound, so records that sort
      * first cannot push real members out. */
     struct kv__member *list = calloc(KV_PROTO_VIEW_MAX, sizeof *list);
-    uint64_t *vms = calloc(KV_PROTO_VIEW_MAX, sizeof *vms), now = kv__now_ms(), rev = 0;
-    char *from = strdup(e->key_prefix);
-    size_t n = 0, cnt = KV_PROTO_VIEW_MAX, read = 0, pl = strlen(e->key_prefix), flen;
+    uint64_t *bms = calloc(KV_PROTO_VIEW_MAX, sizeof *bms), now = kv__now_ms(), rev = 0;
+    char *from = strdup(e->key_prefix), *prev = NULL;
+    size_t n = 0, cnt = KV_PROTO_VIEW_MAX, read = 0, flen = strlen(e->key_prefix), prevl = 0;
     int self_ok = 0, more = 1, rc = KV_OK;
     int64_t limit = VIEW_PAGE;
     size_t bad = 0;
     atomic_fetch_add(&e->full_reads, 1);
-    if (!list || !vms || !from) {
+    /* A resync asked for from now on (the watch lost events that may be
+     * newer than this read) asks for the next read. */
+    int resync = atomic_exchange(&e->resync, 0);
+    if (!list || !bms || !from) {
         free(list);
-        free(vms);
+        free(bms);
         free(from);
+        if (resync)
+            atomic_store(&e->resync, 1);
         return KV_ENOMEM;
     }
-    flen = pl;
     while (more && rc == KV_OK) {
         json_object *req = json_object_new_object(), *ans = NULL;
         char *k64 = b64_encode(from, flen);
@@ -646,34 +742,43 @@ static int refresh(struct etcd *e, int *changed)
         size_t total = kvs && json_object_is_type(kvs, json_type_array)
                            ? json_object_array_length(kvs) : 0;
         more = total > 0 && mo && json_object_get_boolean(mo);
-        for (size_t i = 0; i < total; i++) {
+        for (size_t i = 0; i < total && rc == KV_OK; i++) {
             json_object *kv = json_object_array_get_idx(kvs, i);
-            size_t vl = 0, kl = 0;
             const char *v64 = jstr(kv, "value"), *k64s = jstr(kv, "key");
             read += (v64 ? strlen(v64) : 0) + (k64s ? strlen(k64s) : 0);
-            /* A member's record is a few KiB: a bigger value is not one,
-             * and is not even decoded. */
-            char *val = v64 && strlen(v64) <= VIEW_RECORD_B64_MAX ? b64_decode(v64, &vl) : NULL;
-            char *key = k64s ? b64_decode(k64s, &kl) : NULL;
-            if (i + 1 == total && key) {
-                /* the next page starts just after this key */
-                char *nf = malloc(kl + 1);
-                if (nf) {
-                    memcpy(nf, key, kl);
-                    nf[kl] = 0;
-                    free(from);
-                    from = nf;
-                    flen = kl + 1;
-                } else {
-                    rc = KV_ENOMEM;
-                }
+            struct kvrec r;
+            kvrec_decode(e, kv, &r);
+            /* The view is kept in key order (view_find): an answer out of
+             * it is no etcd's. */
+            if (r.key && prev && key_cmp(r.key, r.kl, prev, prevl) <= 0) {
+                KV_WARN("etcd: the records under %s came out of key order; the view is not "
+                        "read", e->key_prefix);
+                rc = KV_EPROTO;
+            } else if (n < cnt) {
+                n = view_take(e, list, bms, n, now, &r, &self_ok, &bad);
+            }
+            if (r.key) {
+                free(prev);
+                prev = r.key;
+                prevl = r.kl;
+                r.key = NULL;
             } else if (i + 1 == total) {
                 more = 0;
             }
-            if (n < cnt)
-                n = view_take(e, list, vms, n, now, val, vl, key, kl, kv, &self_ok, &bad);
-            free(val);
-            free(key);
+            kvrec_free(&r);
+        }
+        if (rc == KV_OK && more) {
+            /* the next page starts just after the last key */
+            char *nf = malloc(prevl + 1);
+            if (nf) {
+                memcpy(nf, prev, prevl);
+                nf[prevl] = 0;
+                free(from);
+                from = nf;
+                flen = prevl + 1;
+            } else {
+                rc = KV_ENOMEM;
+            }
         }
         json_object_put(ans);
         if (rc == KV_OK && more && read > VIEW_READ_MAX) {
@@ -684,20 +789,26 @@ static int refresh(struct etcd *e, int *changed)
         }
     }
     free(from);
+    free(prev);
     if (rc != KV_OK) {
         free(list);
-        free(vms);
+        free(bms);
+        if (resync)
+            atomic_store(&e->resync, 1);
         return rc;
     }
-    /* Kept as the view: only as big as it is. */
+    /* Kept as the view: only as big as it is (watch events grow it). */
     struct kv__member *fit = realloc(list, (n ? n : 1) * sizeof *list);
-    uint64_t *vfit = realloc(vms, (n ? n : 1) * sizeof *vms);
+    uint64_t *bfit = realloc(bms, (n ? n : 1) * sizeof *bms);
     list = fit ? fit : list;
-    vms = vfit ? vfit : vms;
+    bms = bfit ? bfit : bms;
     if (bad)
         KV_WARN("etcd: %zu record(s) under %s do not verify (MAC, key or lease); ignored", bad,
                 e->key_prefix);
+    KV_DEBUG("etcd: read the view whole at revision %llu: %zu members",
+             (unsigned long long)rev, n);
     e->self_ok = self_ok;
+    atomic_store(&e->read_ms, now);
     pthread_mutex_lock(&e->view_lock);
     int same = e->have_view && e->n == n;
     for (size_t i = 0; same && i < n; i++)
@@ -705,22 +816,23 @@ static int refresh(struct etcd *e, int *changed)
     if (!same) {
         free(e->members);
         e->members = list;
-        e->n = n;
-        free(e->verified_ms);
-        e->verified_ms = vms;
-        vms = NULL;
+        e->n = e->mcap = n;
+        free(e->bad_ms);
+        e->bad_ms = bms;
+        bms = NULL;
         e->version = rev;
         e->have_view = 1;
         list = NULL;
         *changed = 1;
+    } else {
+        memcpy(e->bad_ms, bms, n * sizeof *bms);
     }
-    else
-        memcpy(e->verified_ms, vms, n * sizeof *vms);
     if (rev > e->seen_rev)
         e->seen_rev = rev;
+    e->read_rev = rev;
     pthread_mutex_unlock(&e->view_lock);
     free(list);
-    free(vms);
+    free(bms);
     return KV_OK;
 }
 
@@ -738,37 +850,200 @@ static int view_copy(struct etcd *e, uint64_t *version, struct kv__member **memb
     return m ? KV_OK : KV_ENOMEM;
 }
 
+/* Whether a member stands in past its two TTLs: only a read of the whole
+ * view says what its key holds now, so the caller reads it. Caller holds
+ * call_lock. */
+static int standin_expired(const struct etcd *e, uint64_t now)
+{
+    for (size_t j = 0; j < e->n; j++)
+        if (e->bad_ms[j] && now - e->bad_ms[j] > 2000ull * (uint64_t)e->ttl_s)
+            return 1;
+    return 0;
+}
+
 /* ---- the watch ---------------------------------------------------------- */
+
+/* Puts m at index at of the view (sorted: the ones after move up). Caller
+ * holds both locks and has checked the view's bound. */
+static int view_insert(struct etcd *e, size_t at, const struct kv__member *m)
+{
+    if (e->n == e->mcap) {
+        size_t c = e->mcap ? 2 * e->mcap : 16;
+        struct kv__member *nm = realloc(e->members, c * sizeof *nm);
+        if (!nm)
+            return KV_ENOMEM;
+        e->members = nm;
+        uint64_t *nb = realloc(e->bad_ms, c * sizeof *nb);
+        if (!nb)
+            return KV_ENOMEM;   /* (members is bigger than mcap says: harmless) */
+        e->bad_ms = nb;
+        e->mcap = c;
+    }
+    memmove(&e->members[at + 1], &e->members[at], (e->n - at) * sizeof *e->members);
+    memmove(&e->bad_ms[at + 1], &e->bad_ms[at], (e->n - at) * sizeof *e->bad_ms);
+    e->members[at] = *m;
+    e->bad_ms[at] = 0;
+    e->n++;
+    return KV_OK;
+}
+
+static void view_remove(struct etcd *e, size_t j)
+{
+    memmove(&e->members[j], &e->members[j + 1], (e->n - j - 1) * sizeof *e->members);
+    memmove(&e->bad_ms[j], &e->bad_ms[j + 1], (e->n - j - 1) * sizeof *e->bad_ms);
+    e->n--;
+}
+
+/*
+ * Applies one watch event to the view, as a read of the whole view would
+ * have taken its record (kvrec_member and stands_in: the same rules, the
+ * same code). A PUT of a record that proves itself adds or replaces its
+ * member; one that does not is refused (*bad counts it), and the member
+ * its key held stands in or leaves; a DELETE drops the member. *changed is
+ * set when the view changed (its version is then the event's revision).
+ * KV_OK; KV_EPROTO for an event that does not parse or comes out of order;
+ * KV_ENOSPC for a change the view at its bound cannot make by itself (its
+ * cut is the first KV_PROTO_VIEW_MAX verified records in key order, and
+ * the next one is not held); KV_ENOMEM. On an error the view is unchanged
+ * and the caller reads it whole. Caller holds call_lock.
+ */
+static int apply_event(struct etcd *e, json_object *ev, uint64_t now, int *changed, size_t *bad)
+{
+    json_object *kv = jget(ev, "kv");
+    const char *type = jstr(ev, "type");
+    /* PUT is the default: etcd's gateway sends it without a type */
+    int del = type && strcmp(type, "DELETE") == 0;
+    int put = !jget(ev, "type") || (type && strcmp(type, "PUT") == 0);
+    uint64_t rev = (uint64_t)jint(kv, "mod_revision");
+    if (!kv || !json_object_is_type(kv, json_type_object) || !(put || del) || !rev)
+        return KV_EPROTO;
+    if (rev <= e->read_rev)
+        return KV_OK;       /* the last read of the whole view has it */
+    if (rev < e->seen_rev)
+        return KV_EPROTO;   /* etcd sends events in revision order */
+    struct kvrec r;
+    kvrec_decode(e, kv, &r);
+    if (!r.id) {
+        kvrec_free(&r);
+        return KV_EPROTO;   /* not a key of the view */
+    }
+    atomic_fetch_add(&e->events, 1);
+    struct kv__member m;
+    int own = -1, ok = !del && kvrec_member(e, &r, &m, &own), rc = KV_OK, ch = 0;
+    if (del && e->joined && strcmp(r.id, e->self.id) == 0)
+        own = 0;
+    if (!del && !ok)
+        (*bad)++;
+    size_t at;
+    uint64_t since;
+    pthread_mutex_lock(&e->view_lock);
+    ssize_t j = view_find(e, r.id, &at);
+    if (ok && j >= 0) {
+        if (!same_member(&e->members[j], &m)) {
+            e->members[j] = m;
+            ch = 1;
+        }
+        e->bad_ms[j] = 0;
+    } else if (ok) {
+        rc = e->n >= KV_PROTO_VIEW_MAX ? KV_ENOSPC : view_insert(e, at, &m);
+        ch = rc == KV_OK;
+    } else if (j >= 0 && !del && stands_in(e, (size_t)j, now, &since)) {
+        e->bad_ms[j] = since;
+    } else if (j >= 0) {
+        rc = e->n >= KV_PROTO_VIEW_MAX ? KV_ENOSPC : KV_OK;
+        if (rc == KV_OK)
+            view_remove(e, (size_t)j);
+        ch = rc == KV_OK;
+    }
+    if (rc == KV_OK) {
+        e->seen_rev = rev;
+        if (ch)
+            e->version = rev;
+    }
+    pthread_mutex_unlock(&e->view_lock);
+    if (rc == KV_OK && own >= 0)
+        e->self_ok = own;
+    *changed |= ch;
+    kvrec_free(&r);
+    return rc;
+}
 
 struct stream {
     struct etcd *e;
     json_tokener *tok;
-    int event, created, failed;
+    int created, failed, changed;
     size_t pending;                     /* bytes of the answer not yet whole */
 };
 
-/* The most one watch answer may take before it is whole: the watch is a
- * doorbell (any event means "read the prefix"), so an answer this big is
- * dropped with its stream, which reconnects, rather than held in memory
+/* The most one watch answer may take before it is whole: an answer this
+ * big is dropped with its stream, which reconnects after a read of the
+ * whole view (the events it held are lost), rather than held in memory
  * however long an endpoint keeps sending it. */
 #define WATCH_ANSWER_MAX (4u << 20)
+
+/* The watch is over for a reason that may have lost events: read the view
+ * whole before watching on. */
+static void need_resync(struct stream *s, const char *why)
+{
+    if (!atomic_exchange(&s->e->resync, 1))
+        KV_INFO("etcd watch: %s; reading the view whole", why);
+}
+
+static void stream_events(struct stream *s, json_object *evs)
+{
+    struct etcd *e = s->e;
+    size_t bad = 0;
+    if (!json_object_is_type(evs, json_type_array)) {
+        need_resync(s, "an answer whose events do not parse");
+        return;
+    }
+    pthread_mutex_lock(&e->call_lock);
+    uint64_t now = kv__now_ms();
+    /* Once a read of the whole view is due it has these events too. */
+    for (size_t i = 0; i < json_object_array_length(evs) && !atomic_load(&e->resync); i++) {
+        int rc = apply_event(e, json_object_array_get_idx(evs, i), now, &s->changed, &bad);
+        if (rc == KV_ENOSPC)
+            need_resync(s, "a change to a view at its bound");
+        else if (rc == KV_ENOMEM)
+            need_resync(s, "no memory for an event");
+        else if (rc != KV_OK)
+            need_resync(s, "an event that does not parse");
+    }
+    pthread_mutex_unlock(&e->call_lock);
+    if (bad)
+        KV_WARN("etcd: %zu record(s) put under %s do not verify (MAC, key or lease); ignored",
+                bad, e->key_prefix);
+}
 
 static void stream_object(struct stream *s, json_object *o)
 {
     json_object *r = jget(o, "result");
-    if (!r) {   /* {"error": ...}: the stream is over */
+    if (!r) {   /* {"error": ...}: the stream is over; the next resumes */
         const char *msg = jstr(jget(o, "error"), "message");
         KV_WARN("etcd watch: %s", msg ? msg : "error");
         s->failed = 1;
         return;
     }
-    json_object *c = jget(r, "created"), *x = jget(r, "canceled");
-    if (c && json_object_get_boolean(c))
+    json_object *c = jget(r, "created"), *x = jget(r, "canceled"), *evs = jget(r, "events");
+    if (c && json_object_get_boolean(c)) {
         s->created = 1;
-    if (x && json_object_get_boolean(x))
-        s->failed = 1;   /* compacted past us, or refused: read again */
-    if (jget(r, "events"))
-        s->event = 1;
+        atomic_store(&s->e->watch_up, 1);
+    }
+    if (evs)
+        stream_events(s, evs);
+    if (x && json_object_get_boolean(x)) {
+        /* etcd compacted past the revision we watch from (or refused the
+         * watch): the events since are gone */
+        char why[96];
+        int64_t cr = jint(r, "compact_revision");
+        if (cr)
+            snprintf(why, sizeof why, "the watch was cancelled: etcd compacted past revision "
+                     "%lld", (long long)cr);
+        else
+            snprintf(why, sizeof why, "the watch was cancelled");
+        need_resync(s, why);
+        s->failed = 1;
+    }
 }
 
 static size_t on_stream(char *d, size_t sz, size_t nm, void *u)
@@ -785,12 +1060,14 @@ static size_t on_stream(char *d, size_t sz, size_t nm, void *u)
             if (s->pending > WATCH_ANSWER_MAX) {
                 KV_WARN("etcd watch: an answer passed %u bytes; reconnecting",
                         (unsigned)WATCH_ANSWER_MAX);
+                need_resync(s, "an answer was dropped");
                 s->failed = 1;
             }
             break;
         }
         if (je != json_tokener_success) {
             KV_WARN("etcd watch: unreadable answer (%s)", json_tokener_error_desc(je));
+            need_resync(s, "an answer did not parse");
             s->failed = 1;
             break;
         }
@@ -823,7 +1100,9 @@ static void refresh_and_notify(struct etcd *e)
 
 /* Watches the prefix on endpoint k from revision from until the stream
  * ends, the thread is stopped, or calls moved to another endpoint. Each
- * event makes the view be read again. Returns whether the stream was up. */
+ * event is applied to the view as it comes; the view is read whole when an
+ * event cannot be applied, and every VIEW_RESYNC_MS. Returns whether the
+ * stream was up. */
 static int watch_stream(struct etcd *e, int k, uint64_t from)
 {
     char url[KV_CFG_STR + 32], end[sizeof e->key_prefix];
@@ -861,14 +1140,20 @@ static int watch_stream(struct etcd *e, int k, uint64_t from)
     for (;;) {
         int running = 0;
         CURLMcode mc = curl_multi_perform(e->multi, &running);
-        if (s.event) {
-            s.event = 0;
-            refresh_and_notify(e);
+        if (s.changed) {
+            s.changed = 0;
+            if (e->notify)
+                e->notify(e->arg);
         }
         if (mc != CURLM_OK || !running || s.failed || stopping(e) || atomic_load(&e->cur) != k)
             break;
+        /* The stream goes on: events after the read's revision still
+         * apply, the earlier ones are skipped. */
+        if (atomic_load(&e->resync) || kv__now_ms() - atomic_load(&e->read_ms) >= VIEW_RESYNC_MS)
+            refresh_and_notify(e);
         curl_multi_poll(e->multi, NULL, 0, 1000, NULL);
     }
+    atomic_store(&e->watch_up, 0);
     curl_multi_remove_handle(e->multi, h);
     curl_easy_cleanup(h);
     curl_slist_free_all(hd);
@@ -876,14 +1161,21 @@ static int watch_stream(struct etcd *e, int k, uint64_t from)
     return s.created;
 }
 
+/* Keeps a watch on the prefix. The view is read whole at the start and
+ * whenever events may have been lost (resync: a cancelled watch, an
+ * answer dropped or unreadable, an event the view could not take);
+ * otherwise a new stream resumes from the revision after the last one the
+ * view holds, so a watch that was cut off (an endpoint died, calls moved
+ * to another) catches up by events. */
 static void *watch_main(void *arg)
 {
     struct etcd *e = arg;
     unsigned backoff = 20;
     while (!stopping(e)) {
-        int changed = 0;
+        int changed = 0, rc = KV_OK;
         pthread_mutex_lock(&e->call_lock);
-        int rc = refresh(e, &changed);
+        if (!e->have_view || atomic_load(&e->resync))
+            rc = refresh(e, &changed);
         int k = atomic_load(&e->cur);
         pthread_mutex_lock(&e->view_lock);
         uint64_t from = e->seen_rev + 1;
@@ -1130,7 +1422,7 @@ static void etcd_close(struct kv__membership *m)
         curl_multi_cleanup(e->multi);
     curl_easy_cleanup(e->h);
     free(e->members);
-    free(e->verified_ms);
+    free(e->bad_ms);
     pthread_mutex_destroy(&e->call_lock);
     pthread_mutex_destroy(&e->view_lock);
     pthread_mutex_destroy(&e->wlock);
@@ -1227,6 +1519,15 @@ static void merge_figures(struct etcd *e, struct kv__member *list, size_t n)
     json_object_put(ans);
 }
 
+/* After a put of our own record: a watch that is up brings it, with
+ * anything else that changed, as an event; else the view is read. Caller
+ * holds call_lock. */
+static int view_after_put(struct etcd *e)
+{
+    int changed;
+    return atomic_load(&e->watch_up) ? KV_OK : refresh(e, &changed);
+}
+
 static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *self,
                           uint64_t *version, struct kv__member **members, size_t *n)
 {
@@ -1256,9 +1557,13 @@ static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *sel
         pthread_mutex_lock(&e->view_lock);
         int stale = rc == KV_OK && rev > e->seen_rev;
         pthread_mutex_unlock(&e->view_lock);
-        /* Something changed in etcd since the view was read; the watch may
-         * not have told us (it may be reconnecting). */
-        if (stale && e->lease)
+        /* Something changed in etcd since the view was current, and no
+         * watch stream is up to bring it (it is reconnecting). While one
+         * is, the revision says nothing: every member's figures move it
+         * at every heartbeat, outside the watched range. A member standing
+         * in past its time needs a read too (stands_in). */
+        if (rc == KV_OK && e->lease &&
+            ((stale && !atomic_load(&e->watch_up)) || standin_expired(e, kv__now_ms())))
             rc = refresh(e, &changed);
     }
     /* Our record changed or vanished under its live lease (someone with
@@ -1267,10 +1572,10 @@ static int etcd_heartbeat(struct kv__membership *m, const struct kv__member *sel
         KV_WARN("etcd: the record of %s was changed or removed by someone else; rewriting it",
                 e->self.id);
         if ((rc = put_record(e)) == KV_OK)
-            rc = refresh(e, &changed);
+            rc = view_after_put(e);
     }
     if (rc == KV_OK && !e->lease && (rc = put_record(e)) == KV_OK)
-        rc = refresh(e, &changed);
+        rc = view_after_put(e);
     if (rc == KV_OK && e->lease)
         put_figures(e, self);   /* best effort: the figures are not membership */
     if (rc == KV_OK)

@@ -743,17 +743,57 @@ END_TEST
 
 /* ---- a view bigger than one answer, and the bounds ---------------------- */
 
+/* m as etcd.c writes it (JSON), signed with the token on lease; the figures
+ * stay zero (the MAC covers them as they are). Caller frees. */
+static char *signed_json(struct kv__member *m, uint64_t lease)
+{
+    char lid[32], mac[65];
+    m->lease = lease;
+    ck_assert_int_eq(kv__member_sign(TOKEN, m), KV_OK);
+    for (int b = 0; b < 32; b++)
+        snprintf(mac + 2 * b, 3, "%02x", m->mac[b]);
+    snprintf(lid, sizeof lid, "%llu", (unsigned long long)lease);
+    json_object *rec = json_object_new_object(), *segs = json_object_new_array();
+    json_object_object_add(rec, "id", json_object_new_string(m->id));
+    json_object_object_add(rec, "addr", json_object_new_string(m->addr));
+    json_object_object_add(rec, "flags", json_object_new_int64(m->flags));
+    for (uint32_t s = 0; s < m->nseg; s++) {
+        json_object *sg = json_object_new_object();
+        char t[32];
+        snprintf(t, sizeof t, "%llu", (unsigned long long)m->seg[s].base);
+        json_object_object_add(sg, "base", json_object_new_string(t));
+        snprintf(t, sizeof t, "%llu", (unsigned long long)m->seg[s].len);
+        json_object_object_add(sg, "len", json_object_new_string(t));
+        json_object_object_add(sg, "rkey", json_object_new_int64(m->seg[s].rkey));
+        json_object_array_add(segs, sg);
+    }
+    json_object_object_add(rec, "segs", segs);
+    json_object_object_add(rec, "lease", json_object_new_string(lid));
+    json_object_object_add(rec, "mac", json_object_new_string(mac));
+    char *out = strdup(json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PLAIN));
+    json_object_put(rec);
+    return out;
+}
+
+static uint64_t lease_grant(int ttl_s)
+{
+    char body[64];
+    snprintf(body, sizeof body, "{\"TTL\":%d}", ttl_s);
+    json_object *o = etcd_post(etcd.endpoints, "/v3/lease/grant", body, NULL);
+    ck_assert_ptr_nonnull(o);
+    uint64_t lease = strtoull(jstr(o, "ID") ? jstr(o, "ID") : "0", NULL, 10);
+    json_object_put(o);
+    ck_assert_uint_ne(lease, 0);
+    return lease;
+}
+
 /* Puts n records under PREFIX/members/ on one fresh lease, in txns of 100:
  * signed members with ids, addresses and 64 segments of the largest size
  * (about 7 KiB each as etcd answers them) when valid, else junk values of
  * junk_len bytes. */
 static void put_many(int n, int valid, size_t junk_len)
 {
-    json_object *o = etcd_post(etcd.endpoints, "/v3/lease/grant", "{\"TTL\":600}", NULL);
-    ck_assert_ptr_nonnull(o);
-    uint64_t lease = strtoull(jstr(o, "ID"), NULL, 10);
-    json_object_put(o);
-    ck_assert_uint_ne(lease, 0);
+    uint64_t lease = lease_grant(600);
     char *junk = malloc(junk_len + 1);
     memset(junk, 'j', junk_len);
     junk[junk_len] = 0;
@@ -761,8 +801,7 @@ static void put_many(int n, int valid, size_t junk_len)
         json_object *req = json_object_new_object(), *ops = json_object_new_array();
         for (int k = 0; k < (valid ? 100 : 1) && i < n; k++, i++) {
             char key[400], lid[32];
-            const char *val = junk;
-            json_object *rec = NULL;
+            char *rec = NULL;
             struct kv__member m;
             memset(&m, 0, sizeof m);
             snprintf(m.id, sizeof m.id, "n%05u-", (unsigned)i % 100000u);
@@ -780,32 +819,9 @@ static void put_many(int n, int valid, size_t junk_len)
                     m.seg[s] = (struct kv__segdesc){ .base = UINT64_MAX / 2 - s,
                                                      .len = UINT64_MAX / 2 - s,
                                                      .rkey = UINT32_MAX - s };
-                m.lease = lease;
-                ck_assert_int_eq(kv__member_sign(TOKEN, &m), KV_OK);
-                char mac[65];
-                for (int b = 0; b < 32; b++)
-                    snprintf(mac + 2 * b, 3, "%02x", m.mac[b]);
-                rec = json_object_new_object();
-                json_object *segs = json_object_new_array();
-                json_object_object_add(rec, "id", json_object_new_string(m.id));
-                json_object_object_add(rec, "addr", json_object_new_string(m.addr));
-                json_object_object_add(rec, "flags", json_object_new_int64(m.flags));
-                for (uint32_t s = 0; s < m.nseg; s++) {
-                    json_object *sg = json_object_new_object();
-                    char t[32];
-                    snprintf(t, sizeof t, "%llu", (unsigned long long)m.seg[s].base);
-                    json_object_object_add(sg, "base", json_object_new_string(t));
-                    snprintf(t, sizeof t, "%llu", (unsigned long long)m.seg[s].len);
-                    json_object_object_add(sg, "len", json_object_new_string(t));
-                    json_object_object_add(sg, "rkey", json_object_new_int64(m.seg[s].rkey));
-                    json_object_array_add(segs, sg);
-                }
-                json_object_object_add(rec, "segs", segs);
-                json_object_object_add(rec, "lease", json_object_new_string(lid));
-                json_object_object_add(rec, "mac", json_object_new_string(mac));
-                val = json_object_to_json_string_ext(rec, JSON_C_TO_STRING_PLAIN);
+                rec = signed_json(&m, lease);
             }
-            char *k64 = b64(key), *v64 = b64(val);
+            char *k64 = b64(key), *v64 = b64(rec ? rec : junk);
             json_object *put = json_object_new_object(), *op = json_object_new_object();
             json_object_object_add(put, "key", json_object_new_string(k64));
             json_object_object_add(put, "value", json_object_new_string(v64));
@@ -814,7 +830,7 @@ static void put_many(int n, int valid, size_t junk_len)
             json_object_array_add(ops, op);
             free(k64);
             free(v64);
-            json_object_put(rec);
+            free(rec);
         }
         json_object_object_add(req, "success", ops);
         json_object_put(etcd_post(etcd.endpoints, "/v3/kv/txn",
@@ -829,7 +845,7 @@ static void put_many(int n, int valid, size_t junk_len)
              e);
     free(k);
     free(e);
-    o = etcd_post(etcd.endpoints, "/v3/kv/range", body, NULL);
+    json_object *o = etcd_post(etcd.endpoints, "/v3/kv/range", body, NULL);
     ck_assert_ptr_nonnull(o);
     ck_assert_int_eq(atoi(jstr(o, "count") ? jstr(o, "count") : "0"), n);
     json_object_put(o);
@@ -874,12 +890,17 @@ END_TEST
  * takes anywhere near the 64 MiB the fake would send, and the watch keeps
  * reconnecting. */
 #define FAKE_CAP (64u << 20)
+/* What the fake does with a watch: answers it without end (the default),
+ * relays it like any call, or closes it unanswered (a watch that cannot
+ * get through while unary calls do); a relayed watch is cut when the mode
+ * leaves RELAY. */
+enum { FAKE_ENDLESS, FAKE_RELAY, FAKE_REFUSE };
 struct fake_etcd {
     int lfd;
     unsigned port, upstream;
-    _Atomic int stop, watches, capped;
+    _Atomic int stop, watches, capped, watch_mode;
     _Atomic size_t most;                /* the most bytes one watch stream took */
-    pthread_t th[64];
+    pthread_t th[256];
     int nth;
 };
 struct fake_conn {
@@ -900,7 +921,10 @@ static void *fake_conn_main(void *arg)
             goto out;
         got += (size_t)r;
     }
-    if (strncmp(buf, "POST /v3/watch", 14) == 0) {
+    int watch = strncmp(buf, "POST /v3/watch", 14) == 0;
+    if (watch && atomic_load(&f->watch_mode) == FAKE_REFUSE)
+        goto out;
+    if (watch && atomic_load(&f->watch_mode) == FAKE_ENDLESS) {
         atomic_fetch_add(&f->watches, 1);
         static const char head[] = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                    "Connection: close\r\n\r\n"
@@ -932,7 +956,9 @@ static void *fake_conn_main(void *arg)
         goto out;
     }
     struct pollfd pf[2] = { { .fd = c->fd, .events = POLLIN }, { .fd = up, .events = POLLIN } };
-    while (!atomic_load(&f->stop)) {
+    if (watch)
+        atomic_fetch_add(&f->watches, 1);
+    while (!atomic_load(&f->stop) && !(watch && atomic_load(&f->watch_mode) != FAKE_RELAY)) {
         if (poll(pf, 2, 100) < 0)
             break;
         int done = 0;
@@ -964,7 +990,7 @@ static void *fake_main(void *arg)
         struct fake_conn *c = malloc(sizeof *c);
         c->f = f;
         c->fd = fd;
-        if (f->nth == 64 || pthread_create(&f->th[f->nth], NULL, fake_conn_main, c) != 0) {
+        if (f->nth == 256 || pthread_create(&f->th[f->nth], NULL, fake_conn_main, c) != 0) {
             close(fd);
             free(c);
             continue;
@@ -976,22 +1002,35 @@ static void *fake_main(void *arg)
     return NULL;
 }
 
+/* Starts a fake in front of etcd's first member; its endpoint into ep. */
+static void fake_start(struct fake_etcd *f, pthread_t *th, char *ep, size_t cap)
+{
+    memset(f, 0, sizeof *f);
+    f->upstream = etcd.cport[0];
+    f->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    ck_assert_int_eq(bind(f->lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(f->lfd, 64), 0);
+    socklen_t sl = sizeof sa;
+    getsockname(f->lfd, (struct sockaddr *)&sa, &sl);
+    snprintf(ep, cap, "127.0.0.1:%u", ntohs(sa.sin_port));
+    ck_assert_int_eq(pthread_create(th, NULL, fake_main, f), 0);
+}
+
+static void fake_stop(struct fake_etcd *f, pthread_t th)
+{
+    atomic_store(&f->stop, 1);
+    pthread_join(th, NULL);
+    close(f->lfd);
+}
+
 START_TEST(watch_stream_bounded)
 {
     tu_etcd_start(&etcd, dir, 1);
     static struct fake_etcd f;
-    memset(&f, 0, sizeof f);
-    f.upstream = etcd.cport[0];
-    f.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
-    ck_assert_int_eq(listen(f.lfd, 64), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(f.lfd, (struct sockaddr *)&sa, &sl);
-    char ep[64];
-    snprintf(ep, sizeof ep, "127.0.0.1:%u", ntohs(sa.sin_port));
     pthread_t th;
-    ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
+    char ep[64];
+    fake_start(&f, &th, ep, sizeof ep);
     kv_config *cfg = engine_config("0", 1, "cluster.etcd_endpoints", ep);
     kv_engine *e = NULL;
     int rc = kv_open(cfg, &e);
@@ -1001,13 +1040,402 @@ START_TEST(watch_stream_bounded)
            tu_now_ms() - t0 < 30000)
         usleep(20000);
     kv_close(e);
-    atomic_store(&f.stop, 1);
-    pthread_join(th, NULL);
-    close(f.lfd);
+    fake_stop(&f, th);
     ck_assert_int_eq(rc, KV_OK);
     ck_assert_msg(!atomic_load(&f.capped) && atomic_load(&f.most) < (16u << 20),
                   "one watch stream took %zu bytes", atomic_load(&f.most));
     ck_assert_int_ge(atomic_load(&f.watches), 4);
+}
+END_TEST
+
+/* ---- the watch applies each event's records (issue 17, 4) --------------- */
+
+/* Puts key = val in etcd on lease (0 = none); the revision of the put. */
+static uint64_t put_kv(const char *key, const char *val, uint64_t lease)
+{
+    char *k = b64(key), *v = b64(val);
+    size_t cap = strlen(k) + strlen(v) + 128;
+    char *body = malloc(cap);
+    snprintf(body, cap, "{\"key\":\"%s\",\"value\":\"%s\",\"lease\":\"%llu\"}", k, v,
+             (unsigned long long)lease);
+    json_object *o = etcd_post(etcd.endpoints, "/v3/kv/put", body, NULL), *hd = NULL;
+    ck_assert_ptr_nonnull(o);
+    uint64_t rev = json_object_object_get_ex(o, "header", &hd) && jstr(hd, "revision")
+                       ? strtoull(jstr(hd, "revision"), NULL, 10) : 0;
+    json_object_put(o);
+    free(body);
+    free(k);
+    free(v);
+    ck_assert_uint_ne(rev, 0);
+    return rev;
+}
+
+static void del_kv(const char *key)
+{
+    char *k = b64(key), body[1024];
+    snprintf(body, sizeof body, "{\"key\":\"%s\"}", k);
+    free(k);
+    json_object_put(etcd_post(etcd.endpoints, "/v3/kv/deleterange", body, NULL));
+}
+
+/* A small member record: id, 127.0.0.1:port, owner, no segments. */
+static void small_member(struct kv__member *m, const char *id, unsigned port)
+{
+    memset(m, 0, sizeof *m);
+    snprintf(m->id, sizeof m->id, "%s", id);
+    snprintf(m->addr, sizeof m->addr, "127.0.0.1:%u", port);
+    m->flags = KV_MEMBER_OWNER;
+}
+
+/* Puts id's signed record (at 127.0.0.1:port) under its key on lease. */
+static void put_member(const char *id, unsigned port, uint64_t lease)
+{
+    struct kv__member m;
+    char key[256];
+    small_member(&m, id, port);
+    char *rec = signed_json(&m, lease);
+    snprintf(key, sizeof key, PREFIX "/members/%s", id);
+    put_kv(key, rec, lease);
+    free(rec);
+}
+
+static void del_member(const char *id)
+{
+    char key[256];
+    snprintf(key, sizeof key, PREFIX "/members/%s", id);
+    del_kv(key);
+}
+
+static uint64_t watcher_ttl_ms = 10000;   /* a forged key's member stands in for 2 TTLs */
+
+static void watch_cfg(struct kv_config *cfg, const char *endpoints)
+{
+    kv__config_defaults(cfg);
+    cfg->cluster.metadata = KV_META_ETCD;
+    snprintf(cfg->cluster.etcd_endpoints, sizeof cfg->cluster.etcd_endpoints, "%s",
+             endpoints ? endpoints : etcd.endpoints);
+    snprintf(cfg->cluster.etcd_prefix, sizeof cfg->cluster.etcd_prefix, "%s", PREFIX);
+    snprintf(cfg->cluster.token, sizeof cfg->cluster.token, "%s", TOKEN);
+    cfg->cluster.node_ttl_ms = watcher_ttl_ms;
+}
+
+/* A member in this process ("watcher", a client: it serves nothing), on
+ * endpoints (NULL: etcd's), with its watch running after the join. */
+static struct kv__membership *watcher_join(const char *endpoints, struct kv__member *self)
+{
+    struct kv_config cfg;
+    struct kv__membership *m = NULL;
+    watch_cfg(&cfg, endpoints);
+    ck_assert_int_eq(kv__membership_open(&cfg, 3000, NULL, NULL, &m, NULL, 0), KV_OK);
+    memset(self, 0, sizeof *self);
+    snprintf(self->id, sizeof self->id, "watcher");
+    uint64_t v;
+    struct kv__member *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(m->ops->join(m, self, &v, &list, &n), KV_OK);
+    free(list);
+    return m;
+}
+
+/* The view as "id@addr id@addr ..." in its order (caller frees): m's
+ * (a joined member's: what its watch made of the events) or, with m NULL,
+ * a fresh read-only handle's (the whole prefix read once). */
+static char *view_text(struct kv__membership *m, size_t *count)
+{
+    struct kv_config cfg;
+    struct kv__membership *r = m;
+    if (!r) {
+        watch_cfg(&cfg, NULL);
+        ck_assert_int_eq(kv__membership_open(&cfg, 3000, NULL, NULL, &r, NULL, 0), KV_OK);
+    }
+    uint64_t v;
+    struct kv__member *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(r->ops->view(r, &v, &list, &n), KV_OK);
+    if (!m)
+        kv__membership_close(r);
+    char *out = calloc(1, n * (2 * KV_PROTO_ID_MAX + 4) + 1), *p = out;
+    for (size_t i = 0; i < n; i++)
+        p += sprintf(p, "%s%s@%s", i ? " " : "", list[i].id, list[i].addr);
+    free(list);
+    if (count)
+        *count = n;
+    return out;
+}
+
+/* Waits (10 s at most) until m's view is want, exactly. */
+static void wait_view(struct kv__membership *m, const char *want)
+{
+    uint64_t t0 = tu_now_ms();
+    char *got = NULL;
+    do {
+        free(got);
+        got = view_text(m, NULL);
+        if (strcmp(got, want) == 0)
+            break;
+        usleep(10000);
+    } while (tu_now_ms() - t0 < 10000);
+    ck_assert_msg(strcmp(got, want) == 0, "view:\n  got  %s\n  want %s", got, want);
+    free(got);
+}
+
+static uint64_t full_reads(struct kv__membership *m)
+{
+    uint64_t r, ev;
+    kv__etcd_counts(m, &r, &ev);
+    return r;
+}
+
+static uint64_t events_applied(struct kv__membership *m)
+{
+    uint64_t r, ev;
+    kv__etcd_counts(m, &r, &ev);
+    return ev;
+}
+
+/* A member's view follows puts, deletes, a changed record, lease expiry and
+ * its own key deleted, from the watch's events alone (no read of the
+ * prefix after the join's), and refuses what the full read refuses when it
+ * arrives by watch: a record without a MAC, one under another key than its
+ * id, one on another lease than it names, one too big to be a record, one
+ * that is not JSON. A live member's key overwritten by a forgery keeps its
+ * last verified record (it stands in, as in a full read) until the member
+ * puts it back. At the end the events' view is what a fresh read of the
+ * whole prefix finds. */
+START_TEST(watch_events_applied)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    uint64_t lease = lease_grant(600);
+    char id[32], want[4096] = "";
+    for (int i = 0; i < 6; i++) {
+        snprintf(id, sizeof id, "m%02d", i);
+        put_member(id, 10000 + (unsigned)i, lease);
+    }
+    struct kv__member self;
+    struct kv__membership *w = watcher_join(NULL, &self);
+    uint64_t reads = full_reads(w);
+    wait_view(w, "m00@127.0.0.1:10000 m01@127.0.0.1:10001 m02@127.0.0.1:10002 "
+                 "m03@127.0.0.1:10003 m04@127.0.0.1:10004 m05@127.0.0.1:10005 watcher@");
+    /* puts of new members, deletes, a member's record changed */
+    put_member("m06", 10006, lease);
+    put_member("a00", 10100, lease);
+    del_member("m01");
+    del_member("m04");
+    put_member("m02", 20002, lease);
+    wait_view(w, "a00@127.0.0.1:10100 m00@127.0.0.1:10000 m02@127.0.0.1:20002 "
+                 "m03@127.0.0.1:10003 m05@127.0.0.1:10005 m06@127.0.0.1:10006 watcher@");
+    /* members on a lease nobody keeps alive leave when it expires */
+    uint64_t short_lease = lease_grant(1);
+    put_member("s0", 10200, short_lease);
+    put_member("s1", 10201, short_lease);
+    wait_view(w, "a00@127.0.0.1:10100 m00@127.0.0.1:10000 m02@127.0.0.1:20002 "
+                 "m03@127.0.0.1:10003 m05@127.0.0.1:10005 m06@127.0.0.1:10006 "
+                 "s0@127.0.0.1:10200 s1@127.0.0.1:10201 watcher@");
+    wait_view(w, "a00@127.0.0.1:10100 m00@127.0.0.1:10000 m02@127.0.0.1:20002 "
+                 "m03@127.0.0.1:10003 m05@127.0.0.1:10005 m06@127.0.0.1:10006 watcher@");
+    /* forgeries, by watch */
+    struct kv__member f;
+    char *rec;
+    put_kv(PREFIX "/members/f0", "{\"id\":\"f0\",\"addr\":\"127.0.0.1:6666\",\"flags\":1}", 0);
+    small_member(&f, "m05", 6666);                          /* a MAC, under another key */
+    rec = signed_json(&f, lease);
+    put_kv(PREFIX "/members/f1", rec, lease);
+    free(rec);
+    small_member(&f, "f2", 6666);                           /* names another lease */
+    rec = signed_json(&f, lease);
+    put_kv(PREFIX "/members/f2", rec, 0);
+    free(rec);
+    char *big = malloc(40 << 10);                           /* too big to be a record */
+    memset(big, ' ', (40 << 10) - 1);
+    big[(40 << 10) - 1] = 0;
+    put_kv(PREFIX "/members/f3", big, 0);
+    free(big);
+    put_kv(PREFIX "/members/f4", "not json", 0);
+    put_kv(PREFIX "/members/m03",                           /* a live member's key */
+           "{\"id\":\"m03\",\"addr\":\"127.0.0.1:6666\",\"flags\":1}", 0);
+    put_member("z9", 10300, lease);                         /* after them all */
+    snprintf(want, sizeof want, "a00@127.0.0.1:10100 m00@127.0.0.1:10000 "
+             "m02@127.0.0.1:20002 m03@127.0.0.1:10003 m05@127.0.0.1:10005 "
+             "m06@127.0.0.1:10006 watcher@ z9@127.0.0.1:10300");
+    wait_view(w, want);
+    /* m03 stands in: a fresh read, with no earlier view, has no m03 */
+    char *fresh = view_text(NULL, NULL);
+    ck_assert_ptr_null(strstr(fresh, "m03@"));
+    ck_assert_ptr_null(strstr(fresh, "6666"));
+    free(fresh);
+    /* m03 puts its record back (as its next heartbeat would) */
+    put_member("m03", 10003, lease);
+    /* our own key deleted by someone: the next heartbeat puts it back */
+    del_member("watcher");
+    wait_view(w, "a00@127.0.0.1:10100 m00@127.0.0.1:10000 m02@127.0.0.1:20002 "
+                 "m03@127.0.0.1:10003 m05@127.0.0.1:10005 m06@127.0.0.1:10006 "
+                 "z9@127.0.0.1:10300");
+    uint64_t v;
+    struct kv__member *list = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(w->ops->heartbeat(w, &self, &v, &list, &n), KV_OK);
+    free(list);
+    wait_view(w, want);
+    fresh = view_text(NULL, NULL);
+    ck_assert_str_eq(fresh, want);
+    free(fresh);
+    ck_assert_msg(full_reads(w) == reads, "%llu full reads of the view after the join",
+                  (unsigned long long)(full_reads(w) - reads));
+    ck_assert_uint_ge(events_applied(w), 15);
+    kv__membership_close(w);
+}
+END_TEST
+
+/* A live member's key overwritten by a forgery: its last verified record
+ * stands in, and leaves the view once it has stood in for two TTLs (here
+ * 1 s each) without the member putting it back; a read of the whole view
+ * decides that, which the watcher's heartbeat makes when the time is up
+ * (events alone never would: nothing else happens on that key). */
+START_TEST(forged_key_stands_in_two_ttls)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    uint64_t lease = lease_grant(600);
+    put_member("m0", 10000, lease);
+    watcher_ttl_ms = 1000;
+    struct kv__member self;
+    struct kv__membership *w = watcher_join(NULL, &self);
+    watcher_ttl_ms = 10000;
+    put_kv(PREFIX "/members/m0", "{\"id\":\"m0\",\"addr\":\"127.0.0.1:6666\",\"flags\":1}", 0);
+    put_member("m1", 10001, lease);
+    wait_view(w, "m0@127.0.0.1:10000 m1@127.0.0.1:10001 watcher@");
+    uint64_t reads = full_reads(w), t0 = tu_now_ms();
+    char *got = NULL;
+    do {
+        free(got);
+        uint64_t v;
+        struct kv__member *list = NULL;
+        size_t n = 0;
+        ck_assert_int_eq(w->ops->heartbeat(w, &self, &v, &list, &n), KV_OK);
+        free(list);
+        usleep(100000);
+        got = view_text(w, NULL);
+    } while (strstr(got, "m0@") && tu_now_ms() - t0 < 10000);
+    ck_assert_str_eq(got, "m1@127.0.0.1:10001 watcher@");
+    free(got);
+    ck_assert_uint_ge(full_reads(w), reads + 1);
+    kv__membership_close(w);
+}
+END_TEST
+
+/* The work per event does not grow with the view: on a view of 500 of the
+ * largest records, 100 events (50 members joining, 50 leaving) and 10
+ * heartbeats cost no read of the whole prefix (each event is applied by
+ * itself). On main every event made the member read all 500 records again
+ * (and so did every heartbeat after its own figures moved etcd's
+ * revision). */
+START_TEST(per_event_work_independent_of_view)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    put_many(500, 1, 0);
+    uint64_t lease = lease_grant(600);
+    struct kv__member self;
+    struct kv__membership *w = watcher_join(NULL, &self);
+    put_member("~first", 10000, lease);   /* sorts last: the watch is up once it is seen */
+    size_t n = 0;
+    uint64_t t0 = tu_now_ms();
+    char *got = NULL;
+    do {
+        free(got);
+        usleep(10000);
+        got = view_text(w, &n);
+    } while (!strstr(got, "~first@") && tu_now_ms() - t0 < 10000);
+    ck_assert_uint_eq(n, 502);
+    free(got);
+    uint64_t reads = full_reads(w), events = events_applied(w);
+    char id[32];
+    for (int i = 0; i < 100; i++) {
+        snprintf(id, sizeof id, "fresh%02d", i % 50);
+        if (i < 50)
+            put_member(id, 11000 + (unsigned)i, lease);
+        else
+            del_member(id);
+        if (i % 10 == 9) {
+            uint64_t v;
+            struct kv__member *list = NULL;
+            size_t ln = 0;
+            ck_assert_int_eq(w->ops->heartbeat(w, &self, &v, &list, &ln), KV_OK);
+            free(list);
+        }
+    }
+    put_member("~last", 10001, lease);
+    t0 = tu_now_ms();
+    got = NULL;
+    do {
+        free(got);
+        usleep(10000);
+        got = view_text(w, &n);
+    } while (!strstr(got, "~last@") && tu_now_ms() - t0 < 10000);
+    ck_assert_msg(strstr(got, "~last@") && !strstr(got, "fresh"), "view of %zu: %.200s", n,
+                  got);
+    ck_assert_uint_eq(n, 503);
+    free(got);
+    uint64_t r = full_reads(w) - reads;
+    ck_assert_msg(r <= 2, "%llu full reads of the 500-record view for 100 events",
+                  (unsigned long long)r);
+    ck_assert_uint_ge(events_applied(w) - events, 101);
+    kv__membership_close(w);
+}
+END_TEST
+
+/* A watch that cannot get through for a while (a fake in front of etcd
+ * closes every watch, unary calls pass) resumes from the last revision it
+ * applied and catches up by events, with no read of the prefix; when etcd
+ * has compacted past that revision meanwhile, the resumed watch is
+ * cancelled, and the member reads the prefix whole once and watches on
+ * from there. */
+START_TEST(watch_resumes_or_resyncs_after_compaction)
+{
+    tu_etcd_start(&etcd, dir, 1);
+    uint64_t lease = lease_grant(600);
+    put_member("m0", 10000, lease);
+    put_member("m1", 10001, lease);
+    static struct fake_etcd f;
+    pthread_t th;
+    char ep[64];
+    fake_start(&f, &th, ep, sizeof ep);
+    atomic_store(&f.watch_mode, FAKE_RELAY);
+    struct kv__member self;
+    struct kv__membership *w = watcher_join(ep, &self);
+    put_member("m2", 10002, lease);
+    wait_view(w, "m0@127.0.0.1:10000 m1@127.0.0.1:10001 m2@127.0.0.1:10002 watcher@");
+    uint64_t reads = full_reads(w);
+    /* cut off, then back: caught up by events */
+    atomic_store(&f.watch_mode, FAKE_REFUSE);
+    usleep(300000);
+    put_member("m3", 10003, lease);
+    del_member("m0");
+    usleep(200000);
+    atomic_store(&f.watch_mode, FAKE_RELAY);
+    wait_view(w, "m1@127.0.0.1:10001 m2@127.0.0.1:10002 m3@127.0.0.1:10003 watcher@");
+    ck_assert_msg(full_reads(w) == reads, "%llu full reads to catch up with two events",
+                  (unsigned long long)(full_reads(w) - reads));
+    /* cut off again, and etcd compacts past the watch's revision */
+    atomic_store(&f.watch_mode, FAKE_REFUSE);
+    usleep(300000);
+    put_member("m4", 10004, lease);
+    del_member("m1");
+    uint64_t rev = put_kv(PREFIX "/other", "x", 0);
+    char body[128];
+    snprintf(body, sizeof body, "{\"revision\":\"%llu\",\"physical\":true}",
+             (unsigned long long)rev);
+    json_object *o = etcd_post(etcd.endpoints, "/v3/kv/compaction", body, NULL);
+    ck_assert_ptr_nonnull(o);
+    json_object_put(o);
+    atomic_store(&f.watch_mode, FAKE_RELAY);
+    wait_view(w, "m2@127.0.0.1:10002 m3@127.0.0.1:10003 m4@127.0.0.1:10004 watcher@");
+    ck_assert_uint_ge(full_reads(w), reads + 1);
+    ck_assert(tu_capture_has("compacted"));
+    /* and it watches on: one more event */
+    put_member("m5", 10005, lease);
+    wait_view(w, "m2@127.0.0.1:10002 m3@127.0.0.1:10003 m4@127.0.0.1:10004 "
+                 "m5@127.0.0.1:10005 watcher@");
+    kv__membership_close(w);
+    fake_stop(&f, th);
 }
 END_TEST
 
@@ -1058,5 +1486,14 @@ Suite *etcd_suite(void)
     tcase_add_test(b, view_read_bounded);
     tcase_add_test(b, watch_stream_bounded);
     suite_add_tcase(s, b);
+    /* the watch applies events one by one */
+    TCase *wt = tcase_create("watch");
+    tcase_add_checked_fixture(wt, setup, teardown);
+    tcase_set_timeout(wt, 120);
+    tcase_add_test(wt, watch_events_applied);
+    tcase_add_test(wt, forged_key_stands_in_two_ttls);
+    tcase_add_test(wt, per_event_work_independent_of_view);
+    tcase_add_test(wt, watch_resumes_or_resyncs_after_compaction);
+    suite_add_tcase(s, wt);
     return s;
 }
