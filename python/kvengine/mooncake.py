@@ -1653,16 +1653,31 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     def batch_replica_clear(self, keys, segment_name=""):
         """Clears the replicas of keys whose lease has expired and returns
-        the keys cleared. segment_name "" (every segment) drops the object;
-        this member's own name (get_hostname) too, as its copy cannot be
-        told apart from the others' here; any other segment name clears
-        nothing (kvengine cannot drop one owner's copy alone)."""
+        the keys cleared. segment_name "" (every segment) drops the object
+        from every owner. A store that is not a cluster member has one
+        segment, its own (get_hostname): naming it drops the object (its
+        only copy is there), naming any other clears nothing (there is no
+        such segment).
+
+        Clearing one segment of a cluster (Mooncake's clear of a specific
+        segment: the object stays readable from its other replicas) raises
+        NotImplementedError: kvengine places a plain key on
+        cluster.replica_num owners by rendezvous hashing, tells clients
+        neither which owners hold it nor lets them drop one owner's copy
+        (a remove asks every owner), and re-replication would copy a
+        dropped copy back. Dropping the object everywhere instead would
+        break what the caller relies on: reads from the other replicas."""
         if self._eng is None:
             return []
-        if segment_name not in ("", self._hostname):
-            log.warning("batch_replica_clear: segment %r: kvengine drops an object from all "
-                        "its owners or none; nothing cleared", segment_name)
-            return []
+        if segment_name:
+            if self._cluster_settings is not None or self.dummy:
+                raise NotImplementedError(
+                    "batch_replica_clear(segment_name=%r): kvengine drops an object from all "
+                    "its owners or none (placement by hashing over cluster.replica_num "
+                    "owners; one owner's copy cannot be dropped alone); pass "
+                    "segment_name=\"\" to clear every replica" % (segment_name,))
+            if segment_name != self._hostname:
+                return []
         return [key for key in keys if self.remove(key) == 0]
 
     def create_copy_task(self, key, targets):
