@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <xxhash.h>
 
+#include "dram.h"
 #include "host.h"
 #include "net/cluster.h"
 #include "net/serve.h"
@@ -191,7 +192,7 @@ int kv__key_match(kv_engine *e, const kv_block_id *id, uint32_t plen, const kv_b
     kv__pin pin;
     if (plen == 0 || plen > KV_KEY_MAX)
         return plen == 0;   /* every key, or none (no key is that long) */
-    if (kv__local_pin(e, KV_NS_KEY, id, 0, &data, &len, &pin) == KV_OK) {
+    if (e->dram && kv__dram_peek(e->dram, KV_NS_KEY, id, 0, &data, &len, &pin) == KV_OK) {
         int m = rec_match(data, len, plen, hash);
         kv__local_unpin(e, &pin);
         return m;

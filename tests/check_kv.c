@@ -4,7 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
+#include "engine/engine.h"
 #include "testutil.h"
 
 static kv_engine *open_kv(void)
@@ -274,6 +276,55 @@ START_TEST(remove_prefix_takes_only_its_prefix)
 }
 END_TEST
 
+struct used_of { kv_block_id id; uint64_t used; int seen; };
+
+static int find_used(void *arg, const kv_block_id *id, uint32_t index, uint64_t len,
+                     uint64_t used)
+{
+    struct used_of *u = arg;
+    (void)index;
+    (void)len;
+    if (memcmp(id, &u->id, sizeof *id) == 0) {
+        u->used = used;
+        u->seen = 1;
+    }
+    return 0;
+}
+
+/* The last use DRAM records for the plain key "stay" (kv__local_scan). */
+static uint64_t used_of_stay(kv_engine *e)
+{
+    struct used_of u = { .seen = 0 };
+    /* kv.c's id of a key: its XXH3-128, low half first. */
+    XXH128_hash_t h = XXH3_128bits("stay", 4);
+    memcpy(u.id.bytes, &h.low64, 8);
+    memcpy(u.id.bytes + 8, &h.high64, 8);
+    ck_assert_int_eq(kv__local_scan(e, KV_NS_KEY, find_used, &u), KV_OK);
+    ck_assert(u.seen);
+    return u.used;
+}
+
+/* A prefix clear looks at every key but uses none: the keys it keeps are
+ * not made recently used (they would outlive fresher ones in eviction).
+ * Before, each kept key's last use became the clear's time. */
+START_TEST(remove_prefix_leaves_recency_alone)
+{
+    kv_engine *e = open_kv();
+    ck_assert_int_eq(kv_put(e, "stay", 4, "v", 1), KV_OK);
+    uint64_t before = used_of_stay(e);
+    for (int i = 0; i < 100; i++) {
+        char key[16];
+        int kl = snprintf(key, sizeof key, "go/%d", i);
+        ck_assert_int_eq(kv_put(e, key, (size_t)kl, "v", 1), KV_OK);
+    }
+    uint64_t removed = 0;
+    ck_assert_int_eq(kv_remove_prefix(e, "go/", 3, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 100);
+    ck_assert_uint_eq(used_of_stay(e), before);
+    kv_close(e);
+}
+END_TEST
+
 /* Keys only the SSD tier holds are matched by reading their records: the
  * prefix's keys go, the others come back byte for byte. */
 START_TEST(remove_prefix_reaches_ssd)
@@ -339,6 +390,7 @@ Suite *kv_suite(void)
     tcase_add_test(tc, remove_all_leaves_blocks);
     tcase_add_test(tc, remove_prefix_takes_only_its_prefix);
     tcase_add_test(tc, remove_prefix_reaches_ssd);
+    tcase_add_test(tc, remove_prefix_leaves_recency_alone);
     suite_add_tcase(s, tc);
     return s;
 }
