@@ -29,6 +29,8 @@ static void e_abort(void *c, kv__resv *r) { kv__local_abort(c, r); }
 static int e_scan(void *c, int ns, kv__scan_cb cb, void *arg) { return kv__local_scan(c, ns, cb, arg); }
 static int e_remove(void *c, int ns, const kv_block_id *id, uint32_t x)
 { return kv__local_remove(c, ns, id, x); }
+static int e_match(void *c, const kv_block_id *id, uint32_t plen, const kv_block_id *hash)
+{ return kv__key_match(c, id, plen, hash); }
 static void e_stats(void *c, kv_stats *out)
 {
     memset(out, 0, sizeof *out);
@@ -50,6 +52,7 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->dump = e_dump;
     out->scan = e_scan;
     out->remove = e_remove;
+    out->match = e_match;
     out->stats = e_stats;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
 }

@@ -222,13 +222,14 @@ static int do_insert(struct kv__dram *d, struct kv__at *a, const kv_block_id *id
 }
 
 static int do_pin(struct kv__dram *d, struct kv__at *a, int ns, const void **data,
-                  uint64_t *len, kv__pin *pin)
+                  uint64_t *len, kv__pin *pin, bool touch)
 {
     /* A pin count one short of the dead bit is full: a miss, not a wrap. */
     if (!a->r || (a->b->pins & ~KV_BLK_DEAD) == (KV_BLK_DEAD - 1))
         return KV_ENOTFOUND;
     a->b->pins++;
-    kv__blk_touch(a->b, kv__dram_now(d));
+    if (touch)
+        kv__blk_touch(a->b, kv__dram_now(d));
     *data = kv__seg_ptr(d, a->r->off64);
     *len = a->r->len;
     *pin = (kv__pin){ a->b, (uint32_t)(a->ts - d->tab[ns].sh), ns };
@@ -297,7 +298,16 @@ int kv__dram_pin(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t ind
                  const void **data, uint64_t *len, kv__pin *pin)
 {
     struct kv__at a = lock_find(d, ns, id, index);
-    int rc = do_pin(d, &a, ns, data, len, pin);
+    int rc = do_pin(d, &a, ns, data, len, pin, true);
+    kv__dram_unlock(&a);
+    return rc;
+}
+
+int kv__dram_peek(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t index,
+                  const void **data, uint64_t *len, kv__pin *pin)
+{
+    struct kv__at a = lock_find(d, ns, id, index);
+    int rc = do_pin(d, &a, ns, data, len, pin, false);
     kv__dram_unlock(&a);
     return rc;
 }

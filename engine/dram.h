@@ -73,6 +73,10 @@ int  kv__dram_size(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t i
  * touches it; KV_ENOTFOUND. Every pin is ended by one unpin. */
 int  kv__dram_pin(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t index,
                   const void **data, uint64_t *len, kv__pin *pin);
+/* kv__dram_pin without the touch: for a walk over every key (a prefix
+ * clear), which must not make the keys it only looks at recently used. */
+int  kv__dram_peek(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t index,
+                   const void **data, uint64_t *len, kv__pin *pin);
 void kv__dram_unpin(struct kv__dram *d, kv__pin *pin);
 /* pin, copy into iov, unpin: KV_ENOTFOUND, KV_EINVAL when the iovecs do
  * not add up to the stored length. */

@@ -56,6 +56,12 @@ int kv__local_scan(kv_engine *e, int ns, kv__scan_cb cb, void *arg);
  * Anything else is KV_EINVAL: blocks leave by eviction only. */
 int kv__local_remove(kv_engine *e, int ns, const kv_block_id *id, uint32_t index);
 
+/* 1 when the plain key this node stores under id (any local tier) begins
+ * with plen bytes whose XXH3-128 is hash, 0 when not, KV_ENOTFOUND when
+ * none is stored, KV_ENOMEM / a tier's error when its record cannot be
+ * read. engine/kv.c (it owns how a key is stored), for kv_remove_prefix. */
+int kv__key_match(kv_engine *e, const kv_block_id *id, uint32_t plen, const kv_block_id *hash);
+
 /*
  * Zero-copy serving. kv__local_pin finds a DRAM-resident shard and pins its
  * block (eviction skips it, a replacing put defers the free) so the caller

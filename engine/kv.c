@@ -18,10 +18,16 @@
  *
  * An engine attached to another process's store (engine/host.c) sends each
  * call to that process whole (ROUTE below), which runs it as its own.
+ *
+ * kv_remove_prefix cannot look keys up by prefix (the index holds hashes),
+ * so every holder walks its plain keys and asks each record for its key
+ * (kv__key_match); the prefix goes to owners as its hash, which fits the
+ * one batch item a clear already is.
  */
 #include <stdlib.h>
 #include <xxhash.h>
 
+#include "dram.h"
 #include "host.h"
 #include "net/cluster.h"
 #include "net/serve.h"
@@ -169,6 +175,51 @@ static int exists_one(kv_engine *e, const void *key, size_t klen)
     return kv__store_below_contains(e, KV_NS_KEY, &id, 0);
 }
 
+/* Whether a stored [klen][key][value] record's key begins with plen bytes
+ * hashing to hash (the prefix travels as its hash: see kv_remove_prefix). */
+static int rec_match(const uint8_t *stored, uint64_t slen, uint32_t plen, const kv_block_id *hash)
+{
+    if (slen < 1 || stored[0] < plen || slen < 1u + stored[0])
+        return 0;
+    kv_block_id h = key_id(stored + 1, plen);
+    return memcmp(h.bytes, hash->bytes, KV_BLOCK_ID_LEN) == 0;
+}
+
+int kv__key_match(kv_engine *e, const kv_block_id *id, uint32_t plen, const kv_block_id *hash)
+{
+    const void *data;
+    uint64_t len;
+    kv__pin pin;
+    if (plen == 0 || plen > KV_KEY_MAX)
+        return plen == 0;   /* every key, or none (no key is that long) */
+    if (e->dram && kv__dram_peek(e->dram, KV_NS_KEY, id, 0, &data, &len, &pin) == KV_OK) {
+        int m = rec_match(data, len, plen, hash);
+        kv__local_unpin(e, &pin);
+        return m;
+    }
+    /* Below DRAM the key is inside the stored value: read it whole (a tier
+     * reads a value whole or not at all), unless it is too short to hold
+     * the prefix. */
+    for (int tries = 0; tries < 3; tries++) {
+        if (kv__store_below_size(e, KV_NS_KEY, id, 0, &len) != KV_OK)
+            return KV_ENOTFOUND;
+        if (len < 1u + plen)
+            return 0;
+        uint8_t *tmp = malloc(len);
+        if (!tmp)
+            return KV_ENOMEM;
+        kv_iov iov = { tmp, len };
+        int rc = kv__store_below_read(e, KV_NS_KEY, id, 0, &iov, 1);
+        int m = rc == KV_OK ? rec_match(tmp, len, plen, hash) : rc;
+        free(tmp);
+        if (rc != KV_EINVAL)
+            return m;
+        /* EINVAL: replaced by a value of another length since the size
+         * was read. Ask again. */
+    }
+    return KV_EBUSY;
+}
+
 /* ---- the public calls ------------------------------------------------------ */
 
 /* Runs `call` through the host store's server when e is attached to one
@@ -235,19 +286,20 @@ KV__EXPORT int kv_remove(kv_engine *e, const void *key, size_t klen)
     return rc != KV_OK ? rc : res;
 }
 
-KV__EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed)
+/* kv_remove_all (plen 0) and kv_remove_prefix after their checks and
+ * routing: one CLEAR op to every owner, or served here as a peer's. */
+static int clear_keys(kv_engine *e, const void *prefix, size_t plen, uint64_t *removed)
 {
     uint64_t n = 0;
     int rc;
-    if (!e)
-        return KV_EINVAL;
-    ROUTE(e, kv__shm_remove_all(hc, removed));
+    kv_block_id hash = plen ? key_id(prefix, plen) : (kv_block_id){ { 0 } };
     if (e->cluster) {
-        rc = kv__cluster_clear(e->cluster, KV_NS_KEY, &n);
+        rc = kv__cluster_clear_prefix(e->cluster, KV_NS_KEY, (uint32_t)plen, &hash, &n);
     } else {   /* the op a peer would send, served here */
         struct kv__backend be;
         kv__backend_engine(e, &be);
-        struct kv__op op = { .kind = KV_OP_CLEAR, .ns = KV_NS_KEY };
+        struct kv__op op = { .kind = KV_OP_CLEAR, .ns = KV_NS_KEY, .index = (uint32_t)plen,
+                             .id = hash };
         kv__serve_ops(&be, &op, 1);
         rc = op.result;
         n = op.len;
@@ -255,6 +307,24 @@ KV__EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed)
     if (removed)
         *removed = n;
     return rc;
+}
+
+KV__EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed)
+{
+    if (!e)
+        return KV_EINVAL;
+    ROUTE(e, kv__shm_remove_all(hc, removed));
+    return clear_keys(e, NULL, 0, removed);
+}
+
+KV__EXPORT int kv_remove_prefix(kv_engine *e, const void *prefix, size_t len, uint64_t *removed)
+{
+    if (!e || len > KV_KEY_MAX || (!prefix && len))
+        return KV_EINVAL;
+    if (len == 0)
+        return kv_remove_all(e, removed);
+    ROUTE(e, kv__shm_remove_prefix(hc, prefix, len, removed));
+    return clear_keys(e, prefix, len, removed);
 }
 
 /* ---- batches ----------------------------------------------------------------

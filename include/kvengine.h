@@ -337,6 +337,27 @@ KV_EXPORT int kv_exists_many(kv_engine *e, const kv_pair *items, size_t n, int *
 KV_EXPORT int kv_remove_all(kv_engine *e, uint64_t *removed);
 
 /*
+ * kv_remove_prefix: removes every plain key whose first len bytes are
+ *   prefix[0..len) (blocks are left alone), from every tier; in a cluster
+ *   from every owner in the view, whoever put them, as kv_remove_all does
+ *   (len 0 is kv_remove_all). What it is for: one tenant of a shared store
+ *   clearing its own keys (a Mooncake tenant's remove_all). prefix is read
+ *   during the call only. *removed (may be NULL) counts as kv_remove_all's.
+ *   The prefix travels to the owners as its XXH3-128 hash and its length
+ *   (one batch item each), and each owner hashes the first len bytes of
+ *   every key it holds against it: a key below DRAM has its stored record
+ *   read to learn its key, so the call reads the values that only the SSD
+ *   tier holds (those shorter than the prefix excepted). KV_EINVAL for a
+ *   NULL engine, len above KV_KEY_MAX, or prefix NULL with len > 0; KV_ENET,
+ *   KV_ENOMEM as kv_remove_all, and a tier's error for a record that could
+ *   not be read (that key stays; the others are still removed). A server or
+ *   peer built before this call refuses the request as malformed (the
+ *   connection's error: KV_EPROTO or KV_ENET), never a wider removal. Puts
+ *   racing with it may survive it.
+ */
+KV_EXPORT int kv_remove_prefix(kv_engine *e, const void *prefix, size_t len, uint64_t *removed);
+
+/*
  * ZERO-COPY
  *
  * kv_register_buffer: registers [addr, addr+len) of caller memory for RDMA so

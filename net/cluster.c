@@ -1649,6 +1649,11 @@ static int sv_remove(void *ctx, int ns, const kv_block_id *id, uint32_t index)
     return rc;
 }
 
+static int sv_match(void *ctx, const kv_block_id *id, uint32_t plen, const kv_block_id *hash)
+{
+    return SV_BE(ctx)->match(SV_BE(ctx)->ctx, id, plen, hash);
+}
+
 static void serve_be_init(struct kv__cluster *c)
 {
     const struct kv__backend *b = c->be;
@@ -1660,6 +1665,7 @@ static void serve_be_init(struct kv__cluster *c)
         .commit = b->commit ? sv_commit : NULL, .abort = b->abort ? sv_abort : NULL,
         .dump = b->dump ? sv_dump : NULL, .scan = b->scan ? sv_scan : NULL,
         .remove = b->remove ? sv_remove : NULL,
+        .match = b->match ? sv_match : NULL,
     };
 }
 
@@ -1929,7 +1935,13 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
 
 int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
 {
-    if (!c || !removed || ns != KV_NS_KEY)
+    return kv__cluster_clear_prefix(c, ns, 0, &(kv_block_id){ { 0 } }, removed);
+}
+
+int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
+                             const kv_block_id *hash, uint64_t *removed)
+{
+    if (!c || !removed || !hash || ns != KV_NS_KEY)
         return KV_EINVAL;
     *removed = 0;
     struct view *v = view_get(c);
@@ -1942,7 +1954,8 @@ int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
             res = KV_ENET;   /* it may still hold keys */
             continue;
         }
-        ops[k] = (struct kv__op){ .kind = KV_OP_CLEAR, .ns = (uint8_t)ns };
+        ops[k] = (struct kv__op){ .kind = KV_OP_CLEAR, .ns = (uint8_t)ns, .index = plen,
+                                  .id = *hash };
         owner[k++] = i;
     }
     if (rc == KV_OK && k)

@@ -99,6 +99,11 @@ int  kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, s
 int  kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
                        size_t n, uint64_t *lens, int *results);
 int  kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed);
+/* kv__cluster_clear of the keys beginning with plen bytes whose XXH3-128
+ * is hash (kv_remove_prefix): the same one item to every owner, filtered
+ * by each owner; plen 0 is kv__cluster_clear. */
+int  kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
+                              const kv_block_id *hash, uint64_t *removed);
 int  kv__cluster_register_buffer(struct kv__cluster *c, void *addr, size_t len);
 int  kv__cluster_unregister_buffer(struct kv__cluster *c, void *addr);
 /* Adds the cluster's counters to out (fields the cluster does not know are

@@ -78,7 +78,9 @@ void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *
 {
     for (size_t i = 0; i < n; i++) {
         out[i] = (struct kv__wire_req){ .kind = ops[i].kind, .ns = ops[i].ns,
-                                        .flags = ops[i].replace ? KV_WIRE_REPLACE : 0,
+                                        .flags = ops[i].replace ? KV_WIRE_REPLACE
+                                               : ops[i].kind == KV_OP_CLEAR && ops[i].index
+                                               ? KV_WIRE_PREFIX : 0,
                                         .index = ops[i].index, .id = ops[i].id };
         if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
             out[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
@@ -113,7 +115,10 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
             return KV_EPROTO;
         uint16_t fl = kv__get16(p + 2);
         if ((fl & ~KV_WIRE_REPLACE) || (fl && p[0] != KV_OP_DUMP))
-            return KV_EPROTO;
+            if (p[0] != KV_OP_CLEAR || fl != KV_WIRE_PREFIX)
+                return KV_EPROTO;
+        if (p[0] == KV_OP_CLEAR && (fl == KV_WIRE_PREFIX) != (kv__get32(p + 4) != 0))
+            return KV_EPROTO;   /* a prefix clear says so, both ways */
         if (p[0] == KV_OP_DUMP || p[0] == KV_OP_LOAD) {
             if (kv__get64(p + 24) > KV_VALUE_MAX)
                 return KV_EPROTO;

@@ -100,6 +100,9 @@ int  kv__hdr_decode(const uint8_t *in, uint64_t max_data, struct kv__hdr *h);
 /* A request item as on the wire, decoded. */
 /* Request item flags (the u16 after kind and ns). */
 #define KV_WIRE_REPLACE 1u      /* a dump that replaces (plain keys' put) */
+#define KV_WIRE_PREFIX  2u      /* a CLEAR by prefix (index > 0): a peer that
+                                 * does not know it refuses the frame rather
+                                 * than clearing every key */
 
 struct kv__wire_req {
     uint8_t kind, ns;

@@ -99,20 +99,29 @@ static int collect(void *arg, const kv_block_id *id, uint32_t index, uint64_t le
 }
 
 /* Every plain key this node holds dropped (the ids listed first: nothing
- * is removed under the scan's locks); *count says how many were. */
-static int clear_keys(struct kv__backend *be, int ns, uint64_t *count)
+ * is removed under the scan's locks); *count says how many were. With plen
+ * > 0 (a prefix clear: the op's index), only the keys whose first plen
+ * bytes hash to match (the op's id), as the engine judges them (be->match:
+ * it alone knows how a key is stored). */
+static int clear_keys(struct kv__backend *be, int ns, uint32_t plen, const kv_block_id *match,
+                      uint64_t *count)
 {
     *count = 0;
     if (ns != KV_NS_KEY)
         return KV_EINVAL;
-    if (!be->scan || !be->remove)
+    if (!be->scan || !be->remove || (plen && !be->match))
         return KV_ENOTSUP;
     struct idlist l = { 0 };
     int rc = be->scan(be->ctx, ns, collect, &l);
     if (rc == KV_OK && l.oom)
         rc = KV_ENOMEM;   /* those listed are still dropped */
     for (size_t i = 0; i < l.n; i++) {
-        int r = be->remove(be->ctx, ns, &l.v[i], 0);
+        int r = plen ? be->match(be->ctx, &l.v[i], plen, match) : 1;
+        if (r < 0 && r != KV_ENOTFOUND && rc == KV_OK)
+            rc = r;   /* its key could not be read: kept, and said so */
+        if (r != 1)
+            continue;
+        r = be->remove(be->ctx, ns, &l.v[i], 0);
         if (r == KV_OK)
             (*count)++;
         else if (r != KV_ENOTFOUND && rc == KV_OK)
@@ -132,7 +141,7 @@ void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct k
     else if (q->kind == KV_OP_REMOVE)
         r->status = remove_key(be, q->ns, &q->id, q->index);
     else if (q->kind == KV_OP_CLEAR)
-        r->status = clear_keys(be, q->ns, &r->len);
+        r->status = clear_keys(be, q->ns, q->index, &q->id, &r->len);
     else
         r->status = be->size(be->ctx, q->ns, &q->id, q->index, &r->len);
 }
@@ -403,7 +412,7 @@ void kv__serve_ops(struct kv__backend *be, struct kv__op *ops, size_t n)
             o->result = remove_key(be, o->ns, &o->id, o->index);
             break;
         case KV_OP_CLEAR:
-            o->result = clear_keys(be, o->ns, &o->len);
+            o->result = clear_keys(be, o->ns, o->index, &o->id, &o->len);
             break;
         case KV_OP_DUMP: {
             if (o->replace) {

@@ -41,6 +41,7 @@
  *            n x (u8 klen, key, u64 len [, len value bytes for a put])
  *                                     -> n x (i32 status, u64 vlen), then the
  *                                        values of the gets that found one
+ *   REMOVE_PREFIX  u8 len (1..250), prefix  -> u64 removed
  *
  * Lifecycle: a connection is one server thread with its pins, staging
  * mapping and region mappings; when the peer goes (closed, SIGKILLed) the
@@ -83,7 +84,8 @@
 #define MANY_ANS_LEN   12u
 
 enum { OP_LOOKUP = 1, OP_PREFETCH, OP_LOAD, OP_RELEASE, OP_DUMP, OP_PUT, OP_GET, OP_EXISTS,
-       OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION, OP_MANY };
+       OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION, OP_MANY,
+       OP_REMOVE_PREFIX };
 enum { LOC_INLINE = 0, LOC_STAGE = 1, LOC_REGION = 2 };
 enum { HOW_NONE = 0, HOW_PINNED = 1, HOW_COPIED = 2 };
 
@@ -852,6 +854,16 @@ static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, 
         return do_map(c, op, b, len, fd);
     case OP_MANY:
         return do_many(c, b, len);
+    case OP_REMOVE_PREFIX: {
+        uint64_t n = 0;
+        if (len < 2 || len != 1 + (size_t)b[0] || b[0] > KV_KEY_MAX)
+            return KV_EPROTO;
+        if ((rc = wbuf_need(c, 8)) != KV_OK)
+            return rc;
+        rc = h->remove_prefix(h->ctx, b + 1, b[0], &n);
+        kv__put64(c->wbuf, n);
+        return reply(c, rc, 8);
+    }
     default:
         return KV_EPROTO;
     }
@@ -1789,6 +1801,24 @@ int kv__shm_remove_all(struct kv__shm_client *c, uint64_t *removed)
     size_t got = 0;
     if ((rc = cbuf_need(k, 16)) == KV_OK)
         rc = rpc(c, k, OP_REMOVE_ALL, 0, -1, 0, &src, &got);
+    if (rc == KV_OK && got != 8)
+        rc = KV_EPROTO;
+    if (rc == KV_OK && removed)
+        *removed = kv__get64(k->buf);
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_remove_prefix(struct kv__shm_client *c, const void *prefix, size_t len,
+                          uint64_t *removed)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    size_t got = 0;
+    if ((rc = cbuf_need(k, 16 + 1 + len)) == KV_OK)
+        rc = rpc(c, k, OP_REMOVE_PREFIX, put_key(k, prefix, len), -1, 0, &src, &got);
     if (rc == KV_OK && got != 8)
         rc = KV_EPROTO;
     if (rc == KV_OK && removed)

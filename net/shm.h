@@ -45,6 +45,7 @@ struct kv__shm_host {
     /* kv_put_many / kv_get_many / kv_exists_many (what 0, 1, 2): a batch
      * is one call here, so a cluster member batches it per owner too. */
     int  (*many)(void *ctx, int what, kv_pair *items, size_t n, int *results);
+    int  (*remove_prefix)(void *ctx, const void *prefix, size_t len, uint64_t *removed);
     /* The segment pins point into, and its sealed memfd (-1: none, then
      * nothing is pinned and every load is copied). */
     const void *seg_base;
@@ -113,6 +114,8 @@ int kv__shm_get(struct kv__shm_client *c, const void *key, size_t klen, void *bu
 int kv__shm_exists(struct kv__shm_client *c, const void *key, size_t klen);
 int kv__shm_remove(struct kv__shm_client *c, const void *key, size_t klen);
 int kv__shm_remove_all(struct kv__shm_client *c, uint64_t *removed);
+int kv__shm_remove_prefix(struct kv__shm_client *c, const void *prefix, size_t len,
+                          uint64_t *removed);
 int kv__shm_stats(struct kv__shm_client *c, kv_stats *out);
 /* kv_put_many (what 0), kv_get_many (1), kv_exists_many (2) with their
  * contracts: one request per chunk of items whose values fit a frame

@@ -74,6 +74,10 @@ struct kv__backend {
      * absent. NULL = KV_ENOTSUP. Blocks are never removed over the wire
      * (their shards leave together, by eviction). */
     int  (*remove)(void *ctx, int ns, const kv_block_id *id, uint32_t index);
+    /* 1 when the plain key stored under id begins with the plen bytes
+     * whose XXH3-128 is hash (kv_remove_prefix's test), 0 when it does
+     * not, KV_ENOTFOUND when none is stored. NULL = KV_ENOTSUP. */
+    int  (*match)(void *ctx, const kv_block_id *id, uint32_t plen, const kv_block_id *hash);
     /* The store's figures (tiers' capacity, used bytes, blocks, plain keys)
      * into out, zeroed first, for the member's record. NULL = none. */
     void (*stats)(void *ctx, kv_stats *out);
@@ -92,7 +96,9 @@ enum kv__op_kind {
                          * is dropped first (a plain key's put) */
     KV_OP_REMOVE = 5,   /* plain keys only */
     KV_OP_CLEAR  = 6,   /* plain keys only: drop every one held (id ignored);
-                         * out: len = how many were dropped */
+                         * out: len = how many were dropped. With index > 0,
+                         * only the keys whose first index bytes hash to id
+                         * (kv_remove_prefix; on the wire KV_WIRE_PREFIX) */
 };
 
 /* Ops answered from the index alone, by kv__serve_query (no bytes move). */

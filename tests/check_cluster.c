@@ -1412,6 +1412,56 @@ START_TEST(remove_all_cluster_wide)
 }
 END_TEST
 
+/* remove_prefix from a pure client drops the prefix's keys on every owner
+ * (the prefix travels as its hash), counts each key once, and leaves the
+ * other keys and the blocks alone; a member asks the same. */
+START_TEST(remove_prefix_cluster_wide)
+{
+    for (int i = 0; i < 2; i++)
+        start_node("32MiB", 2);
+    wait_owners(2);
+    kv_engine *member, *client;
+    ck_assert_int_eq(open_engine("16MiB", 2, TOKEN, &member), KV_OK);
+    ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
+    wait_engine_owners(client, 3);
+    wait_engine_owners(member, 3);
+    char key[32], val[300], back[300];
+    fill_val(val, sizeof val, 'P');
+    for (int i = 0; i < 90; i++) {
+        snprintf(key, sizeof key, "%s-%d", i % 3 == 0 ? "ten-a" : i % 3 == 1 ? "ten-b" : "ten-ab", i);
+        ck_assert_int_eq(kv_put(i % 2 ? member : client, key, strlen(key), val, sizeof val),
+                         KV_OK);
+    }
+    struct tu_set s = tu_set_new(8, 16 << 10, 23);
+    ck_assert_int_eq(tu_task(member, 1, s.dump, s.n), KV_OK);
+    uint64_t removed = 0;
+    ck_assert_int_eq(kv_remove_prefix(client, "ten-a-", 6, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 30);
+    for (int i = 0; i < 90; i++) {
+        snprintf(key, sizeof key, "%s-%d", i % 3 == 0 ? "ten-a" : i % 3 == 1 ? "ten-b" : "ten-ab", i);
+        size_t n = 0;
+        int rc = kv_get(member, key, strlen(key), back, sizeof back, &n);
+        if (i % 3 == 0) {
+            ck_assert_msg(rc == KV_ENOTFOUND, "%s: %s", key, kv_strerror(rc));
+            ck_assert_int_eq(kv_exists(client, key, strlen(key)), 0);
+        } else {
+            ck_assert_msg(rc == KV_OK, "%s: %s", key, kv_strerror(rc));
+            ck_assert(n == sizeof val && memcmp(back, val, n) == 0);
+        }
+    }
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    ck_assert_int_eq(kv_remove_prefix(member, "ten-b", 5, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 30);
+    ck_assert_int_eq(kv_remove_prefix(member, "ten-", 4, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 30);   /* the ten-ab keys */
+    ck_assert_int_eq(kv_remove_all(client, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 0);
+    tu_set_free(&s);
+}
+END_TEST
+
 struct racer {
     kv_engine *e;
     char c;
@@ -1702,6 +1752,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, plain_keys_cluster_wide);
     tcase_add_test(tc, plain_keys_across_an_owner_change);
     tcase_add_test(tc, remove_all_cluster_wide);
+    tcase_add_test(tc, remove_prefix_cluster_wide);
     tcase_add_test(tc, racing_puts_one_whole_value);
     tcase_add_test(tc, pure_client_put_without_owners);
     tcase_add_test(tc, member_close_hands_off);

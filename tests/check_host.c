@@ -328,6 +328,14 @@ START_TEST(second_engine_in_a_process_attaches)
     ck_assert_int_eq(kv_remove(b, "k1", 2), KV_OK);
     ck_assert_int_eq(kv_remove(b, "k1", 2), KV_ENOTFOUND);
     uint64_t removed = 0;
+    /* by prefix, from the attached engine: only "k..." goes, on the server */
+    ck_assert_int_eq(kv_put(b, "k3", 2, "three", 5), KV_OK);
+    ck_assert_int_eq(kv_remove_prefix(b, "k", 1, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 2);   /* k2, k3 */
+    ck_assert_int_eq(kv_exists(a, "k3", 2), 0);
+    ck_assert_int_eq(kv_exists(a, "big", 3), 1);
+    ck_assert_int_eq(kv_put(b, "k2", 2, "two", 3), KV_OK);
+    ck_assert_int_eq(kv_remove_prefix(b, "k", KV_KEY_MAX + 1, &removed), KV_EINVAL);
     ck_assert_int_eq(kv_remove_all(b, &removed), KV_OK);
     ck_assert_uint_eq(removed, 2);   /* big, k2 */
     ck_assert_int_eq(kv_exists(a, "k2", 2), 0);

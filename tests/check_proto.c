@@ -123,8 +123,29 @@ START_TEST(batch_round_trip)
     n = N;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
     item[0] = KV_OP_CLEAR;
+    uint32_t save_index = kv__get32(item + 4);
+    kv__put32(item + 4, 0);
     n = N;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_OK);
+    /* a prefix clear (index = the prefix's length) says so with its flag,
+     * and the flag means nothing on a clear of everything or another kind */
+    kv__put32(item + 4, 7);
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    kv__put16(item + 2, KV_WIRE_PREFIX);
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_OK);
+    kv__put32(item + 4, 0);
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    item[0] = KV_OP_REMOVE;
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    kv__put16(item + 2, 0);
+    kv__put32(item + 4, save_index);
+    struct kv__op cop = { .kind = KV_OP_CLEAR, .index = 7 };
+    struct kv__wire_req cq;
+    kv__wire_from_ops(&cop, 1, &cq);
+    ck_assert_uint_eq(cq.flags, KV_WIRE_PREFIX);
+    cop.index = 0;
+    kv__wire_from_ops(&cop, 1, &cq);
+    ck_assert_uint_eq(cq.flags, 0);
     item[0] = save;
     item[1] = KV_NS_COUNT;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);

@@ -172,6 +172,12 @@ if hasattr(lib, "kv_remove_all"):
     kv_remove_all = _proto("kv_remove_all", _i, _p, ctypes.POINTER(ctypes.c_uint64))
 else:   # pragma: no cover - depends on the library loaded
     kv_remove_all = None
+# kv_remove_prefix (a tenant's remove_all) came after it.
+if hasattr(lib, "kv_remove_prefix"):
+    kv_remove_prefix = _proto("kv_remove_prefix", _i, _p, _p, _sz,
+                              ctypes.POINTER(ctypes.c_uint64))
+else:   # pragma: no cover - depends on the library loaded
+    kv_remove_prefix = None
 
 _libc = ctypes.CDLL(None)
 free = _libc.free

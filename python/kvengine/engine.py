@@ -567,6 +567,24 @@ class Engine:
             raise KvError(rc, "kv_remove_all")
         return n.value
 
+    def remove_prefix(self, prefix):
+        """Removes every plain key that begins with prefix (bytes or str,
+        at most 250 bytes; blocks stay), in a cluster from every owner,
+        whoever put them; returns how many were removed. An empty prefix
+        is remove_all."""
+        if _lib.kv_remove_prefix is None:   # pragma: no cover - an older library
+            raise KvError(ENOTSUP, "kv_remove_prefix: not in this libkvengine")
+        p = prefix.encode() if isinstance(prefix, str) else bytes(prefix)
+        n = ctypes.c_uint64(0)
+        h = self._enter()
+        try:
+            rc = _lib.kv_remove_prefix(h, p, len(p), ctypes.byref(n))
+        finally:
+            self._leave()
+        if rc:
+            raise KvError(rc, "kv_remove_prefix(%r)" % (prefix,))
+        return n.value
+
     # -- zero copy and counters ---------------------------------------------
 
     def register_buffer(self, buf, size=None):

@@ -54,7 +54,8 @@ Mapping (what Mooncake's arguments mean here):
   network), INTERNAL_ERROR -1 (anything else, and a store not set up).
 - remove_all in the default tenant removes every object in the store,
   whoever put it (kv_remove_all: every owner drops its plain keys; blocks
-  stay); a tenant's removes the tenant's objects this store put.
+  stay); a tenant's removes every object of the tenant, whoever put it
+  (kv_remove_prefix of the tenant's prefix).
 
 Key design choice: nothing here raises on a failed store operation (only
 on a call that cannot be made at all, like a missing argument): a caller
@@ -343,8 +344,12 @@ def _lease_id(k, bucket):
     return h.digest()
 
 
-def _pin_key(k):
-    return _PIN_NS + hashlib.blake2b(k, digest_size=16, person=b"mooncake-pin").digest()
+def _pin_key(k, prefix=b""):
+    """The plain key of engine key k's soft pin: under its tenant's prefix
+    (so that the tenant's kv_remove_prefix takes it too), then _PIN_NS,
+    which no key of the tenant can start with (a tenant's user keys start
+    with a byte other than NUL, and a tenant's name holds no NUL)."""
+    return prefix + _PIN_NS + hashlib.blake2b(k, digest_size=16, person=b"mooncake-pin").digest()
 
 
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
@@ -359,7 +364,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
     def __init__(self):
         self._eng = None
         self._lock = threading.Lock()
-        self._keys = set() if _lib.kv_remove_all is None else None
+        self._keys = set() if _lib.kv_remove_prefix is None else None
         self._hostname = ""
         self._local_buffer = 0
         self._cluster_settings = None
@@ -467,10 +472,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 self._hostname = str(local_hostname)
             self._local_buffer = buf
             self._prefix = prefix
-            # A tenant's remove_all removes the tenant's objects only: the
-            # engine cannot list keys by prefix, so the tenant's keys this
-            # store put are kept here (see remove_all).
-            self._keys = set() if _lib.kv_remove_all is None or prefix else None
+            # remove_all is kv_remove_prefix of the tenant's prefix; a
+            # library without it leaves the keys this store put to be
+            # tracked here (see remove_all).
+            self._keys = set() if _lib.kv_remove_prefix is None else None
             self._cluster_settings = settings if clustered else None
             self._config_file = kvengine_config
             self.last_error = ""
@@ -727,7 +732,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 return True
         except _engine.KvError:
             pass
-        pk = _pin_key(k)
+        pk = _pin_key(k, self._prefix)
         eng2, h = self._enter()
         if h is None:
             return False
@@ -765,7 +770,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             if h is None:
                 return
             try:
-                pk = _pin_key(k)
+                pk = _pin_key(k, self._prefix)
                 _lib.kv_remove(h, pk, len(pk))
             finally:
                 eng._leave()
@@ -793,7 +798,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             until = _now_ms() + ttl
             with self._llock:
                 self._pins[k] = until
-            pk = _pin_key(k)
+            pk = _pin_key(k, self._prefix)
             eng, h = self._enter()
             if h is None:
                 return
@@ -1537,25 +1542,24 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             "remove_by_regex: kvengine's API has no listing of keys to match a pattern against")
 
     def remove_all(self, force=False):
-        """Removes every object of this store's tenant; returns how many were
-        removed, or -1 when the store is not set up or an owner could not
-        be reached. Without force, leased and soft-pinned objects stay, as in
-        Mooncake.
+        """Removes every object of this store's tenant, in a cluster on
+        every owner, whoever put it; returns how many were removed, or -1
+        when the store is not set up or an owner could not be reached.
+        Without force, leased and soft-pinned objects stay, as in Mooncake.
 
-        The default tenant (no tenant_id) removes every plain key of the
-        store, in a cluster on every owner, whoever put it (kv_remove_all):
-        that includes other tenants' objects, which kvengine cannot tell
-        apart without a listing of keys by prefix. Without force, the
-        objects this process holds leases or pins on are read first and put
-        back after it (a write to one of them by another process in between
-        is lost); other processes' leases do not keep their objects here.
-        Other processes' soft-pin records are removed too and counted.
+        A tenant's objects are the plain keys under its prefix, removed by
+        kv_remove_prefix: never another tenant's. The default tenant (no
+        prefix) removes every plain key of the store (kv_remove_all), other
+        tenants' objects included, since its keys share no prefix.
 
-        Another tenant removes the objects this store put under the tenant
-        (kept in a set as they are put, since the engine cannot list them),
-        each checked against every process's leases and pins: never another
-        tenant's objects, but also not those other processes put under the
-        same tenant."""
+        Without force, the objects this process holds leases or pins on are
+        read first and put back after it, with their pins (a write to one
+        of them by another process in between is lost, and a reader sees
+        it missing meanwhile); other processes' leases and pins do not keep
+        their objects here: the engine keeps no leases on plain keys, and a
+        lease block (see "Leases") is found only from its object's key,
+        which the store cannot list. The store's pin records are removed
+        with the objects and not counted."""
         if self._eng is None:
             return -1
         if self._keys is not None:
@@ -1571,12 +1575,11 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                     keep.append((k, v))
         with self._llock:
             pins = dict(self._pins)
-        pks = [_pin_key(k) for k in pins]
-        got = self._many(_lib.kv_exists_many, [(pk, 0, 0) for pk in pks]) if pks and \
-            _lib.kv_exists_many is not None else None
-        own = sum(1 for rc in got[0] if rc == 1) if got else 0
         try:
-            n = self._eng.remove_all() - own
+            # The pin records first, so that they are not counted as objects.
+            self._eng.remove_prefix(self._prefix + _PIN_NS)
+            n = self._eng.remove_prefix(self._prefix) if self._prefix else \
+                self._eng.remove_all()
         except _engine.KvError:
             return -1
         with self._llock:
@@ -1590,7 +1593,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                     n -= 1
                 until = pins.get(k)
                 if until is not None and until > _now_ms():
-                    pk = _pin_key(k)
+                    pk = _pin_key(k, self._prefix)
                     if _lib.kv_put(h, pk, len(pk), struct.pack("<Q", until), 8) == 0:
                         with self._llock:
                             self._pins[k] = until
@@ -1602,8 +1605,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         return max(n, 0)
 
     def _remove_tracked(self, force):
-        """remove_all over the keys this store put (a tenant, or a library
-        without kv_remove_all)."""
+        """remove_all over the keys this store put (a library without
+        kv_remove_prefix)."""
         n = 0
         for k in list(self._keys):
             if not force and self._leased(k):
@@ -1650,16 +1653,31 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     def batch_replica_clear(self, keys, segment_name=""):
         """Clears the replicas of keys whose lease has expired and returns
-        the keys cleared. segment_name "" (every segment) drops the object;
-        this member's own name (get_hostname) too, as its copy cannot be
-        told apart from the others' here; any other segment name clears
-        nothing (kvengine cannot drop one owner's copy alone)."""
+        the keys cleared. segment_name "" (every segment) drops the object
+        from every owner. A store that is not a cluster member has one
+        segment, its own (get_hostname): naming it drops the object (its
+        only copy is there), naming any other clears nothing (there is no
+        such segment).
+
+        Clearing one segment of a cluster (Mooncake's clear of a specific
+        segment: the object stays readable from its other replicas) raises
+        NotImplementedError: kvengine places a plain key on
+        cluster.replica_num owners by rendezvous hashing, tells clients
+        neither which owners hold it nor lets them drop one owner's copy
+        (a remove asks every owner), and re-replication would copy a
+        dropped copy back. Dropping the object everywhere instead would
+        break what the caller relies on: reads from the other replicas."""
         if self._eng is None:
             return []
-        if segment_name not in ("", self._hostname):
-            log.warning("batch_replica_clear: segment %r: kvengine drops an object from all "
-                        "its owners or none; nothing cleared", segment_name)
-            return []
+        if segment_name:
+            if self._cluster_settings is not None or self.dummy:
+                raise NotImplementedError(
+                    "batch_replica_clear(segment_name=%r): kvengine drops an object from all "
+                    "its owners or none (placement by hashing over cluster.replica_num "
+                    "owners; one owner's copy cannot be dropped alone); pass "
+                    "segment_name=\"\" to clear every replica" % (segment_name,))
+            if segment_name != self._hostname:
+                return []
         return [key for key in keys if self.remove(key) == 0]
 
     def create_copy_task(self, key, targets):

@@ -39,7 +39,8 @@ METADATA_SIZE = _HEADER.size + _SHAPES.size + MAX_AXES * _AXIS.size
 assert _HEADER.size == 40 and METADATA_SIZE == 304
 
 FULL, SHARD = 0, 1
-AXIS_TP = 1
+AXIS_DP, AXIS_TP, AXIS_EP, AXIS_PP = 0, 1, 2, 3
+_AXIS_KINDS = {"dp": AXIS_DP, "tp": AXIS_TP, "ep": AXIS_EP, "pp": AXIS_PP}
 
 # Mooncake's TensorDtype numbers, by torch dtype name, and element sizes.
 _DTYPES = [("float32", 4), ("float64", 8), ("int8", 1), ("uint8", 1), ("int16", 2),
@@ -68,18 +69,19 @@ def _dims(shape):
 
 
 def pack(code, global_shape, local_shape, data_bytes, layout=FULL, axes=()):
-    """The 304-byte metadata block. axes: (kind, index, rank, count, split_dim)."""
+    """The 304-byte metadata block. axes: (kind, index, rank, count,
+    split_dim[, reserved0: an ep axis's expert id, a pp axis's stage id])."""
     hdr = _HEADER.pack(MAGIC, VERSION, METADATA_SIZE, code, len(global_shape), layout, 0,
                        METADATA_SIZE, data_bytes)
     sh = _SHAPES.pack(*_dims(global_shape), *_dims(local_shape), len(axes), 0)
-    ax = b"".join(_AXIS.pack(*a, 0, 0) for a in axes)
+    ax = b"".join(_AXIS.pack(*a[:5], a[5] if len(a) > 5 else 0, 0) for a in axes)
     ax += b"\0" * (_AXIS.size * (MAX_AXES - len(axes)))
     return hdr + sh + ax
 
 
 class Meta:
     __slots__ = ("dtype", "ndim", "layout", "global_shape", "shape", "data_offset",
-                 "data_bytes", "axes")
+                 "data_bytes", "axes", "axis_ids")
 
 
 def parse(buf, total=None):
@@ -110,8 +112,10 @@ def parse(buf, total=None):
     m.dtype, m.ndim, m.layout = code, ndim, layout
     m.global_shape, m.shape = tuple(gshape), tuple(lshape)
     m.data_offset, m.data_bytes = off, nbytes
-    m.axes = [_AXIS.unpack_from(buf, _HEADER.size + _SHAPES.size + i * _AXIS.size)[:5]
-              for i in range(naxes)]
+    raw = [_AXIS.unpack_from(buf, _HEADER.size + _SHAPES.size + i * _AXIS.size)
+           for i in range(naxes)]
+    m.axes = [a[:5] for a in raw]
+    m.axis_ids = [a[5] for a in raw]   # reserved0: expert id (ep), stage id (pp)
     return m
 
 
@@ -307,6 +311,18 @@ class TensorCalls:
         t = to_tensor(_torch(), raw, meta)
         return self._put_tp(key, t, None, tp_size, split_dim)
 
+    def batch_put_tensor_with_tp_from(self, base_keys, buffer_ptrs, sizes, tp_rank=0,
+                                      tp_size=1, split_dim=0):
+        """put_tensor_with_tp_from of each full tensor object (every TP
+        shard of each stored; tp_rank kept for the signature, as Mooncake)."""
+        n = len(base_keys)
+        if len(buffer_ptrs) != n or len(sizes) != n:
+            return [-600] * n
+        if tp_size <= 1:
+            return self.batch_put_tensor_from(base_keys, buffer_ptrs, sizes)
+        return [self.put_tensor_with_tp_from(k, p, z, tp_rank, tp_size, split_dim)
+                for k, p, z in zip(base_keys, buffer_ptrs, sizes)]
+
     # -- gets -------------------------------------------------------------------
 
     def get_tensor(self, key):
@@ -398,9 +414,6 @@ class ReadTarget:
         return "ReadTarget(%r, %r)" % (self.mode, self.parallelism)
 
 
-_NOT_SUPPORTED = -1012
-
-
 def _tp_only(parallelism):
     """The one tp axis of parallelism as (rank, size, split_dim), None for
     no parallelism, or False for what this store does not map (several
@@ -420,6 +433,82 @@ def _tp_only(parallelism):
     return a.rank, a.size, sd
 
 
+def _int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _axes(parallelism):
+    """parallelism's axes in Mooncake's canonical order (dp, tp, ep, pp) as
+    dicts, [] for none, or None for what is not a valid shard identity
+    (an unknown kind, a kind twice, more than 4 axes, a rank outside
+    0..size-1, a split_dim or id that is not an int)."""
+    if parallelism is None:
+        return []
+    out = []
+    for a in list(getattr(parallelism, "axes", None) or []):
+        kind = getattr(a, "kind", None)
+        d = {"kind": kind, "rank": getattr(a, "rank", None), "size": getattr(a, "size", None),
+             "split_dim": getattr(a, "split_dim", None),
+             "expert_id": getattr(a, "expert_id", None), "stage_id": getattr(a, "stage_id", None)}
+        if kind not in _AXIS_KINDS or not _int(d["rank"]) or not _int(d["size"]) or \
+                not 0 <= d["rank"] < d["size"] or \
+                any(d[f] is not None and not _int(d[f]) for f in ("split_dim", "expert_id",
+                                                                   "stage_id")):
+            return None
+        out.append(d)
+    if len(out) > MAX_AXES or len({d["kind"] for d in out}) != len(out):
+        return None
+    return sorted(out, key=lambda d: _AXIS_KINDS[d["kind"]])
+
+
+def _axis_suffix(d):
+    s = "%s_%dof%d" % (d["kind"], d["rank"], d["size"])
+    if d["split_dim"] is not None:
+        s += "_sd%d" % d["split_dim"]
+    if d["expert_id"] is not None:
+        s += "_eid%d" % d["expert_id"]
+    if d["stage_id"] is not None:
+        s += "_sid%d" % d["stage_id"]
+    return s
+
+
+def parallel_key(key, axes):
+    """The object name of the shard axes identify: a single tp axis keeps
+    the *_with_tp name "<key>_tp_<rank>"; any other identity appends
+    "__<kind>_<rank>of<size>[_sd<d>][_eid<e>][_sid<s>]" per axis in
+    canonical order, as Mooncake names them."""
+    if len(axes) == 1 and axes[0]["kind"] == "tp":
+        return tp_key(key, axes[0]["rank"])
+    return key + "".join("__" + _axis_suffix(d) for d in axes)
+
+
+def _layout_axes(axes):
+    """The metadata block's axis records for canonical axes."""
+    out = []
+    for i, d in enumerate(axes):
+        extra = d["expert_id"] if d["kind"] == "ep" else d["stage_id"] if d["kind"] == "pp" \
+            else None
+        out.append((_AXIS_KINDS[d["kind"]], i, d["rank"], d["size"],
+                    -1 if d["split_dim"] is None else d["split_dim"],
+                    0 if extra is None else extra))
+    return out
+
+
+def _meta_matches(meta, axes):
+    """True when a stored shard's metadata names exactly these axes."""
+    if meta is None or meta.layout != SHARD or len(meta.axes) != len(axes):
+        return False
+    for (kind, _, rank, count, sd), rid, d in zip(meta.axes, meta.axis_ids, _layout_axes(axes)):
+        if (kind, rank, count, sd) != (d[0], d[2], d[3], d[4]) or \
+                (kind in (AXIS_EP, AXIS_PP) and rid != d[5]):
+            return False
+    return True
+
+
+def _tp_of(axes):
+    return next((d for d in axes if d["kind"] == "tp"), None)
+
+
 def _partition(wp):
     """(rank, size, split_dim) from a writer_partition: a tuple or an
     object with those fields; None when it is not one."""
@@ -434,16 +523,31 @@ def _partition(wp):
 
 
 class ParallelismCalls:
-    """Mooncake's unified parallel tensor calls (*_with_parallelism), as far
-    as they map here: a full tensor (no parallelism), one TP shard given as
-    the shard itself (a single tp axis: Mooncake's shard-input form, stored
-    as put_tensor_with_tp stores rank r's shard, under "<key>_tp_<r>"), and a
-    full tensor cut by writer_partition (rank, size, split_dim) into the one
-    shard it names. Reads: as_stored (the key's object), shard (a single tp
-    axis), full (the object under the key, else every TP shard joined along
-    its split dim). Several axes (dp/pp/ep with tp) are NOT_SUPPORTED
-    (-1012) from puts and None from gets: their object naming and manifests
-    are Mooncake's planner's and not reproduced here."""
+    """Mooncake's unified parallel tensor calls (*_with_parallelism), as its
+    documentation ("Unified Parallel Tensor IO") describes them.
+
+    Writes: no parallelism stores the full tensor under the key. A single
+    tp axis is Mooncake's shard-input form: the tensor is the caller's
+    shard, stored as put_tensor_with_tp stores rank r's ("<key>_tp_<r>").
+    writer_partition=(rank, size, split_dim) cuts a full tensor into the
+    one shard it names (stored the same way). Several axes (dp, tp, ep, pp,
+    in any order, each at most once) name a shard identity, stored under
+    parallel_key's name with every axis in the metadata block: when a tp
+    axis is among them the tensor is the full source and the tp rank's
+    uniform slice along its split_dim (default 0) is what is stored
+    (Mooncake's full-tensor input for dp_tp / pp_tp / ep_tp); without one
+    (dp, pp, ep alone: scope tags) the tensor is stored as given.
+
+    Reads: as_stored (the key's object), shard (the object the identity
+    names, checked against its metadata; for an identity with a tp axis
+    that is not stored, the slice is cut from the full tensor under the key
+    when there is one), full (no parallelism: the object under the key,
+    else every single-axis TP shard joined; with a parallelism holding a
+    tp axis: that identity's tp shards for every tp rank, the other axes
+    fixed, joined along the tp split dim). A full read with no tp axis, or
+    a shard set with one missing, is None. Remapping between layouts
+    (another tp size, tp to ep) is not done: Mooncake's planner leaves most
+    of it undone too."""
 
     def _put_par(self, key, tensor, parallelism, config, writer_partition):
         if parallelism is not None and writer_partition is not None:
@@ -460,7 +564,7 @@ class ParallelismCalls:
             return self._put_shards([tp_key(key, rank)], [(meta, chunk)], config)[0]
         tp = _tp_only(parallelism)
         if tp is False:
-            return _NOT_SUPPORTED
+            return self._put_axes(key, tensor, parallelism, config)
         if tp is None:
             return self._put_tensors([key], [tensor], config)[0]
         rank, size, dim = tp
@@ -476,6 +580,41 @@ class ParallelismCalls:
         meta = pack(code, gshape, shape, chunk.numel() * chunk.element_size(), SHARD,
                     [(AXIS_TP, 0, rank, size, dim)])
         return self._put_shards([tp_key(key, rank)], [(meta, chunk)], config)[0]
+
+    def _put_axes(self, key, tensor, parallelism, config):
+        """A shard identity of several axes (or one that is not tp)."""
+        axes = _axes(parallelism)
+        if not axes:
+            return -600
+        try:
+            code = dtype_code(tensor.dtype)
+            shape = tuple(tensor.shape)
+            if code is None or not tensor.is_cpu or len(shape) > MAX_DIMS:
+                return -600
+        except AttributeError:
+            return -600
+        tp = _tp_of(axes)
+        if tp is not None:
+            if tp["split_dim"] is None:
+                tp["split_dim"] = 0
+            dim, n, r = tp["split_dim"], tp["size"], tp["rank"]
+            if not 0 <= dim < len(shape) or shape[dim] % n:
+                return -600   # Mooncake stores uniform slices only
+            step = shape[dim] // n
+            chunk = tensor.narrow(dim, r * step, step).contiguous()
+            gshape = shape
+        else:
+            chunk = tensor.contiguous()
+            gshape = list(shape)
+            for d in axes:   # an axis that splits a dim (ep's) scales it
+                if d["split_dim"] is not None:
+                    if not 0 <= d["split_dim"] < len(shape):
+                        return -600
+                    gshape[d["split_dim"]] *= d["size"]
+            gshape = tuple(gshape)
+        meta = pack(code, gshape, tuple(chunk.shape), chunk.numel() * chunk.element_size(),
+                    SHARD, _layout_axes(axes))
+        return self._put_shards([parallel_key(key, axes)], [(meta, chunk)], config)[0]
 
     def put_tensor_with_parallelism(self, key, tensor, parallelism=None, config=None,
                                     writer_partition=None):
@@ -525,18 +664,78 @@ class ParallelismCalls:
     batch_upsert_tensor_with_parallelism_from = batch_put_tensor_with_parallelism_from
 
     def _target(self, key, target):
-        """("one", stored key) or ("full", key) or None for a target not mapped."""
+        """("one", stored key), ("full", key), ("axes", canonical axes) for
+        a shard of several axes, ("fullaxes", canonical axes) for a full
+        read through an identity, or None for a target not mapped."""
         mode = "as_stored" if target is None else getattr(target, "mode", None)
+        par = None if target is None else getattr(target, "parallelism", None)
         if mode == "as_stored":
             return "one", key
         if mode == "full":
-            return "full", key
+            if _tp_only(par) is not False:
+                return "full", key
+            axes = _axes(par)
+            return ("fullaxes", axes) if axes and _tp_of(axes) else None
         if mode == "shard":
-            tp = _tp_only(getattr(target, "parallelism", None))
+            tp = _tp_only(par)
+            if tp is False:
+                axes = _axes(par)
+                return ("axes", axes) if axes else None
             if not tp:
                 return None
             return "one", tp_key(key, tp[0])
         return None
+
+    def _shard_axes(self, key, axes):
+        """The shard axes name: stored under its name with matching
+        metadata, else (with a tp axis) cut from the full tensor stored
+        under the key; None."""
+        tp = _tp_of(axes)
+        if tp is not None and tp["split_dim"] is None:
+            tp["split_dim"] = 0
+        v = self.get_buffer(parallel_key(key, axes))
+        meta = parse(v) if v else None
+        if _meta_matches(meta, axes):
+            return to_tensor(_torch(), bytearray(v), meta)
+        if tp is None:
+            return None
+        full = self.get_tensor(key)
+        if full is None or not 0 <= tp["split_dim"] < full.dim() or \
+                full.shape[tp["split_dim"]] % tp["size"]:
+            return None
+        step = full.shape[tp["split_dim"]] // tp["size"]
+        return full.narrow(tp["split_dim"], tp["rank"] * step, step).contiguous()
+
+    def _full_axes(self, key, axes):
+        """The full tensor of the identity's tp shards (every tp rank, the
+        other axes as given), joined along the tp split dim; None."""
+        tp = _tp_of(axes)
+        if tp["split_dim"] is None:
+            tp["split_dim"] = 0
+        names = [parallel_key(key, [dict(d, rank=r) if d is tp else d for d in axes])
+                 for r in range(tp["size"])]
+        blobs = self.get_batch(names)
+        parts, gshape = [], None
+        for r, v in enumerate(blobs):
+            meta = parse(v) if v else None
+            if not _meta_matches(meta, [dict(d, rank=r) if d is tp else d for d in axes]):
+                return None
+            gshape = meta.global_shape
+            parts.append(to_tensor(_torch(), bytearray(v), meta))
+        try:
+            out = _torch().cat(parts, tp["split_dim"])
+        except RuntimeError:
+            return None
+        return out if tuple(out.shape) == gshape else None
+
+    def _read_target(self, key, t):
+        if t[0] == "one":
+            return self.get_tensor(t[1])
+        if t[0] == "axes":
+            return self._shard_axes(key, t[1])
+        if t[0] == "fullaxes":
+            return self._full_axes(key, t[1])
+        return self._full(key)
 
     def _full(self, key):
         torch = _torch()
@@ -560,9 +759,7 @@ class ParallelismCalls:
 
     def get_tensor_with_parallelism(self, key, target=None):
         t = self._target(key, target)
-        if t is None:
-            return None
-        return self.get_tensor(t[1]) if t[0] == "one" else self._full(key)
+        return None if t is None else self._read_target(key, t)
 
     def batch_get_tensor_with_parallelism(self, keys, targets=None):
         targets = [None] * len(keys) if targets is None else list(targets)
@@ -571,15 +768,16 @@ class ParallelismCalls:
         return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
 
     def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
-        """As get_tensor_into, for as_stored and shard targets; a full
-        target reads the whole tensor, writes it into the buffer as a
-        tensor object and returns a tensor over the buffer."""
+        """As get_tensor_into, for as_stored and single-tp shard targets;
+        any other target reads its tensor (a full tensor, a shard of
+        several axes), writes it into the buffer as a tensor object and
+        returns a tensor over the buffer (written as a full tensor object)."""
         t = self._target(key, target)
         if t is None:
             return None
         if t[0] == "one":
             return self.get_tensor_into(t[1], buffer_ptr, size)
-        full = self._full(key)
+        full = self._read_target(key, t)
         if full is None or not self._ptr_ok(buffer_ptr, size) or not buffer_ptr:
             return None
         blob = serialize_tensor(full)

@@ -284,13 +284,14 @@ def test_with_parallelism_writer_partition(store):
     assert res[0] == 0 and res[1] != 0
 
 
-def test_with_parallelism_several_axes_say_not_supported(store):
+def test_with_parallelism_several_axes(store):
+    # Several axes are stored now (test_mooncake_parallel.py says how).
     dp = mc.ParallelAxis("dp", 0, 2)
     tp = mc.ParallelAxis("tp", 1, 2, 1)
     par = mc.TensorParallelism([dp, tp])
     t = torch.zeros(2, 4)
-    assert store.put_tensor_with_parallelism("m", t, par) == NOT_SUPPORTED
-    assert store.get_tensor_with_parallelism("m", _target("shard", par)) is None
+    assert store.put_tensor_with_parallelism("m", t, par) == 0
+    assert store.get_tensor_with_parallelism("m", _target("shard", par)).shape == (2, 2)
     assert store.get_tensor_with_parallelism("m", _target("bogus")) is None
 
 
