@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "testutil_kvctl.h"
 #include "engine/host.h"   /* kv__host_requests: the server's round trips, counted */
 #include "engine/internal.h"
 #include "net/auth.h"
@@ -741,6 +742,49 @@ START_TEST(pins_end_without_a_message_of_their_own)
 }
 END_TEST
 
+/* kvctl bench attached, with --compare dram: a last phase, write_kvbuf,
+ * dumps new objects from kv_buffer_alloc memory, and the comparison with
+ * the in-process run gives write_kvbuf over its write, printed and in the
+ * JSON; the in-process run has no such phase. (Before: no such figure.) */
+START_TEST(attached_bench_compares_kv_buffer_dumps)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    char *json = NULL, *sdir = NULL;
+    ck_assert(asprintf(&json, "%s/summary.json", w.dir) > 0);
+    ck_assert(asprintf(&sdir, "store.dir=%s/rv", w.dir) > 0);
+    struct out r = run_kvctl(w.dir, 60, "--set", "store.name=host-test", "--set", sdir,
+                             "--set", "log.level=warn", "bench", "--nr-objects", "16",
+                             "--value-size", "64KiB", "--verify", "--compare", "dram",
+                             "--summary-json", json, NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "write_kvbuf/write");
+    char *text = slurp(json);
+    struct jv *v = jparse(text);
+    ck_assert_msg(v != NULL, "summary is not JSON:\n%s", text);
+    const struct jv *ph = jget(v, "phases", J_ARR);
+    ck_assert_uint_eq(ph->n, 4);
+    ck_assert_str_eq(jget(ph->items[3], "name", J_STR)->str, "write_kvbuf");
+    ck_assert(jnum_of(ph->items[3], "ops") == 16 && jnum_of(ph->items[3], "errors") == 0);
+    ck_assert(jnum_of(ph->items[3], "mib_s") > 0);
+    const struct jv *cmp = jget(v, "comparisons", J_ARR);
+    ck_assert_uint_eq(cmp->n, 1);
+    ck_assert_uint_eq(jget(cmp->items[0], "phases", J_ARR)->n, 3);   /* in process: none */
+    const struct jv *ratio = jget(jget(cmp->items[0], "ratios", J_OBJ), "write_kvbuf/write", J_OBJ);
+    ck_assert(jnum_of(ratio, "mib_s") > 0);
+    /* the 16 new objects are in the store, beside the 16 of the other phases */
+    ck_assert_uint_eq(stats(e).dram_blocks, 32);
+    jfree(v);
+    free(text);
+    free(json);
+    free(sdir);
+    out_free(&r);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
 /* ---- another protocol version ------------------------------------------------- */
 
 /* A server of another version: says its hello, then waits for the client
@@ -1156,6 +1200,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, the_dram_budget_is_counted_once);
     tcase_add_test(tc, pins_end_without_a_message_of_their_own);
     tcase_add_test(tc, a_peer_of_another_version_is_refused);
+    tcase_add_test(tc, attached_bench_compares_kv_buffer_dumps);
     suite_add_tcase(s, tc);
     tc = tcase_create("death");
     tcase_set_timeout(tc, 60);
