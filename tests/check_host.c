@@ -742,6 +742,98 @@ START_TEST(pins_end_without_a_message_of_their_own)
 }
 END_TEST
 
+/* A client spoken by hand: connects to the store's socket, proves the
+ * (empty) token and hands over its pin board; the socket, or -1. */
+static int raw_client(const char *sock, uint8_t **board)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    uint64_t dl = tu_now_ms() + 5000;
+    uint8_t hello[12], mine[52] = { 0 }, ans[16];
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        kv__sock_xfer1(fd, hello, sizeof hello, 0, dl) != KV_OK || kv__auth_client(fd, "", dl))
+        return -1;
+    int b = open("/proc/sys/kernel/random/boot_id", O_RDONLY);
+    ssize_t n = b >= 0 ? read(b, mine, 39) : -1;
+    close(b);
+    while (n > 0 && mine[n - 1] == '\n')
+        mine[--n] = 0;
+    kv__put32(mine + 40, sizeof(kv_stats));
+    kv__put32(mine + 44, KV__SHM_MAGIC);
+    kv__put32(mine + 48, KV__SHM_VERSION);
+    int mfd = memfd_create("test-board", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (mfd < 0 || ftruncate(mfd, 8192) != 0 ||
+        fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+        return -1;
+    *board = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = { mine, sizeof mine };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &mfd, sizeof mfd);
+    if (*board == MAP_FAILED || sendmsg(fd, &m, 0) != (ssize_t)sizeof mine ||
+        kv__sock_xfer1(fd, ans, sizeof ans, 0, dl) != KV_OK || kv__get32(ans) != KV_OK)
+        return -1;
+    close(mfd);
+    return fd;   /* the segment's descriptor came with ans; it is not needed here */
+}
+
+/* The safety half of the pin board: a pin whose byte the client has not
+ * set is never ended while the connection lives, however long the client
+ * takes (the server has looked at the board several times by then); once
+ * set, the server ends it by itself, the client saying nothing more. */
+START_TEST(a_pin_ends_only_once_its_copy_is_marked_done)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_int_eq(dump_one(e, 5, BLK), KV_OK);
+    char sock[512];
+    snprintf(sock, sizeof sock, "%s/rv/host-test.sock", w.dir);
+    uint8_t *board = NULL;
+    int fd = raw_client(sock, &board);
+    ck_assert_int_ge(fd, 0);
+    /* LOAD of block 5: u32 n, then id, u32 index, u64 len, loc (13 bytes) */
+    uint8_t req[8 + 4 + 41] = { 0 };
+    kv__put32(req, 4 + 41);
+    kv__put32(req + 4, 3);   /* OP_LOAD */
+    kv__put32(req + 8, 1);
+    kv_block_id id = tu_id(5, 16);
+    memcpy(req + 12, id.bytes, 16);
+    kv__put64(req + 32, BLK);
+    req[40] = 1;             /* staging: where it would be copied, were it not pinned */
+    uint64_t dl = tu_now_ms() + 5000;
+    uint8_t h[8], a[17];
+    ck_assert_int_eq(kv__sock_xfer1(fd, req, sizeof req, 1, dl), KV_OK);
+    ck_assert_int_eq(kv__sock_xfer1(fd, h, 8, 0, dl), KV_OK);
+    ck_assert_uint_eq(kv__get32(h), 17);
+    ck_assert_int_eq(kv__sock_xfer1(fd, a, 17, 0, dl), KV_OK);
+    ck_assert_int_eq((int)kv__get32(a), KV_OK);
+    ck_assert_uint_eq(a[4], 1);   /* pinned */
+    uint32_t slot = kv__get32(a + 13);
+    ck_assert_uint_lt(slot, 8192);
+    ck_assert_uint_eq(stats(e).host_pins, 1);
+    usleep(300000);   /* the server has looked at the board at 10, 20, 40, 80, 160 ms */
+    ck_assert_uint_eq(stats(e).host_pins, 1);
+    __atomic_store_n(&board[slot], 1, __ATOMIC_RELEASE);
+    uint64_t t0 = tu_now_ms();
+    while (stats(e).host_pins && tu_now_ms() - t0 < 5000)
+        usleep(2000);
+    ck_assert_uint_eq(stats(e).host_pins, 0);
+    ck_assert_uint_eq(board[slot], 0);   /* cleared for the slot's next pin */
+    close(fd);
+    munmap(board, 8192);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
 /* kvctl bench attached, with --compare dram: a last phase, write_kvbuf,
  * dumps new objects from kv_buffer_alloc memory, and the comparison with
  * the in-process run gives write_kvbuf over its write, printed and in the
@@ -1201,6 +1293,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, pins_end_without_a_message_of_their_own);
     tcase_add_test(tc, a_peer_of_another_version_is_refused);
     tcase_add_test(tc, attached_bench_compares_kv_buffer_dumps);
+    tcase_add_test(tc, a_pin_ends_only_once_its_copy_is_marked_done);
     suite_add_tcase(s, tc);
     tc = tcase_create("death");
     tcase_set_timeout(tc, 60);
