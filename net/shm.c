@@ -8,12 +8,13 @@
  * descriptor reopened O_RDONLY, passed with SCM_RIGHTS): a load pins the
  * shards DRAM holds (net/serve.c's policy) and answers their offsets, the
  * client copies each straight from the segment into the caller's buffer,
- * then marks the pin's slot on its pin board (below). What is not in DRAM (SSD, a remote owner) the
- * server copies into memory the client shares with it: a kvengine shared
- * buffer (kv_buffer_alloc) when the destination lies in one, else the
- * connection's staging memfd. A dump is copied into the staging memfd by
- * the client (none from a shared buffer) and into the segment by the
- * server: no client ever holds a writable view of stored bytes.
+ * then marks the pin's slot on its pin board (below). What is not in DRAM
+ * (SSD, a remote owner) the server copies into memory the client shares
+ * with it: a kvengine shared buffer (kv_buffer_alloc) when the destination
+ * lies in one, else the connection's staging memfd. A dump is copied into
+ * the staging memfd by the client (none from a shared buffer) and into the
+ * segment by the server: no client ever holds a writable view of stored
+ * bytes.
  *
  * The socket carries small frames of our own (below), every one
  * bounds-checked by the server before anything is allocated or touched:
@@ -56,9 +57,10 @@
  *
  * Lifecycle: a connection is one server thread with its pins, pin board,
  * staging mapping and region mappings; when the peer goes (closed,
- * SIGKILLed) the thread drops them all. A client that loses its server fails the call
- * (KV_ENET, every wait bounded by the timeout, MSG_NOSIGNAL) and marks
- * itself broken; engine/host.c then reconnects or takes the store over.
+ * SIGKILLed) the thread drops them all. A client that loses its server
+ * fails the call (KV_ENET, every wait bounded by the timeout, MSG_NOSIGNAL)
+ * and marks itself broken; engine/host.c then reconnects or takes the
+ * store over.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -1355,6 +1357,7 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
         if (bfd >= 0)
             close(bfd);
         rc = KV_ENOMEM;
+        kv__errf(err, errlen, "%s: cannot make the pin board: %s", c->path, strerror(errno));
         goto fail;
     }
     k->board = bp;
