@@ -594,7 +594,7 @@ static int do_load(struct sconn *c, const uint8_t *b, size_t len)
         memset(a, 0, LOAD_ANS_LEN);
         const void *data;
         uint64_t got;
-        if (h->seg_base && c->nfree > 0 &&
+        if (h->seg_base && c->held && c->nfree > 0 &&
             h->pin(h->ctx, &id, index, &data, &got, &c->pins[c->pin_free[c->nfree - 1]]) == KV_OK) {
             uint32_t slot = c->pin_free[c->nfree - 1];
             if (got != want) {
