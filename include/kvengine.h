@@ -447,7 +447,9 @@ typedef struct kv_stats {
     uint64_t enospc;             /* shards refused for lack of room */
     uint64_t open_ns;            /* time kv_open took, nanoseconds */
     uint64_t host_clients;       /* processes' connections this engine serves its store to now */
-    uint64_t host_pins;          /* DRAM shards pinned for attached readers now */
+    uint64_t host_pins;          /* DRAM shards pinned for attached readers now (a pin
+                                  * ends with the reader's next request, or within
+                                  * 10 ms of its copy) */
     uint64_t host_attached;      /* 1 when this engine is attached to another process's store */
     /* Lookups of blocks (kv_lookup, kv_lookup_prefix, and in a cluster the
      * lookups peers send this node) answered by this engine's store: each

@@ -8,12 +8,13 @@
  * descriptor reopened O_RDONLY, passed with SCM_RIGHTS): a load pins the
  * shards DRAM holds (net/serve.c's policy) and answers their offsets, the
  * client copies each straight from the segment into the caller's buffer,
- * then releases the pins. What is not in DRAM (SSD, a remote owner) the
- * server copies into memory the client shares with it: a kvengine shared
- * buffer (kv_buffer_alloc) when the destination lies in one, else the
- * connection's staging memfd. A dump is copied into the staging memfd by
- * the client (none from a shared buffer) and into the segment by the
- * server: no client ever holds a writable view of stored bytes.
+ * then marks the pin's slot on its pin board (below). What is not in DRAM
+ * (SSD, a remote owner) the server copies into memory the client shares
+ * with it: a kvengine shared buffer (kv_buffer_alloc) when the destination
+ * lies in one, else the connection's staging memfd. A dump is copied into
+ * the staging memfd by the client (none from a shared buffer) and into the
+ * segment by the server: no client ever holds a writable view of stored
+ * bytes.
  *
  * The socket carries small frames of our own (below), every one
  * bounds-checked by the server before anything is allocated or touched:
@@ -21,13 +22,19 @@
  * this connection handed over, each sealed against shrinking (a client
  * cannot truncate a mapping under the server: no SIGBUS).
  *
+ *   hello    server: u32 magic, u32 version, i32 same-user status; the
+ *            token's challenge-response (auth.h); client: boot id[40],
+ *            u32 sizeof(kv_stats), u32 magic, u32 version + its pin board
+ *            (a memfd of BOARD_LEN bytes); server: i32 status, u32 has-
+ *            segment, u64 segment length + the segment (read-only memfd).
+ *            Each side refuses another version (SHM_VERSION), naming both.
  *   frame    u32 body length, u32 op (request) or rc (response), body
  *   loc      u8 kind (0 inline, 1 staging, 2 region), u32 region, u64 offset
  *   LOOKUP   u32 n, n ids             -> n hit bytes
  *   PREFETCH u32 n, n ids             -> rc
  *   LOAD     u32 n, n x (id, u32 index, u64 len, loc)
  *                                     -> n x (i32 status, u8 how, u64 seg offset, u32 pin)
- *   RELEASE  u32 n, n x u32 pin       (no answer: pins end in request order)
+ *   (op 4, RELEASE, is retired since version 2: pins end on the board)
  *   DUMP     u32 n, n x (id, u32 index, u64 len, loc)  -> n x i32 status
  *   PUT      u8 klen, key, loc, u64 vlen [, value]     -> rc
  *   GET      u8 klen, key, loc, u64 cap   -> u64 vlen [, value when inline]
@@ -43,11 +50,18 @@
  *                                        values of the gets that found one
  *   REMOVE_PREFIX  u8 len (1..250), prefix  -> u64 removed
  *
- * Lifecycle: a connection is one server thread with its pins, staging
- * mapping and region mappings; when the peer goes (closed, SIGKILLed) the
- * thread drops them all. A client that loses its server fails the call
- * (KV_ENET, every wait bounded by the timeout, MSG_NOSIGNAL) and marks
- * itself broken; engine/host.c then reconnects or takes the store over.
+ * Pins end without a message: the client sets byte `pin` of its board once
+ * it has copied that shard, and the server ends the marked pins before it
+ * serves the connection's next request (any op), or after HOLD_MS of quiet
+ * (board_reap). A load is one round trip, and at most PINS_MAX pins per
+ * connection are out at once, as before.
+ *
+ * Lifecycle: a connection is one server thread with its pins, pin board,
+ * staging mapping and region mappings; when the peer goes (closed,
+ * SIGKILLed) the thread drops them all. A client that loses its server
+ * fails the call (KV_ENET, every wait bounded by the timeout, MSG_NOSIGNAL)
+ * and marks itself broken; engine/host.c then reconnects or takes the
+ * store over.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -66,13 +80,16 @@
 #include "shm.h"
 #include "sock.h"
 
-#define SHM_MAGIC      0x4d53564bu   /* "KVSM" */
-#define SHM_VERSION    1u
+#define SHM_MAGIC      KV__SHM_MAGIC
+#define SHM_VERSION    KV__SHM_VERSION
 #define FRAME_MAX      (8u << 20)    /* request or response body */
 #define ITEMS_MAX      4096u         /* shards or ids in one request */
 #define INLINE_MAX     (1u << 20)    /* plain-key values carried in the frame */
 #define STAGE_MIN      (64ull << 20) /* sparse: only what is written is memory */
 #define PINS_MAX       8192u         /* per connection; past it loads are copied */
+#define BOARD_LEN      PINS_MAX      /* the pin board: one byte per pin slot */
+#define HOLD_MS        10u           /* a quiet connection's copied pins end this soon */
+#define HOLD_MAX_MS    1000u         /* the wait doubles up to this while none are done */
 #define REGIONS_MAX    256u          /* mappings one connection may hand over */
 #define MAP_MAX        (64ull << 30) /* the largest client memfd the server maps */
 #define CONNS_MAX      256u
@@ -80,6 +97,7 @@
 #define ITEM_LEN       (KV_BLOCK_ID_LEN + 4 + 8 + LOC_LEN)
 #define LOAD_ANS_LEN   17u
 #define BOOTID_LEN     40u
+#define HELLO_IN_LEN   (BOOTID_LEN + 12) /* boot id, u32 sizeof(kv_stats), u32 magic, u32 version */
 #define MANY_BYTES     (4u << 20)    /* a MANY request's values, or its answer's */
 #define MANY_ANS_LEN   12u
 
@@ -378,6 +396,10 @@ struct sconn {
     uint8_t *pin_used;
     uint32_t *pin_free;      /* stack of free slots */
     uint32_t nfree;
+    struct smap board;       /* the client's pin board (BOARD_LEN bytes) */
+    uint32_t *held;          /* slots answered to the client and not yet ended */
+    uint32_t nheld;
+    unsigned hold_ms;        /* the next quiet wait before looking at the board */
     uint8_t *rbuf, *wbuf;
     size_t rcap, wcap;
 };
@@ -450,11 +472,43 @@ static void sconn_release(struct sconn *c, uint32_t slot)
     atomic_fetch_sub(&c->srv->npins, 1);
 }
 
+/*
+ * Ends the pins whose copy the client has finished. The client marks a
+ * slot's byte on its pin board (its own memory, shared with us) once it has
+ * copied that shard out of the segment; we end every marked pin of ours and
+ * clear its byte, before serving each request and when the connection has
+ * been quiet for hold_ms. So a pin costs no message of its own, a streaming
+ * client's pins end with its next request, and an idle client's within
+ * HOLD_MS: eviction is not held up by a client that stopped asking. A pin
+ * whose copy is still running (its byte not yet set) is never ended here,
+ * so a reader preempted mid-copy never sees its bytes reused. A client
+ * that sets bytes early or wrongly can only cut its own copies short: we
+ * read nothing else from the board, and the slots are ours.
+ */
+static bool board_reap(struct sconn *c)
+{
+    bool ended = false;
+    _Atomic uint8_t *b = (_Atomic uint8_t *)c->board.base;
+    for (uint32_t i = 0; b && i < c->nheld;) {
+        uint32_t slot = c->held[i];
+        if (!atomic_load_explicit(&b[slot], memory_order_acquire)) {
+            i++;
+            continue;
+        }
+        atomic_store_explicit(&b[slot], 0, memory_order_relaxed);
+        sconn_release(c, slot);
+        c->held[i] = c->held[--c->nheld];
+        ended = true;
+    }
+    return ended;
+}
+
 static void sconn_free(struct sconn *c)
 {
     for (uint32_t i = 0; c->pins && i < PINS_MAX; i++)
         sconn_release(c, i);
     smap_drop(&c->stage);
+    smap_drop(&c->board);
     for (size_t i = 0; i < c->nregions; i++)
         smap_drop(&c->regions[i]);
     c->nregions = 0;
@@ -463,6 +517,9 @@ static void sconn_free(struct sconn *c)
     free(c->pins);
     free(c->pin_used);
     free(c->pin_free);
+    free(c->held);
+    c->held = NULL;
+    c->nheld = 0;
     free(c->rbuf);
     free(c->wbuf);
     c->pins = NULL;
@@ -539,7 +596,7 @@ static int do_load(struct sconn *c, const uint8_t *b, size_t len)
         memset(a, 0, LOAD_ANS_LEN);
         const void *data;
         uint64_t got;
-        if (h->seg_base && c->nfree > 0 &&
+        if (h->seg_base && c->held && c->nfree > 0 &&
             h->pin(h->ctx, &id, index, &data, &got, &c->pins[c->pin_free[c->nfree - 1]]) == KV_OK) {
             uint32_t slot = c->pin_free[c->nfree - 1];
             if (got != want) {
@@ -549,6 +606,7 @@ static int do_load(struct sconn *c, const uint8_t *b, size_t len)
             }
             c->nfree--;
             c->pin_used[slot] = 1;
+            c->held[c->nheld++] = slot;   /* ends when the client marks it done */
             atomic_fetch_add(&c->srv->npins, 1);
             kv__put32(a, KV_OK);
             a[4] = HOW_PINNED;
@@ -819,12 +877,6 @@ static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, 
     }
     case OP_LOAD:
         return do_load(c, b, len);
-    case OP_RELEASE:
-        if (len < 4 || len != 4 + 4 * (size_t)kv__get32(b))
-            return KV_EPROTO;
-        for (uint32_t i = 0; i < kv__get32(b); i++)
-            sconn_release(c, kv__get32(b + 4 + 4 * i));
-        return KV_OK;   /* no answer */
     case OP_DUMP:
         return do_dump(c, b, len);
     case OP_PUT:
@@ -869,7 +921,9 @@ static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, 
     }
 }
 
-/* The handshake, server side: same user, the token, the same boot. */
+/* The handshake, server side: same user, our version (the client checks
+ * it and refuses another; it says its own, which we check too), the token,
+ * the same boot, then the client's pin board. */
 static int server_hello(struct sconn *c)
 {
     struct kv__shm_server *s = c->srv;
@@ -884,15 +938,33 @@ static int server_hello(struct sconn *c)
         return rc != KV_OK ? rc : who;
     if ((rc = kv__auth_server(c->fd, s->token, dl)) != KV_OK)
         return rc;
-    uint8_t in[BOOTID_LEN + 4];
-    if ((rc = kv__sock_xfer1(c->fd, in, sizeof in, 0, dl)) != KV_OK)
+    uint8_t in[HELLO_IN_LEN];
+    int bfd = -1;
+    if ((rc = recv_with_fd(c->fd, in, sizeof in, &bfd, dl)) != KV_OK) {
+        if (bfd >= 0)
+            close(bfd);
         return rc;
+    }
     char mine[BOOTID_LEN];
-    int status = boot_id(mine);
+    int status = KV_OK;
+    uint32_t theirs = kv__get32(in + BOOTID_LEN + 8);
+    if (kv__get32(in + BOOTID_LEN + 4) != SHM_MAGIC || theirs != SHM_VERSION) {
+        KV_WARN("host store %s: refused a client of protocol version %u (this server speaks "
+                "version %u): run one kvengine build on a host", s->path, theirs, SHM_VERSION);
+        status = KV_EPROTO;
+    }
+    if (status == KV_OK)
+        status = boot_id(mine);
     if (status == KV_OK && memcmp(mine, in, BOOTID_LEN) != 0)
         status = KV_EPERM;   /* another host (or another boot): never the same memory */
     if (status == KV_OK && kv__get32(in + BOOTID_LEN) != sizeof(kv_stats))
         status = KV_EPROTO;
+    /* The pin board: memory of the client's we read and clear (sealed
+     * against shrinking, exactly BOARD_LEN bytes, like every mapping). */
+    if (status == KV_OK && (bfd < 0 || smap_take(bfd, BOARD_LEN, &c->board) != KV_OK))
+        status = KV_EPROTO;
+    if (bfd >= 0)
+        close(bfd);
     uint8_t out[16];
     kv__put32(out, (uint32_t)status);
     kv__put32(out + 4, s->ro_fd >= 0 && status == KV_OK);
@@ -906,13 +978,21 @@ static void *sconn_main(void *arg)
     struct sconn *c = arg;
     struct kv__shm_server *s = c->srv;
     int rc = server_hello(c);
+    c->hold_ms = HOLD_MS;
     while (rc == KV_OK && !atomic_load(&s->stopping)) {
         struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { s->stop_pipe[0], POLLIN, 0 } };
-        if (poll(p, 2, -1) < 0) {
+        int k = poll(p, 2, c->nheld ? (int)c->hold_ms : -1);
+        if (k < 0) {
             if (errno == EINTR)
                 continue;
             break;
         }
+        if (k == 0) {   /* quiet with pins out: end those copied; wait longer while none are */
+            c->hold_ms = board_reap(c) ? HOLD_MS
+                       : c->hold_ms * 2 > HOLD_MAX_MS ? HOLD_MAX_MS : c->hold_ms * 2;
+            continue;
+        }
+        c->hold_ms = HOLD_MS;
         if (p[1].revents)
             break;
         uint8_t h[8];
@@ -941,6 +1021,8 @@ static void *sconn_main(void *arg)
             break;
         }
         atomic_fetch_add(&s->requests, 1);   /* before the answer: a caller that has it sees it counted */
+        if (c->nheld)
+            board_reap(c);   /* any request: the copies of the last LOAD are done by now */
         rc = dispatch(c, op, c->rbuf, len, fd);
         if (fd >= 0)
             close(fd);
@@ -1002,8 +1084,9 @@ static void *accept_main(void *arg)
             c->pins = calloc(PINS_MAX, sizeof *c->pins);
             c->pin_used = calloc(PINS_MAX, 1);
             c->pin_free = malloc(PINS_MAX * sizeof *c->pin_free);
+            c->held = malloc(PINS_MAX * sizeof *c->held);
         }
-        if (!c || !c->pins || !c->pin_used || !c->pin_free ||
+        if (!c || !c->pins || !c->pin_used || !c->pin_free || !c->held ||
             atomic_load(&s->nconns) >= CONNS_MAX) {
             if (c) {
                 c->fd = fd;
@@ -1137,6 +1220,7 @@ uint64_t kv__shm_server_requests(struct kv__shm_server *s)
 
 struct cconn {
     int fd;
+    _Atomic uint8_t *board;  /* BOARD_LEN bytes the server reads: a pin's slot set when copied */
     int stage_fd;
     uint8_t *stage;
     size_t stage_len;
@@ -1167,6 +1251,8 @@ static void cconn_close(struct cconn *k)
     if (!k)
         return;
     close_listed(k->fd);
+    if (k->board)
+        munmap((void *)k->board, BOARD_LEN);
     if (k->stage)
         munmap(k->stage, k->stage_len);
     if (k->stage_fd >= 0)
@@ -1191,8 +1277,7 @@ static int cbuf_need(struct cconn *k, size_t n)
 
 /* One exchange: the request in k->buf[8 .. 8+len) (the header is filled
  * here), with fd riding on it; the response body into k->buf (its length
- * in *rlen, at most rmax). Returns the server's rc in *src. No answer is
- * awaited for OP_RELEASE. */
+ * in *rlen, at most rmax). Returns the server's rc in *src. */
 static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t len, int fd,
                uint64_t data_bytes, int *src, size_t *rlen)
 {
@@ -1200,7 +1285,7 @@ static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t le
     kv__put32(k->buf + 4, op);
     uint64_t dl = deadline_for(c->timeout_ms, data_bytes + len);
     int rc = send_with_fd(k->fd, k->buf, 8 + len, fd, dl);
-    if (rc != KV_OK || op == OP_RELEASE)
+    if (rc != KV_OK)
         return rc;
     uint8_t h[8];
     if ((rc = kv__sock_xfer1(k->fd, h, 8, 0, dl)) != KV_OK)
@@ -1248,9 +1333,16 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
         kv__errf(err, errlen, "%s: no hello from the server (%s)", c->path, kv_err_name(rc));
         goto fail;
     }
-    if (kv__get32(hello) != SHM_MAGIC || kv__get32(hello + 4) != SHM_VERSION) {
+    if (kv__get32(hello) != SHM_MAGIC) {
         rc = KV_EPROTO;
-        kv__errf(err, errlen, "%s: not a kvengine host store of this version", c->path);
+        kv__errf(err, errlen, "%s: not a kvengine host store", c->path);
+        goto fail;
+    }
+    if (kv__get32(hello + 4) != SHM_VERSION) {
+        rc = KV_EPROTO;
+        kv__errf(err, errlen, "%s: the server speaks host-store protocol version %u, this "
+                 "library version %u: run one kvengine build on a host", c->path,
+                 kv__get32(hello + 4), SHM_VERSION);
         goto fail;
     }
     if ((rc = (int)kv__get32(hello + 8)) != KV_OK) {
@@ -1261,11 +1353,29 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
         kv__errf(err, errlen, "%s: the token was not proved (%s)", c->path, kv_err_name(rc));
         goto fail;
     }
-    uint8_t mine[BOOTID_LEN + 4];
+    uint8_t mine[HELLO_IN_LEN];
     if ((rc = boot_id((char *)mine)) != KV_OK)
         goto fail;
     kv__put32(mine + BOOTID_LEN, sizeof(kv_stats));
-    if ((rc = kv__sock_xfer1(k->fd, mine, sizeof mine, 1, dl)) != KV_OK)
+    kv__put32(mine + BOOTID_LEN + 4, SHM_MAGIC);
+    kv__put32(mine + BOOTID_LEN + 8, SHM_VERSION);
+    /* The pin board rides on it: the server maps it and reads what we copied. */
+    int bfd = memfd_create("kvengine-pins", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    void *bp = MAP_FAILED;
+    if (bfd >= 0 && ftruncate(bfd, BOARD_LEN) == 0 &&
+        fcntl(bfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0)
+        bp = mmap(NULL, BOARD_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, bfd, 0);
+    if (bp == MAP_FAILED) {
+        if (bfd >= 0)
+            close(bfd);
+        rc = KV_ENOMEM;
+        kv__errf(err, errlen, "%s: cannot make the pin board: %s", c->path, strerror(errno));
+        goto fail;
+    }
+    k->board = bp;
+    rc = send_with_fd(k->fd, mine, sizeof mine, bfd, dl);
+    close(bfd);
+    if (rc != KV_OK)
         goto fail;
     uint8_t ans[16];
     int sfd = -1;
@@ -1572,10 +1682,7 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
     if (rc != KV_OK)
         return rc;
     uint8_t (*loc)[LOC_LEN] = malloc((n < ITEMS_MAX ? n : ITEMS_MAX) * LOC_LEN);
-    uint32_t *pins = malloc((n < ITEMS_MAX ? n : ITEMS_MAX) * sizeof *pins);
-    if (!loc || !pins) {
-        free(loc);
-        free(pins);
+    if (!loc) {
         cconn_put(c, k, KV_OK);
         return KV_ENOMEM;
     }
@@ -1625,7 +1732,6 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
             rc = src != KV_OK ? src : KV_EPROTO;
         if (rc != KV_OK)
             break;
-        size_t npins = 0;
         for (size_t x = 0; x < m; x++) {
             const kv_shard *s = &sh[i + x];
             if (!load) {
@@ -1637,11 +1743,16 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
             uint64_t len = kv__iov_len(s->iov, s->iovcnt);
             if (r == KV_OK && a[4] == HOW_PINNED) {
                 uint64_t off = kv__get64(a + 5);
-                pins[npins++] = kv__get32(a + 13);
-                if (!c->seg || off > c->seg_len || len > c->seg_len - off)
+                uint32_t slot = kv__get32(a + 13);
+                if (!c->seg || off > c->seg_len || len > c->seg_len - off || slot >= BOARD_LEN)
                     r = KV_EPROTO;   /* a server that points outside its segment */
                 else if (len)
                     kv__iov_scatter(s->iov, s->iovcnt, c->seg + off);
+                /* Copied: the pin may end. No message; the server looks at
+                 * the board with our next request, or when we go quiet. The
+                 * release orders the copy's reads before the mark. */
+                if (slot < BOARD_LEN)
+                    atomic_store_explicit(&k->board[slot], 1, memory_order_release);
             } else if (r == KV_OK && a[4] == HOW_COPIED) {
                 if (loc[x][0] == LOC_STAGE && len)
                     kv__iov_scatter(s->iov, s->iovcnt, k->stage + kv__get64(loc[x] + 5));
@@ -1650,19 +1761,9 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
             }
             results[i + x] = r;
         }
-        if (npins) {   /* every pin ends now, in one message nobody answers */
-            if ((rc = cbuf_need(k, 12 + 4 * npins)) != KV_OK)
-                break;
-            kv__put32(k->buf + 8, (uint32_t)npins);
-            for (size_t x = 0; x < npins; x++)
-                kv__put32(k->buf + 12 + 4 * x, pins[x]);
-            if ((rc = rpc(c, k, OP_RELEASE, 4 + 4 * npins, -1, 0, &src, NULL)) != KV_OK)
-                break;
-        }
         i = j;
     }
     free(loc);
-    free(pins);
     cconn_put(c, k, rc);
     return rc;
 }

@@ -53,6 +53,12 @@ struct kv__shm_host {
     int seg_fd;
 };
 
+/* Every hello starts with these: a peer of another version is refused, by
+ * the client (its error names both versions) and by the server (it logs
+ * both), before the token is proved. */
+#define KV__SHM_MAGIC   0x4d53564bu   /* "KVSM" */
+#define KV__SHM_VERSION 2u            /* 2: pins end through the client's pin board */
+
 /* ---- the server ---------------------------------------------------------- */
 struct kv__shm_server;
 

@@ -16,13 +16,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "testutil.h"
+#include "testutil_kvctl.h"
 #include "engine/host.h"   /* kv__host_requests: the server's round trips, counted */
+#include "engine/internal.h"
+#include "net/auth.h"
+#include "net/sock.h"
+#include "net/shm.h"       /* the hello, spoken by hand to a peer of another version */
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -672,6 +680,296 @@ START_TEST(killed_clients_leave_nothing_behind)
 }
 END_TEST
 
+/* A load's pins cost no message of their own: a load of 16 DRAM shards is
+ * ONE request (it was two: LOAD, then RELEASE), the pins end with the
+ * client's next request of any kind, and a client that goes quiet has its
+ * copied pins ended by the server within HOLD_MS, so that eviction can take
+ * those blocks. (Before: 2 requests per load.) */
+START_TEST(pins_end_without_a_message_of_their_own)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 64MiB, hugepages: off}\n"
+                  "eviction: {lease_ttl_ms: 0}\n"
+                  "store: {name: pins, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2}\n");
+    kv_engine *a = tu_open_yaml(w.yaml);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    enum { N = 16, LEN = 48 << 10 };   /* 768 KiB: one chunk, so one LOAD */
+    for (uint64_t n = 0; n < N; n++)
+        ck_assert_int_eq(dump_one(a, n, LEN), KV_OK);
+    uint8_t *dst = malloc((size_t)N * LEN);
+    kv_iov iov[N];
+    kv_shard sh[N];
+    ck_assert_int_eq(load_one(b, 0, LEN), 0);   /* the connection's staging memfd, once */
+    for (int round = 0; round < 2; round++) {
+        memset(dst, 0, (size_t)N * LEN);
+        for (int n = 0; n < N; n++) {
+            iov[n] = (kv_iov){ dst + (size_t)n * LEN, LEN };
+            sh[n] = (kv_shard){ tu_id((uint64_t)n, 16), 0, &iov[n], 1 };
+        }
+        uint64_t r0 = kv__host_requests(a);
+        kv_task t = 0;
+        ck_assert_int_eq(kv_load(b, sh, N, &t), KV_OK);
+        ck_assert_int_eq(kv_wait(b, t, 0), KV_OK);
+        ck_assert_uint_eq(kv__host_requests(a) - r0, 1);
+        for (int n = 0; n < N; n++)
+            ck_assert(tu_check_fill(dst + (size_t)n * LEN, LEN, (uint64_t)n));
+        ck_assert_uint_eq(stats(a).dram_blocks, N);
+        if (round == 0) {
+            /* The next request, whatever it is, ends them first. */
+            uint8_t hit = 0;
+            kv_block_id id = tu_id(0, 16);
+            ck_assert_int_eq(kv_lookup(b, &id, 1, &hit), KV_OK);
+            ck_assert_uint_eq(stats(a).host_pins, 0);
+        } else {
+            /* Quiet: the server ends them by itself. */
+            uint64_t t0 = tu_now_ms();
+            while (stats(a).host_pins && tu_now_ms() - t0 < 5000)
+                usleep(2000);
+            ck_assert_uint_eq(stats(a).host_pins, 0);
+        }
+    }
+    /* Nothing pinned by the quiet client: new blocks evict the old ones. */
+    for (uint64_t n = 1000; n < 1000 + 2 * (64 << 20) / LEN; n++)
+        ck_assert_int_eq(dump_one(a, n, LEN), KV_OK);
+    uint8_t hit[N];
+    kv_block_id ids[N];
+    for (int n = 0; n < N; n++)
+        ids[n] = tu_id((uint64_t)n, 16);
+    ck_assert_int_eq(kv_lookup(a, ids, N, hit), KV_OK);
+    int left = 0;
+    for (int n = 0; n < N; n++)
+        left += hit[n];
+    ck_assert_int_eq(left, 0);
+    free(dst);
+    kv_close(b);
+    kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* A client spoken by hand: connects to the store's socket, proves the
+ * (empty) token and hands over its pin board; the socket, or -1. */
+static int raw_client(const char *sock, uint8_t **board)
+{
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    uint64_t dl = tu_now_ms() + 5000;
+    uint8_t hello[12], mine[52] = { 0 }, ans[16];
+    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        kv__sock_xfer1(fd, hello, sizeof hello, 0, dl) != KV_OK || kv__auth_client(fd, "", dl))
+        return -1;
+    int b = open("/proc/sys/kernel/random/boot_id", O_RDONLY);
+    ssize_t n = b >= 0 ? read(b, mine, 39) : -1;
+    close(b);
+    while (n > 0 && mine[n - 1] == '\n')
+        mine[--n] = 0;
+    kv__put32(mine + 40, sizeof(kv_stats));
+    kv__put32(mine + 44, KV__SHM_MAGIC);
+    kv__put32(mine + 48, KV__SHM_VERSION);
+    int mfd = memfd_create("test-board", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (mfd < 0 || ftruncate(mfd, 8192) != 0 ||
+        fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+        return -1;
+    *board = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    memset(&u, 0, sizeof u);
+    struct iovec iov = { mine, sizeof mine };
+    struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                        .msg_controllen = sizeof u.buf };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &mfd, sizeof mfd);
+    if (*board == MAP_FAILED || sendmsg(fd, &m, 0) != (ssize_t)sizeof mine ||
+        kv__sock_xfer1(fd, ans, sizeof ans, 0, dl) != KV_OK || kv__get32(ans) != KV_OK)
+        return -1;
+    close(mfd);
+    return fd;   /* the segment's descriptor came with ans; it is not needed here */
+}
+
+/* The safety half of the pin board: a pin whose byte the client has not
+ * set is never ended while the connection lives, however long the client
+ * takes (the server has looked at the board several times by then); once
+ * set, the server ends it by itself, the client saying nothing more. */
+START_TEST(a_pin_ends_only_once_its_copy_is_marked_done)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_int_eq(dump_one(e, 5, BLK), KV_OK);
+    char sock[512];
+    snprintf(sock, sizeof sock, "%s/rv/host-test.sock", w.dir);
+    uint8_t *board = NULL;
+    int fd = raw_client(sock, &board);
+    ck_assert_int_ge(fd, 0);
+    /* LOAD of block 5: u32 n, then id, u32 index, u64 len, loc (13 bytes) */
+    uint8_t req[8 + 4 + 41] = { 0 };
+    kv__put32(req, 4 + 41);
+    kv__put32(req + 4, 3);   /* OP_LOAD */
+    kv__put32(req + 8, 1);
+    kv_block_id id = tu_id(5, 16);
+    memcpy(req + 12, id.bytes, 16);
+    kv__put64(req + 32, BLK);
+    req[40] = 1;             /* staging: where it would be copied, were it not pinned */
+    uint64_t dl = tu_now_ms() + 5000;
+    uint8_t h[8], a[17];
+    ck_assert_int_eq(kv__sock_xfer1(fd, req, sizeof req, 1, dl), KV_OK);
+    ck_assert_int_eq(kv__sock_xfer1(fd, h, 8, 0, dl), KV_OK);
+    ck_assert_uint_eq(kv__get32(h), 17);
+    ck_assert_int_eq(kv__sock_xfer1(fd, a, 17, 0, dl), KV_OK);
+    ck_assert_int_eq((int)kv__get32(a), KV_OK);
+    ck_assert_uint_eq(a[4], 1);   /* pinned */
+    uint32_t slot = kv__get32(a + 13);
+    ck_assert_uint_lt(slot, 8192);
+    ck_assert_uint_eq(stats(e).host_pins, 1);
+    usleep(300000);   /* the server has looked at the board at 10, 20, 40, 80, 160 ms */
+    ck_assert_uint_eq(stats(e).host_pins, 1);
+    __atomic_store_n(&board[slot], 1, __ATOMIC_RELEASE);
+    uint64_t t0 = tu_now_ms();
+    while (stats(e).host_pins && tu_now_ms() - t0 < 5000)
+        usleep(2000);
+    ck_assert_uint_eq(stats(e).host_pins, 0);
+    ck_assert_uint_eq(board[slot], 0);   /* cleared for the slot's next pin */
+    close(fd);
+    munmap(board, 8192);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* kvctl bench attached, with --compare dram: a last phase, write_kvbuf,
+ * dumps new objects from kv_buffer_alloc memory, and the comparison with
+ * the in-process run gives write_kvbuf over its write, printed and in the
+ * JSON; the in-process run has no such phase. (Before: no such figure.) */
+START_TEST(attached_bench_compares_kv_buffer_dumps)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    char *json = NULL, *sdir = NULL;
+    ck_assert(asprintf(&json, "%s/summary.json", w.dir) > 0);
+    ck_assert(asprintf(&sdir, "store.dir=%s/rv", w.dir) > 0);
+    struct out r = run_kvctl(w.dir, 60, "--set", "store.name=host-test", "--set", sdir,
+                             "--set", "log.level=warn", "bench", "--nr-objects", "16",
+                             "--value-size", "64KiB", "--verify", "--compare", "dram",
+                             "--summary-json", json, NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "write_kvbuf/write");
+    char *text = slurp(json);
+    struct jv *v = jparse(text);
+    ck_assert_msg(v != NULL, "summary is not JSON:\n%s", text);
+    const struct jv *ph = jget(v, "phases", J_ARR);
+    ck_assert_uint_eq(ph->n, 4);
+    ck_assert_str_eq(jget(ph->items[3], "name", J_STR)->str, "write_kvbuf");
+    ck_assert(jnum_of(ph->items[3], "ops") == 16 && jnum_of(ph->items[3], "errors") == 0);
+    ck_assert(jnum_of(ph->items[3], "mib_s") > 0);
+    const struct jv *cmp = jget(v, "comparisons", J_ARR);
+    ck_assert_uint_eq(cmp->n, 1);
+    ck_assert_uint_eq(jget(cmp->items[0], "phases", J_ARR)->n, 3);   /* in process: none */
+    const struct jv *ratio = jget(jget(cmp->items[0], "ratios", J_OBJ), "write_kvbuf/write", J_OBJ);
+    ck_assert(jnum_of(ratio, "mib_s") > 0);
+    /* the 16 new objects are in the store, beside the 16 of the other phases */
+    ck_assert_uint_eq(stats(e).dram_blocks, 32);
+    jfree(v);
+    free(text);
+    free(json);
+    free(sdir);
+    out_free(&r);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* ---- another protocol version ------------------------------------------------- */
+
+/* A server of another version: says its hello, then waits for the client
+ * to hang up. */
+struct fake_server {
+    int lfd;
+    uint32_t version;
+};
+
+static void *fake_server_main(void *arg)
+{
+    struct fake_server *f = arg;
+    int fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    uint8_t hello[12];
+    kv__put32(hello, KV__SHM_MAGIC);
+    kv__put32(hello + 4, f->version);
+    kv__put32(hello + 8, KV_OK);
+    if (write(fd, hello, sizeof hello) == (ssize_t)sizeof hello) {
+        char c;
+        while (read(fd, &c, 1) > 0) {
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+/* Both sides refuse a peer of another version at the hello, and say both
+ * versions: the client in its error, the server in its log. */
+START_TEST(a_peer_of_another_version_is_refused)
+{
+    struct world w;
+    world_new(&w, NAME_YAML);
+    char path[512];
+    snprintf(path, sizeof path, "%s/other.sock", w.dir);
+    struct sockaddr_un sa = { .sun_family = AF_UNIX };
+    ck_assert_uint_lt(strlen(path), sizeof sa.sun_path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    struct fake_server f = { socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), KV__SHM_VERSION + 1 };
+    ck_assert_int_ge(f.lfd, 0);
+    ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    ck_assert_int_eq(listen(f.lfd, 4), 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, fake_server_main, &f), 0);
+    struct kv__shm_client *cli = NULL;
+    char err[512] = "", want[64];
+    ck_assert_int_eq(kv__shm_connect(path, "", 2000, NULL, &cli, err, sizeof err), KV_EPROTO);
+    ck_assert_ptr_null(cli);
+    pthread_join(th, NULL);
+    close(f.lfd);
+    snprintf(want, sizeof want, "version %u,", KV__SHM_VERSION + 1);
+    ck_assert_msg(strstr(err, want), "error: %s", err);
+    snprintf(want, sizeof want, "library version %u", KV__SHM_VERSION);
+    ck_assert_msg(strstr(err, want), "error: %s", err);
+
+    /* The other way: a real server, a client that says another version. */
+    kv_engine *e = tu_open_yaml(w.yaml);
+    snprintf(path, sizeof path, "%s/rv/host-test.sock", w.dir);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    uint64_t dl = tu_now_ms() + 5000;
+    uint8_t hello[12];
+    ck_assert_int_eq(kv__sock_xfer1(fd, hello, sizeof hello, 0, dl), KV_OK);
+    ck_assert_uint_eq(kv__get32(hello), KV__SHM_MAGIC);
+    ck_assert_uint_eq(kv__get32(hello + 4), KV__SHM_VERSION);
+    ck_assert_int_eq(kv__auth_client(fd, "", dl), KV_OK);
+    uint8_t mine[40 + 12] = { 0 };   /* boot id, sizeof(kv_stats), magic, version */
+    kv__put32(mine + 40, sizeof(kv_stats));
+    kv__put32(mine + 44, KV__SHM_MAGIC);
+    kv__put32(mine + 48, 1);
+    ck_assert_int_eq(kv__sock_xfer1(fd, mine, sizeof mine, 1, dl), KV_OK);
+    uint8_t ans[16];
+    ck_assert_int_eq(kv__sock_xfer1(fd, ans, sizeof ans, 0, dl), KV_OK);
+    ck_assert_int_eq((int)kv__get32(ans), KV_EPROTO);
+    close(fd);
+    snprintf(want, sizeof want, "client of protocol version 1 (this server speaks version %u)",
+             KV__SHM_VERSION);
+    ck_assert_msg(tu_capture_has(want), "the server did not log: %s", want);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
 /* ---- the server killed --------------------------------------------------------- */
 
 static int server_child(void *arg, int k)
@@ -1000,6 +1298,10 @@ Suite *host_suite(void)
     tcase_add_test(tc, a_second_host_of_one_ssd_path_is_busy);
     tcase_add_test(tc, an_unsafe_store_dir_is_refused);
     tcase_add_test(tc, the_dram_budget_is_counted_once);
+    tcase_add_test(tc, pins_end_without_a_message_of_their_own);
+    tcase_add_test(tc, a_peer_of_another_version_is_refused);
+    tcase_add_test(tc, attached_bench_compares_kv_buffer_dumps);
+    tcase_add_test(tc, a_pin_ends_only_once_its_copy_is_marked_done);
     suite_add_tcase(s, tc);
     tc = tcase_create("death");
     tcase_set_timeout(tc, 60);

@@ -154,7 +154,10 @@ static void usage(FILE *f)
             "                           the hit ratio over the trace of every run\n"
             "      --kv-buffers         write from memory the engine gave (kv_buffer_alloc):\n"
             "                           attached, a dump is then one copy, the server's\n"
-            "                           (default: from the bench's own buffers)\n"
+            "                           (default: from the bench's own buffers; attached\n"
+            "                           with --compare dram, a last phase, write_kvbuf,\n"
+            "                           writes as many new objects from such memory and\n"
+            "                           is compared with the in-process write)\n"
             "      --drop-caches        sync and drop the kernel's page cache before every\n"
             "                           phase: each backend starts from the same clean\n"
             "                           cache, lookups and reads are cold (needs root, else\n"
@@ -625,6 +628,16 @@ static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
         default:
             break;
         }
+        /* Attached with --compare dram: the dump from kv_buffer_alloc
+         * memory (one copy, the server's) against the in-process dump,
+         * in the same run; last, so that it disturbs no other phase. */
+        struct kvctl_backend_info bi;
+        be->info(st, &bi);
+        bool dram_cmp = false;
+        for (int i = 0; i < o->ncmp; i++)
+            dram_cmp |= o->cmp[i].dram;
+        if (dram_cmp && bi.attached && !o->kv_buffers && be->buffer)
+            add(run, js, be, st, KVCTL_PH_WRITE_KVBUF, cap);
     }
     be->info(st, &run->info);
     kvctl_rss(&run->rss, &run->peak_rss);

@@ -36,6 +36,7 @@ struct kvctl_backend_info {
                                        since open */
     uint64_t spill_drops;   /* evicted blocks the SSD tier's full spill
                                queue dropped, since open */
+    bool attached;          /* a kvengine attached to a host store (kv_stats' host_attached) */
 };
 
 /*
@@ -240,6 +241,8 @@ enum kvctl_phase_kind {
     KVCTL_PH_LOOKUP,    /* every written id once, in batches of batch_size */
     KVCTL_PH_READ,      /* every written object once, in batches */
     KVCTL_PH_MIXED,     /* for runtime seconds: random reads, fresh writes */
+    KVCTL_PH_WRITE_KVBUF, /* "write_kvbuf": as WRITE, objects never written before, each
+                             value whole in the backend's buffers (kv_buffer_alloc) */
 };
 
 struct kvctl_jobs;

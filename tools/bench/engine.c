@@ -99,6 +99,7 @@ static void engine_info(void *st, struct kvctl_backend_info *out)
     out->hits_dram = s.hits_dram;
     out->hits_ssd = s.hits_ssd;
     out->spill_drops = s.spill_drops;
+    out->attached = s.host_attached != 0;
 }
 
 const struct kvctl_backend kvctl_backend_kvengine = {

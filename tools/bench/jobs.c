@@ -241,17 +241,29 @@ static void count_error(struct jstat *s, int rc)
         s->first_err = rc;
 }
 
+/* Objects of the write_kvbuf phase: numbered from here, so that they are
+ * new to a store that holds the run's other objects (a dump of a present
+ * shard is skipped, and would measure nothing). */
+#define KVBUF_FIRST (1ull << 48)
+
+/* Whether this phase writes from the backend's buffers. */
+static bool from_kv_buffers(const struct job *jb)
+{
+    return jb->wbuf && (jb->js->w.kv_buffers || jb->js->kind == KVCTL_PH_WRITE_KVBUF);
+}
+
 /* Writes objects jb->obj[0..m). */
 static void write_batch(struct job *jb, size_t m, struct jstat *s)
 {
     struct kvctl_jobs *js = jb->js;
     uint64_t vs = js->w.value_size;
+    bool kvbuf = from_kv_buffers(jb);
     for (size_t i = 0; i < m; i++) {
         kv_shard *sh = &jb->sh[i];
         uint8_t *h = jb->hdr + i * HDR;
         sh->block = kvctl_object_id(js->w.salt, jb->obj[i]);
         sh->index = 0;
-        if (jb->wbuf) {   /* the value lies whole in shared memory: one iovec */
+        if (kvbuf) {   /* the value lies whole in shared memory: one iovec */
             uint8_t *v = jb->wbuf + i * vs;
             object_header(jb, jb->obj[i], &sh->block, v);
             jb->wiov[2 * i] = (kv_iov){ v, vs };
@@ -355,6 +367,21 @@ static void run_write(struct job *jb)
     }
 }
 
+/* Every object of the job's range again, as new objects (KVBUF_FIRST on),
+ * from the backend's buffers; what the other phases read is untouched. */
+static void run_write_kvbuf(struct job *jb)
+{
+    struct kvctl_jobs *js = jb->js;
+    for (uint64_t k = jb->lo; k < jb->hi && !out_of_time(js);) {
+        size_t m = jb->hi - k < js->slots ? jb->hi - k : js->slots;
+        for (size_t i = 0; i < m; i++)
+            jb->obj[i] = KVBUF_FIRST + k + i;
+        write_batch(jb, m, &jb->st[0]);
+        k += m;
+        progress_add(js, m);
+    }
+}
+
 static void run_read(struct job *jb)
 {
     struct kvctl_jobs *js = jb->js;
@@ -454,6 +481,7 @@ static void *job_main(void *arg)
     case KVCTL_PH_READ: run_read(jb); break;
     case KVCTL_PH_LOOKUP: run_lookup(jb); break;
     case KVCTL_PH_MIXED: run_mixed(jb); break;
+    case KVCTL_PH_WRITE_KVBUF: run_write_kvbuf(jb); break;
     default: run_memcpy(jb); break;
     }
     jb->end_ns = kvctl_now_ns();
@@ -585,11 +613,13 @@ static double cpu_now(void)
 void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
                     enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
 {
-    static const char *names[] = { "write", "lookup", "read", "mixed" };
-    /* --kv-buffers: each job's write slots in the backend's shared memory,
-     * the payload laid in once (as a caller would produce its values
-     * there); a write then only stamps each value's header. */
-    for (unsigned i = 0; js->w.kv_buffers && be->buffer && js->w.value_size >= HDR &&
+    static const char *names[] = { "write", "lookup", "read", "mixed", "write_kvbuf" };
+    /* --kv-buffers (or the write_kvbuf phase): each job's write slots in the
+     * backend's shared memory, the payload laid in once (as a caller would
+     * produce its values there); a write then only stamps each value's
+     * header. */
+    bool kvbuf = js->w.kv_buffers || kind == KVCTL_PH_WRITE_KVBUF;
+    for (unsigned i = 0; kvbuf && be->buffer && js->w.value_size >= HDR &&
                          i < js->w.numjobs; i++) {
         struct job *jb = &js->job[i];
         if (jb->wbuf_st == st)
