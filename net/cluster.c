@@ -43,6 +43,10 @@
 
 #define POOL_MAX 16
 #define PEER_DOWN_MS 1000
+/* Fetches of the view that callers ask for (view_refresh) start at most
+ * this often: while an owner fails every call, its callers share them
+ * instead of each sending one to the membership store. */
+#define REFRESH_GAP_MS 20
 /* After a view change, a shard that misses on all its owners is looked for
  * on its owners in the previous view for this long (and copied to its new
  * owners when found there), so a node joining does not turn 1/n of the
@@ -126,7 +130,14 @@ struct kv__cluster {
     pthread_cond_t hbcond;
     int stopping;
     int view_dirty;                     /* the store said the view changed */
-    uint64_t hb_fetched;                /* views fetched (view_refresh waits on it) */
+    /* Fetch rounds (view_refresh): a caller counts hb_asked up and waits
+     * for hb_served to reach it, so its view comes from a fetch that began
+     * after it asked, not from one already in flight. Asked-for rounds
+     * start REFRESH_GAP_MS apart at most, and hb_began_ms is when the last
+     * round that came back began: callers whose owner failed share them. */
+    uint64_t hb_asked, hb_served;
+    uint64_t hb_began_ms, hb_last_start_ms;
+    unsigned call_ms;                   /* T, one remote call's deadline (cluster.h) */
 
     _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
 
@@ -154,6 +165,16 @@ struct kv__cluster {
     _Atomic int leaving;                /* 0, 1 forwarding, 2 done */
     int hb_stopped, left;
     _Atomic uint64_t handed_off, forwarded;
+    /* Writes being stored with no forwarding (leaving was 0 when they
+     * began): forwarding starts once they are in, so that the hand-off's
+     * scan sees each of them. */
+    _Atomic uint64_t wr_plain;
+    /* Saying we leave (publish_leaving): 1 asked of the heartbeat thread,
+     * 2 done, 3 given up (hblock). skip: the owners the answer already
+     * showed leaving, whom our hand-off and forwards pass over. */
+    int publish, publish_rc;
+    char (*skip)[KV_PROTO_ID_MAX + 1];
+    size_t nskip;
 
     pthread_mutex_t fanlock;
     pthread_cond_t fancond;
@@ -367,16 +388,17 @@ static void on_view_change(void *arg)
 }
 
 /* Has the heartbeat thread fetch the view now and waits (at most
- * timeout_ms) until it has: a member about to leave may not have seen the
- * owners that joined since its last beat. */
+ * timeout_ms) until a fetch that began after this call has come back: a
+ * member about to leave may not have seen the owners that joined since its
+ * last beat, and a caller whose owner just failed wants the view as it is
+ * now, not the one a fetch already in flight may bring. */
 static void view_refresh(struct kv__cluster *c, unsigned timeout_ms)
 {
     uint64_t until = kv__now_ms() + timeout_ms;
     pthread_mutex_lock(&c->hblock);
-    uint64_t seen = c->hb_fetched;
-    c->view_dirty = 1;
+    uint64_t want = ++c->hb_asked;
     pthread_cond_broadcast(&c->hbcond);
-    while (c->hb_fetched == seen && !c->stopping) {
+    while (c->hb_served < want && !c->stopping) {
         uint64_t now = kv__now_ms();
         if (now >= until)
             break;
@@ -408,6 +430,9 @@ static void self_figures(struct kv__cluster *c)
     snprintf(s->version, sizeof s->version, "%s", kv_version());
 }
 
+static size_t leavers_in(struct kv__cluster *c, const struct kv__member *m, size_t n,
+                         char (**out)[KV_PROTO_ID_MAX + 1]);
+
 static void *hb_main(void *arg)
 {
     struct kv__cluster *c = arg;
@@ -417,18 +442,32 @@ static void *hb_main(void *arg)
     pthread_mutex_lock(&c->hblock);
     while (!c->stopping) {
         uint64_t now = kv__now_ms();
-        if (!c->view_dirty && now < next) {
-            cond_wait_ms(&c->hbcond, &c->hblock, next - now);
+        int pub = c->publish == 1;
+        uint64_t gap = c->hb_last_start_ms + REFRESH_GAP_MS;
+        int asked_for = c->hb_asked > c->hb_served;
+        if (!c->view_dirty && now < next && !pub && !(asked_for && now >= gap)) {
+            uint64_t until = asked_for && gap < next ? gap : next;
+            cond_wait_ms(&c->hbcond, &c->hblock, until - now);
             continue;
         }
         int beat = now >= next;
+        uint64_t asked = c->hb_asked;   /* what this round answers */
         c->view_dirty = 0;
+        c->hb_last_start_ms = now;
         pthread_mutex_unlock(&c->hblock);
         uint64_t version;
         struct kv__member *m = NULL;
         size_t n = 0;
         int rc;
-        if (beat) {
+        if (pub) {
+            /* Our record, flagged as leaving, and the view in one call
+             * (a kvmaster JOIN; etcd puts the record, then reads): this
+             * thread is the only writer of c->self. */
+            next = now + every;
+            c->self.flags |= KV_MEMBER_LEAVING;
+            self_figures(c);
+            rc = c->ms->ops->join(c->ms, &c->self, &version, &m, &n);
+        } else if (beat) {
             next = now + every;
             self_figures(c);
             rc = c->ms->ops->heartbeat(c->ms, &c->self, &version, &m, &n);
@@ -445,12 +484,23 @@ static void *hb_main(void *arg)
             KV_WARN("cluster: heartbeat to %s failed: %s; keeping view %llu", c->where,
                     kv_strerror(rc), (unsigned long long)c->view->version);
         }
+        char (*skip)[KV_PROTO_ID_MAX + 1] = NULL;
+        size_t nskip = pub && rc == KV_OK ? leavers_in(c, m, n, &skip) : 0;
         free(m);
         pthread_mutex_lock(&c->hblock);
-        if (rc == KV_OK) {
-            c->hb_fetched++;
-            pthread_cond_broadcast(&c->hbcond);   /* view_refresh */
+        /* A failed round answers too: the caller finds the view unchanged. */
+        if (asked > c->hb_served)
+            c->hb_served = asked;
+        c->hb_began_ms = now;
+        if (pub && c->publish == 1) {
+            c->publish = 2;
+            c->publish_rc = rc;
+            c->skip = skip;
+            c->nskip = nskip;
+            skip = NULL;
         }
+        free(skip);
+        pthread_cond_broadcast(&c->hbcond);   /* view_refresh, publish_leaving */
     }
     pthread_mutex_unlock(&c->hblock);
     return NULL;
@@ -485,6 +535,7 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     o.timeout_ms = !cfg->io.timeout_ms ? KV_NET_DEFAULT_TIMEOUT_MS
                    : cfg->io.timeout_ms / 2 < 50 ? 50
                    : (unsigned)(cfg->io.timeout_ms / 2);
+    c->call_ms = o.timeout_ms;
     o.threads = cfg->io.threads ? cfg->io.threads : 1;
     c->replicas = cfg->cluster.replica_num < 1 ? 1
                   : cfg->cluster.replica_num > KV_PLACE_MAX ? KV_PLACE_MAX
@@ -702,6 +753,7 @@ void kv__cluster_stop(struct kv__cluster *c)
     pthread_cond_destroy(&c->rrcond);
     pthread_mutex_destroy(&c->vlock);
     pthread_mutex_destroy(&c->lvlock);
+    free(c->skip);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
                 (unsigned long long)c->remote_ops, (unsigned long long)c->remote_errors,
@@ -1070,6 +1122,7 @@ struct rr_item {
     uint32_t index;
     uint8_t ns, ntargets;
     uint8_t drop;                       /* a plain key this node no longer owns */
+    uint8_t failed;                     /* its copy failed (a leave tries once more) */
     uint8_t targets[KV_PLACE_MAX];      /* owner indexes in the new view */
 };
 
@@ -1298,6 +1351,7 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                     ok = ops[--x].result == KV_OK;
                 if (!last)
                     continue;
+                items[of[j]].failed = !ok;
                 atomic_fetch_add(!ok ? &c->rr_failed : h->handoff ? &c->handed_off : &c->rr_shards,
                                  1);
                 if (ok && !h->handoff)
@@ -1307,6 +1361,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                 atomic_fetch_sub(&c->rr_pending, 1);
             }
         } else if (k) {
+            for (size_t j = 0; j < k; j++)
+                items[of[j]].failed = 1;
             atomic_fetch_add(&c->rr_failed, nb);
             atomic_fetch_sub(&c->rr_pending, nb);
         }
@@ -1432,6 +1488,65 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
     pthread_mutex_unlock(&c->rrlock);
 }
 
+/* ---- a call whose owner failed ------------------------------------------
+ *
+ * A caller's view can be behind the store's: its heartbeat came late (the
+ * process was stopped, the host was busy), so it still routes to a member
+ * that has left since. That member fails the call with KV_ENET (it is
+ * gone) or answers KV_ECLOSED (it has left and takes no more writes: "not
+ * an owner"). Such an item does not fail at once: the caller has the view
+ * fetched (view_refresh; one fetch serves every caller waiting then) and,
+ * when that view is another one, runs the failed items once more on it.
+ * Once, and only while the call is younger than T, the fetch waiting at
+ * most the rest of T; the second try has its own T, so a call stays within
+ * the 2 T a load's failover already takes (io.timeout_ms, the task's
+ * deadline). A member that died without leaving is still in the fresh
+ * view until node_ttl_ms: its items fail as before, after one fetch.
+ */
+static int owner_failed(int r)
+{
+    return r == KV_ENET || r == KV_ECLOSED || r == KV_ETIMEDOUT;
+}
+
+/* For a call begun at t0 on view version ver, one of whose items failed
+ * as above: fetches the view and says whether it is another one now. */
+static int view_moved(struct kv__cluster *c, uint64_t t0, uint64_t ver)
+{
+    uint64_t spent = kv__now_ms() - t0;
+    if (spent >= c->call_ms)
+        return 0;
+    /* A fetch begun since the call began is fresh enough: a member is out
+     * of the view for two heartbeats before it stops serving (its grace),
+     * and it answers KV_ECLOSED, not a closed port, until then. */
+    pthread_mutex_lock(&c->hblock);
+    int fresh = c->hb_began_ms >= t0;
+    pthread_mutex_unlock(&c->hblock);
+    if (!fresh)
+        view_refresh(c, (unsigned)(c->call_ms - spent));
+    struct view *v = view_get(c);
+    int moved = v->version != ver;
+    view_put(v);
+    return moved;
+}
+
+/* The items of results[0..n) to run once more (their indexes in *idx,
+ * malloc'd); 0 when none failed as above or the view did not move. */
+static size_t retry_pick(struct kv__cluster *c, uint64_t t0, uint64_t ver, const int *results,
+                         size_t n, size_t **idx)
+{
+    size_t k = 0;
+    *idx = NULL;
+    for (size_t i = 0; i < n; i++)
+        k += owner_failed(results[i]);
+    if (!k || !view_moved(c, t0, ver) || !(*idx = malloc(k * sizeof **idx)))
+        return 0;
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (owner_failed(results[i]))
+            (*idx)[k++] = i;
+    return k;
+}
+
 /* ---- a graceful leave -----------------------------------------------------
  *
  * An owner that closes (kv_close, a garbage-collected Python store, SIGTERM
@@ -1439,12 +1554,16 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
  * writes that other members still route to it. kv__cluster_stop does, in
  * this order:
  *
- * 1. Forwarding on: every write this node serves from now on (a dump, a
+ * 1. Say so: the heartbeat thread puts our record again flagged
+ *    KV_MEMBER_LEAVING and reads the view in the same call (a kvmaster
+ *    JOIN; etcd's put, then its read). The owners that answer shows
+ *    flagged already are leaving too: they are passed over below (skip).
+ * 2. Forwarding on: every write this node serves from now on (a dump, a
  *    put, a remove from a peer whose view still has us) also goes to the
- *    id's owners in the view without this node, before it is answered. So
- *    whatever a peer writes here is on the next owners too, whenever it
- *    comes.
- * 2. Hand-off: every shard this node owns (plain keys first: a block can
+ *    id's owners in the view without this node and the skipped ones,
+ *    before it is answered. Writes already being stored unforwarded are
+ *    waited for (wr_plain), so the scan below sees them.
+ * 3. Hand-off: every shard this node owns (plain keys first: a block can
  *    be computed again, a value cannot; then newest first) is sent to the
  *    owners the view will have without it, at full speed, until
  *    io.timeout_ms (5 s without one) has passed. This is re-replication's
@@ -1452,25 +1571,45 @@ static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to
  *    replacing what their next owner holds. lvlock orders each batch
  *    against forwarded writes: a batch reads and sends its values with no
  *    forward in between, so an older value never lands over a newer one.
- * 3. Leave: the heartbeat stops and the record is removed; the peers learn
+ *    Shards whose copy failed (their next owner left meanwhile) go once
+ *    more to their owners in a view fetched then.
+ * 4. Leave: the heartbeat stops and the record is removed; the peers learn
  *    it at their next heartbeat (kvmaster), or at once by the watch (etcd).
- * 4. Grace: this node serves (and forwards) for two of its heartbeat
+ * 5. Grace: this node serves (and forwards) for two of its heartbeat
  *    periods more, by which time every member has fetched a view without
  *    it (members heartbeat at the same period when they share
- *    cluster.node_ttl_ms) and calls begun on the older view are done. Then
- *    forwarding stops and the transport closes.
+ *    cluster.node_ttl_ms) and calls begun on the older view are done.
+ *    Then it answers writes KV_ECLOSED (not an owner: the caller fetches
+ *    the view and goes to the new owner) until the transport closes.
  *
  * So a survivor's puts to the keys this node owned succeed throughout: to
  * us with forwarding, then to their new owners, which already hold what we
- * had. What the deadline in 2 cuts off is logged; blocks then go the way
- * of a node's death (a miss, unless replica_num kept a copy). Two members
- * leaving at the same moment can hold each other's forwards (each waits
- * under its lvlock for the other's server) until the call deadline T;
- * those writes then fail like writes to a dead owner.
+ * had; a caller whose view is older still than the grace retries on its
+ * fetched view (above). What the deadline in 3 cuts off is logged; blocks
+ * then go the way of a node's death (a miss, unless replica_num kept a
+ * copy).
+ *
+ * Several members leaving at once. Each batch of a hand-off, and each
+ * forward, holds its sender's lvlock until the receiver has answered, and
+ * a receiver that is leaving forwards under its own lvlock before it
+ * answers: two leavers sending to each other would wait on each other
+ * until the call deadline T (they did, before the flag). The flag orders
+ * them: the membership store serializes the two puts-and-reads, so of two
+ * leavers the later one's answer shows the earlier flagged, and the later
+ * one skips it; only the earlier one may send to the later one, which
+ * stores and forwards on to owners past both. Sends go from earlier to
+ * later leavers only, so no cycle of waits can form. The earlier one keeps
+ * sending to the later one (the skip list is fixed at step 1) so that both
+ * of them hold the newest value of what passes through: a reader whose
+ * view has the later leaver as the owner finds it there.
  */
 
-/* The current view less this node: where its data goes when it leaves. */
-static struct view *view_without_self(struct kv__cluster *c)
+/* The current view less the owners this node skips (leaving before it),
+ * and less this node too when less_self: while leaving, where the data is
+ * now and where it goes. The data is where it will be once the skipped
+ * ones are gone: a shard an earlier leaver handed or forwarded to us is
+ * ours to hand on, though the full view still names that leaver. */
+static struct view *view_less(struct kv__cluster *c, int less_self)
 {
     struct view *w = calloc(1, sizeof *w);
     if (!w)
@@ -1483,9 +1622,12 @@ static struct view *view_without_self(struct kv__cluster *c)
     w->seeds = calloc(v->n ? v->n : 1, sizeof *w->seeds);
     if (w->owners && w->seeds) {
         w->version = v->version;
-        w->nmembers = v->nmembers ? v->nmembers - 1 : 0;
+        w->nmembers = v->nmembers;
         for (size_t i = 0; i < v->n; i++) {
-            if (v->owners[i]->self)
+            int skip = less_self && v->owners[i]->self;
+            for (size_t j = 0; j < c->nskip && !skip; j++)
+                skip = strcmp(c->skip[j], v->owners[i]->id) == 0;
+            if (skip)
                 continue;
             v->owners[i]->refs++;
             w->owners[w->n] = v->owners[i];
@@ -1500,17 +1642,58 @@ static struct view *view_without_self(struct kv__cluster *c)
     return w;
 }
 
+/* The owners other than this one that m[0..n) flags as leaving, into
+ * *out (malloc'd); returns the count. */
+static size_t leavers_in(struct kv__cluster *c, const struct kv__member *m, size_t n,
+                         char (**out)[KV_PROTO_ID_MAX + 1])
+{
+    size_t k = 0;
+    *out = NULL;
+    for (size_t i = 0; i < n; i++)
+        k += (m[i].flags & KV_MEMBER_LEAVING) && strcmp(m[i].id, c->self.id) != 0;
+    if (!k || !(*out = malloc(k * sizeof **out)))
+        return 0;
+    k = 0;
+    for (size_t i = 0; i < n; i++)
+        if ((m[i].flags & KV_MEMBER_LEAVING) && strcmp(m[i].id, c->self.id) != 0)
+            snprintf((*out)[k++], sizeof **out, "%s", m[i].id);
+    return k;
+}
+
+/* Step 1: has the heartbeat thread say we leave; waits at most timeout_ms.
+ * c->skip holds the owners found leaving already once it returns KV_OK. */
+static int publish_leaving(struct kv__cluster *c, unsigned timeout_ms)
+{
+    uint64_t until = kv__now_ms() + timeout_ms;
+    pthread_mutex_lock(&c->hblock);
+    c->publish = 1;
+    pthread_cond_broadcast(&c->hbcond);
+    while (c->publish == 1 && !c->stopping) {
+        uint64_t now = kv__now_ms();
+        if (now >= until)
+            break;
+        cond_wait_ms(&c->hbcond, &c->hblock, until - now);
+    }
+    int rc = c->publish == 2 ? c->publish_rc : KV_ETIMEDOUT;
+    if (c->publish == 1)
+        c->publish = 3;   /* a late answer is dropped, not read */
+    pthread_mutex_unlock(&c->hblock);
+    return rc;
+}
+
 /* Caller holds lvlock, leaving 1: op (a dump or a remove just served here)
- * goes to the id's owners in the view without us that are not its owners
+ * goes to the id's owners in the view for leaving that are not its owners
  * now (those get the writer's own copy). Returns the first failure; for a
  * remove KV_ENOTFOUND when no next owner had it (or there is none). */
-static int leave_forward(struct kv__cluster *c, const struct kv__op *op)
+static int forward_once(struct kv__cluster *c, const struct kv__op *op, uint64_t *ver)
 {
-    struct view *to = view_without_self(c), *from = view_get(c);
-    if (!to) {
+    struct view *to = view_less(c, 1), *from = view_less(c, 0);
+    if (!to || !from) {
         view_put(from);
+        view_put(to);
         return KV_ENOMEM;
     }
+    *ver = from->version;
     size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX], own[KV_PLACE_MAX];
     size_t no = kv__place(from->seeds, from->n, &op->id, c->replicas, o);
     size_t nw = kv__place(to->seeds, to->n, &op->id, c->replicas, w), k = 0;
@@ -1539,18 +1722,61 @@ static int leave_forward(struct kv__cluster *c, const struct kv__op *op)
     return rc;
 }
 
-/* A write about to be stored here (dump, commit): forwarded first while
- * leaving; *locked says lvlock is held, to be dropped after the store. */
-static int leave_write(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
-                       const kv_iov *iov, uint32_t iovcnt, int *locked)
+/* A forward whose next owner failed (it left meanwhile) goes once more, to
+ * the owners of a view fetched then (see "a call whose owner failed"). */
+static int leave_forward(struct kv__cluster *c, const struct kv__op *op)
 {
-    *locked = 0;
-    if (atomic_load(&c->leaving) != 1)
-        return KV_OK;
+    uint64_t t0 = kv__now_ms(), ver;
+    int rc = forward_once(c, op, &ver);
+    if (owner_failed(rc) && view_moved(c, t0, ver))
+        rc = forward_once(c, op, &ver);
+    return rc;
+}
+
+/* How a write served here goes in: counted in wr_plain (not leaving), or
+ * under lvlock (leaving: forwarded first, or refused once left). */
+struct sv_write {
+    int locked, plain;
+};
+
+/* Caller stores the write when this returns KV_OK, then calls
+ * sv_write_end. Not leaving: the write counts in wr_plain while it is
+ * stored (the seq_cst pair below and in leave_gracefully: either the write
+ * sees leaving set, or the leave sees the write counted and waits for it).
+ * Leaving: lvlock is taken; once left (leaving 2) the write is refused with
+ * KV_ECLOSED, this node being no owner any more. */
+static int sv_write_begin(struct kv__cluster *c, struct sv_write *w)
+{
+    w->locked = w->plain = 0;
+    if (atomic_load(&c->leaving) == 0) {
+        atomic_fetch_add(&c->wr_plain, 1);
+        if (atomic_load(&c->leaving) == 0) {
+            w->plain = 1;
+            return KV_OK;
+        }
+        atomic_fetch_sub(&c->wr_plain, 1);
+    }
     pthread_mutex_lock(&c->lvlock);
-    *locked = 1;
-    if (atomic_load(&c->leaving) != 1)
-        return KV_OK;
+    w->locked = 1;
+    return atomic_load(&c->leaving) == 1 ? KV_OK : KV_ECLOSED;
+}
+
+static void sv_write_end(struct kv__cluster *c, struct sv_write *w)
+{
+    if (w->plain)
+        atomic_fetch_sub(&c->wr_plain, 1);
+    if (w->locked)
+        pthread_mutex_unlock(&c->lvlock);
+}
+
+/* A write about to be stored here (dump, commit): forwarded first while
+ * leaving. */
+static int leave_write(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
+                       const kv_iov *iov, uint32_t iovcnt, struct sv_write *w)
+{
+    int rc = sv_write_begin(c, w);
+    if (rc != KV_OK || !w->locked)
+        return rc;
     /* A plain key's value is a put (the serving side dropped the old one);
      * a block's shard is a dump its next owner skips when it has it. */
     struct kv__op op = { .kind = KV_OP_DUMP, .ns = (uint8_t)ns, .index = index, .id = *id,
@@ -1602,13 +1828,13 @@ static int sv_commit(void *ctx, kv__resv *r, int ns, const kv_block_id *id, uint
 {
     struct kv__cluster *c = ctx;
     kv_iov v = { r->data, r->len };
-    int locked, rc = leave_write(c, ns, id, index, &v, 1, &locked);
+    struct sv_write w;
+    int rc = leave_write(c, ns, id, index, &v, 1, &w);
     if (rc == KV_OK)
         rc = c->be->commit(c->be->ctx, r, ns, id, index);
     else
         c->be->abort(c->be->ctx, r);   /* not on the next owner: not stored */
-    if (locked)
-        pthread_mutex_unlock(&c->lvlock);
+    sv_write_end(c, &w);
     return rc;
 }
 
@@ -1616,11 +1842,11 @@ static int sv_dump(void *ctx, int ns, const kv_block_id *id, uint32_t index, con
                    uint32_t iovcnt)
 {
     struct kv__cluster *c = ctx;
-    int locked, rc = leave_write(c, ns, id, index, iov, iovcnt, &locked);
+    struct sv_write w;
+    int rc = leave_write(c, ns, id, index, iov, iovcnt, &w);
     if (rc == KV_OK)
         rc = c->be->dump(c->be->ctx, ns, id, index, iov, iovcnt);
-    if (locked)
-        pthread_mutex_unlock(&c->lvlock);
+    sv_write_end(c, &w);
     return rc;
 }
 
@@ -1632,11 +1858,11 @@ static int sv_scan(void *ctx, int ns, kv__scan_cb cb, void *arg)
 static int sv_remove(void *ctx, int ns, const kv_block_id *id, uint32_t index)
 {
     struct kv__cluster *c = ctx;
-    if (atomic_load(&c->leaving) != 1)
-        return c->be->remove(c->be->ctx, ns, id, index);
-    pthread_mutex_lock(&c->lvlock);
-    int rc = c->be->remove(c->be->ctx, ns, id, index);
-    if (atomic_load(&c->leaving) == 1 && (rc == KV_OK || rc == KV_ENOTFOUND)) {
+    struct sv_write w;
+    int rc = sv_write_begin(c, &w);
+    if (rc == KV_OK)
+        rc = c->be->remove(c->be->ctx, ns, id, index);
+    if (w.locked && atomic_load(&c->leaving) == 1 && (rc == KV_OK || rc == KV_ENOTFOUND)) {
         struct kv__op op = { .kind = KV_OP_REMOVE, .ns = (uint8_t)ns, .index = index, .id = *id };
         int frc = leave_forward(c, &op);
         /* removed when either had it; a next owner not asked may keep it */
@@ -1645,7 +1871,7 @@ static int sv_remove(void *ctx, int ns, const kv_block_id *id, uint32_t index)
         else if (frc == KV_OK)
             rc = KV_OK;
     }
-    pthread_mutex_unlock(&c->lvlock);
+    sv_write_end(c, &w);
     return rc;
 }
 
@@ -1678,13 +1904,33 @@ static int handoff_order(const void *a, const void *b)
     return rr_newest_first(a, b);
 }
 
-/* Step 2: returns the shards not handed on (0: all were). */
+/* The shards of s whose copy failed, with their targets in the view for
+ * leaving as it is now (t), moved to the front of s->v; returns how many
+ * have a target still. */
+static size_t handoff_again(struct rr_scan *s, struct view *from, struct view *to)
+{
+    struct rr_scan t = { .c = s->c, .from = from, .to = to, .handoff = 1 };
+    size_t k = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        struct rr_item it = s->v[i];
+        if (!it.failed)
+            continue;
+        t.ns = it.ns;
+        if (!handoff_decide(&t, &it.id, it.targets, &it.ntargets))
+            continue;
+        it.failed = 0;
+        s->v[k++] = it;
+    }
+    return k;
+}
+
+/* Step 3: returns the shards not handed on (0: all were). */
 static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
 {
-    struct view *from = view_get(c), *to = view_without_self(c);
+    struct view *from = view_less(c, 0), *to = view_less(c, 1);
     struct rr_scan s = { .c = c, .from = from, .to = to, .handoff = 1 };
     size_t left = 0;
-    if (to && to->n && c->be->scan) {
+    if (from && to && to->n && c->be->scan) {
         for (int ns = 0; ns < KV_NS_COUNT && !s.oom; ns++) {
             s.ns = ns;
             s.have_last = 0;
@@ -1695,14 +1941,29 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
         uint64_t t0 = kv__now_ms(), ok0 = atomic_load(&c->handed_off);
         atomic_store(&c->rr_pending, s.n);
         struct rr_how how = { .handoff = 1, .deadline_ms = deadline_ms };
-        size_t at = s.n ? rr_copy(c, to, s.v, s.n, &how) : 0;
+        size_t at = s.n ? rr_copy(c, to, s.v, s.n, &how) : 0, total = s.n;
+        uint64_t now = kv__now_ms();
+        if (at == s.n && atomic_load(&c->handed_off) - ok0 < s.n && now < deadline_ms) {
+            /* Some next owner failed: most likely it left (it was leaving
+             * too, later than us). Its shards go where the view says now. */
+            uint64_t wait = deadline_ms - now;
+            view_refresh(c, (unsigned)(wait < c->call_ms ? wait : c->call_ms));
+            struct view *f2 = view_less(c, 0), *t2 = view_less(c, 1);
+            size_t k = f2 && t2 && f2->version != from->version ? handoff_again(&s, f2, t2) : 0;
+            if (k) {
+                atomic_store(&c->rr_pending, k);
+                at = rr_copy(c, t2, s.v, k, &how) + (s.n - k);
+            }
+            view_put(f2);
+            view_put(t2);
+        }
         atomic_store(&c->rr_pending, 0);
         uint64_t ok = atomic_load(&c->handed_off) - ok0;
-        left = s.n - ok;
-        if (s.n)
+        left = total - ok;
+        if (total)
             KV_INFO("cluster: leaving: handed %llu of %zu shards to their next owners in %.2f s%s",
-                    (unsigned long long)ok, s.n, (double)(kv__now_ms() - t0) / 1000.0,
-                    at < s.n ? " (stopped at the deadline)" : "");
+                    (unsigned long long)ok, total, (double)(kv__now_ms() - t0) / 1000.0,
+                    at < total ? " (stopped at the deadline)" : "");
         if (s.oom)
             KV_WARN("cluster: leaving: out of memory listing shards; some were not handed on");
     }
@@ -1714,20 +1975,26 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
 
 static void leave_gracefully(struct kv__cluster *c)
 {
-    uint64_t t = c->cfg.io.timeout_ms;
-    view_refresh(c, !t ? KV_NET_DEFAULT_TIMEOUT_MS : t / 2 < 50 ? 50 : (unsigned)(t / 2));
-    struct view *v = view_get(c);
+    /* Step 1, or at least the freshest view: a member about to leave may
+     * not have seen the owners that joined since its last beat. */
+    if (publish_leaving(c, c->call_ms) != KV_OK)
+        view_refresh(c, c->call_ms);
+    struct view *v = view_get(c), *w = view_less(c, 1);
     int owner = 0;
     for (size_t i = 0; i < v->n; i++)
         owner |= v->owners[i]->self;
-    size_t next = owner ? v->n - 1 : 0;
+    size_t next = owner && w ? w->n : 0;
+    view_put(w);
     view_put(v);
-    /* No other owner: nothing to hand to, and a write served while
+    /* No other owner staying: nothing to hand to, and a write served while
      * leaving would be lost with us anyway; the plain leave will do. */
     if (!next)
         return;
     uint64_t bound = c->cfg.io.timeout_ms ? c->cfg.io.timeout_ms : KV_NET_DEFAULT_TIMEOUT_MS;
     atomic_store(&c->leaving, 1);
+    /* Step 2: the writes that began before are stored before the scan. */
+    while (atomic_load(&c->wr_plain))
+        usleep(200);
     size_t left = handoff(c, kv__now_ms() + bound);
     hb_stop(c);
     c->ms->ops->leave(c->ms, &c->self);
@@ -1834,14 +2101,15 @@ static void fan_add_prev(struct kv__cluster *c, struct fan *f, size_t i, const s
  * view replaced its value (an owner left with the old one would serve it
  * again after a failover), and every previous owner still in a move window
  * dropped its copy (fan_add_prev). */
-static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
-                        int *results, bool replace)
+static int write_once(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                      int *results, bool replace, uint64_t *ver)
 {
     if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
     if (fan_init(c, &f, n, replace) != KV_OK)
         return KV_ENOMEM;
+    *ver = f.v->version;
     int *best = malloc((n ? n : 1) * sizeof *best);
     int rc = best ? KV_OK : KV_ENOMEM;
     for (size_t i = 0; rc == KV_OK && i < n; i++) {
@@ -1879,6 +2147,32 @@ static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, s
     return rc;
 }
 
+/* write_once, and once more for the shards whose owner failed (see "a
+ * call whose owner failed"). */
+static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                        int *results, bool replace)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    size_t *idx;
+    int rc = write_once(c, ns, shards, n, results, replace, &ver);
+    size_t k = rc == KV_OK ? retry_pick(c, t0, ver, results, n, &idx) : 0;
+    if (!k)
+        return rc;
+    kv_shard *sub = malloc(k * sizeof *sub);
+    int *res = malloc(k * sizeof *res);
+    if (sub && res) {
+        for (size_t j = 0; j < k; j++)
+            sub[j] = shards[idx[j]];
+        if (write_once(c, ns, sub, k, res, replace, &ver) == KV_OK)
+            for (size_t j = 0; j < k; j++)
+                results[idx[j]] = res[j];
+    }
+    free(sub);
+    free(res);
+    free(idx);
+    return rc;
+}
+
 int kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
                      int *results)
 {
@@ -1891,14 +2185,16 @@ int kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_
     return write_owners(c, ns, shards, n, results, true);
 }
 
-int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
-                       int *results)
+/* found[i]: an owner had ids[i] and removed it. */
+static int remove_once(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                       int *results, uint8_t *found, uint64_t *ver)
 {
     if (!c || (n && (!ids || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
     if (fan_init(c, &f, n, true) != KV_OK)
         return KV_ENOMEM;
+    *ver = f.v->version;
     bool *down = calloc(n ? n : 1, sizeof *down);
     int rc = down ? KV_OK : KV_ENOMEM;
     for (size_t i = 0; rc == KV_OK && i < n; i++) {
@@ -1918,7 +2214,7 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
             int r = f.ops[j].result;
             size_t i = f.item[j];
             if (r == KV_OK)
-                results[i] = KV_OK;
+                results[i] = KV_OK, found[i] = 1;
             else if (r != KV_ENOTFOUND)
                 err[i] = err[i] ? worse(err[i], r) : r;
         }
@@ -1933,7 +2229,37 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     return rc;
 }
 
-int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
+int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                       int *results)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    size_t *idx, k = 0;
+    uint8_t *found = calloc(n ? n : 1, 1);
+    int rc = found ? remove_once(c, ns, ids, n, results, found, &ver) : KV_ENOMEM;
+    if (rc == KV_OK)
+        k = retry_pick(c, t0, ver, results, n, &idx);
+    kv_block_id *sub = k ? malloc(k * sizeof *sub) : NULL;
+    int *res = k ? malloc(k * sizeof *res) : NULL;
+    uint8_t *f2 = k ? calloc(k, 1) : NULL;
+    if (sub && res && f2) {
+        for (size_t j = 0; j < k; j++)
+            sub[j] = ids[idx[j]];
+        /* Removed by either round: a copy the first round dropped is no
+         * copy the second finds. */
+        if (remove_once(c, ns, sub, k, res, f2, &ver) == KV_OK)
+            for (size_t j = 0; j < k; j++)
+                results[idx[j]] = res[j] == KV_ENOTFOUND && found[idx[j]] ? KV_OK : res[j];
+    }
+    if (k)
+        free(idx);
+    free(sub);
+    free(res);
+    free(f2);
+    free(found);
+    return rc;
+}
+
+static int clear_once(struct kv__cluster *c, int ns, uint64_t *removed, uint64_t *ver)
 {
     return kv__cluster_clear_prefix(c, ns, 0, &(kv_block_id){ { 0 } }, removed);
 }
@@ -1945,6 +2271,7 @@ int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
         return KV_EINVAL;
     *removed = 0;
     struct view *v = view_get(c);
+    *ver = v->version;
     struct kv__op *ops = calloc(v->n ? v->n : 1, sizeof *ops);
     size_t *owner = malloc((v->n ? v->n : 1) * sizeof *owner);
     size_t k = 0;
@@ -1976,14 +2303,26 @@ int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
     return rc ? rc : res;
 }
 
-int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
-                      size_t n, uint64_t *lens, int *results)
+int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0, more = 0;
+    int rc = clear_once(c, ns, removed, &ver);
+    if (owner_failed(rc) && view_moved(c, t0, ver)) {
+        rc = clear_once(c, ns, &more, &ver);
+        *removed += more;
+    }
+    return rc;
+}
+
+static int sizes_once(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
+                      size_t n, uint64_t *lens, int *results, uint64_t *ver)
 {
     if (!c || (n && (!ids || !lens || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
     if (fan_init(c, &f, n, false) != KV_OK)
         return KV_ENOMEM;
+    *ver = f.v->version;
     for (size_t i = 0; i < n; i++) {
         struct kv__op op = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = ids[i] };
         results[i] = fan_add(c, &f, i, &op) ? KV_ENET : KV_ENOTFOUND;
@@ -2010,12 +2349,41 @@ int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uin
     return rc;
 }
 
-int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
-                     int *results)
+int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
+                      size_t n, uint64_t *lens, int *results)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    size_t *idx;
+    int rc = sizes_once(c, ns, ids, index, n, lens, results, &ver);
+    size_t k = rc == KV_OK ? retry_pick(c, t0, ver, results, n, &idx) : 0;
+    if (!k)
+        return rc;
+    kv_block_id *sub = malloc(k * sizeof *sub);
+    uint64_t *len = malloc(k * sizeof *len);
+    int *res = malloc(k * sizeof *res);
+    if (sub && len && res) {
+        for (size_t j = 0; j < k; j++)
+            sub[j] = ids[idx[j]];
+        if (sizes_once(c, ns, sub, index, k, len, res, &ver) == KV_OK)
+            for (size_t j = 0; j < k; j++) {
+                results[idx[j]] = res[j];
+                lens[idx[j]] = len[j];
+            }
+    }
+    free(sub);
+    free(len);
+    free(res);
+    free(idx);
+    return rc;
+}
+
+static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                     int *results, uint64_t *ver)
 {
     if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct view *v = view_get(c), *pv = prev_get(c);
+    *ver = v->version;
     size_t (*cand)[2 * KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
     size_t *ncand = malloc((n ? n : 1) * sizeof *ncand), *ncur = malloc((n ? n : 1) * sizeof *ncur);
     uint8_t *via = calloc(n ? n : 1, 1);   /* 1: found on a previous owner only */
@@ -2106,6 +2474,30 @@ out:
     free(shard);
     view_put(pv);
     view_put(v);
+    return rc;
+}
+
+int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                     int *results)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    size_t *idx;
+    int rc = load_once(c, ns, shards, n, results, &ver);
+    size_t k = rc == KV_OK ? retry_pick(c, t0, ver, results, n, &idx) : 0;
+    if (!k)
+        return rc;
+    kv_shard *sub = malloc(k * sizeof *sub);
+    int *res = malloc(k * sizeof *res);
+    if (sub && res) {
+        for (size_t j = 0; j < k; j++)
+            sub[j] = shards[idx[j]];
+        if (load_once(c, ns, sub, k, res, &ver) == KV_OK)
+            for (size_t j = 0; j < k; j++)
+                results[idx[j]] = res[j];
+    }
+    free(sub);
+    free(res);
+    free(idx);
     return rc;
 }
 
@@ -2394,12 +2786,13 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     return rc;
 }
 
-int kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
-                     uint64_t *len)
+static int size_once(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
+                     uint64_t *len, uint64_t *ver)
 {
     if (!c || !id || !len || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct view *v = view_get(c);
+    *ver = v->version;
     size_t cand[KV_PLACE_MAX];
     size_t m = candidates(v, id, c->replicas, cand);
     int res = m ? KV_ENET : KV_ENOTFOUND, rc = KV_OK;
@@ -2419,6 +2812,16 @@ int kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint3
     }
     view_put(v);
     return rc ? rc : res;
+}
+
+int kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
+                     uint64_t *len)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    int rc = size_once(c, ns, id, index, len, &ver);
+    if (owner_failed(rc) && view_moved(c, t0, ver))
+        rc = size_once(c, ns, id, index, len, &ver);
+    return rc;
 }
 
 int kv__cluster_register_buffer(struct kv__cluster *c, void *addr, size_t len)

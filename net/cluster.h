@@ -35,6 +35,12 @@
  *   10 MiB/s: about 100 ms per MiB), whichever comes first; the
  *   shard then fails over like any other network error. A server closes a
  *   connection stalled mid-frame for T.
+ * - A caller behind the view: an item whose owner failed with a network
+ *   error (KV_ENET, KV_ETIMEDOUT) or answered KV_ECLOSED (a member that has
+ *   left) makes the caller fetch the view, and when it is another one the
+ *   failed items run once more on it (dump, put, load, remove, sizes,
+ *   size, clear; not lookups). Only while the call is younger than T, the
+ *   fetch waiting at most the rest of T.
  *
  * Threading: every call but start/stop is safe from many threads at once.
  */
@@ -63,10 +69,12 @@ int  kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *c
                                struct kv__cluster **out, char *err, size_t errlen);
 /* Leaves the view, stops serving and closes every connection. NULL ok.
  * An owner leaves gracefully first (cluster.c, "a graceful leave"): it
- * hands what it owns to the owners of the view without it (at most
+ * flags its record as leaving, hands what it owns to the owners of the
+ * view without it and without the owners flagged before it (at most
  * io.timeout_ms, 5 s without one), leaves the view while it still serves,
  * forwarding the writes it serves to those owners, and serves two
- * heartbeat periods more (kv__membership_heartbeat_ms) before it stops. */
+ * heartbeat periods more (kv__membership_heartbeat_ms), then refuses
+ * writes with KV_ECLOSED until it stops. */
 void kv__cluster_stop(struct kv__cluster *c);
 
 /* results[i] / hit[i] per item; the return value is KV_OK when the batch ran

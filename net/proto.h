@@ -80,6 +80,7 @@ enum kv__msg {
 
 /* Member flags. */
 #define KV_MEMBER_OWNER 1u      /* stores blocks (dram.capacity > 0) */
+#define KV_MEMBER_LEAVING 2u    /* an owner handing its data on before it leaves (cluster.c) */
 
 struct kv__hdr {
     uint8_t version, type;

@@ -1726,6 +1726,270 @@ START_TEST(vanished_peers_are_freed)
 }
 END_TEST
 
+/* ---- callers behind the view, members leaving together (issue 18) ----- */
+
+/* What a stale client (a child process) did, sent to the parent when it
+ * stops. */
+#define STALE_THREADS 4
+struct stale_report {
+    int acked[STALE_THREADS];           /* puts acknowledged: keys 0..acked-1 */
+    int failed, first_err;              /* puts and gets that failed */
+    int bad;                            /* gets that read wrong bytes */
+};
+
+struct stale_thread {
+    kv_engine *e;
+    int t;
+    struct stale_report *r;
+    pthread_mutex_t *mu;
+    volatile int *ready;
+};
+
+static void stale_val(char *v, size_t len, int t, int i)
+{
+    for (size_t j = 0; j < len; j++)
+        v[j] = (char)('a' + (t * 7 + i + (int)j) % 26);
+}
+
+/* Puts fresh keys and reads back an earlier one, as fast as it can: at any
+ * moment some call holds the view it began with. */
+static void *stale_main(void *arg)
+{
+    struct stale_thread *s = arg;
+    char key[32], val[1500], out[1500];
+    for (int i = 0; !child_stop; i++) {
+        snprintf(key, sizeof key, "stale-%d-%d", s->t, i);
+        stale_val(val, sizeof val, s->t, i);
+        int prc = kv_put(s->e, key, strlen(key), val, sizeof val), grc = KV_OK, bad = 0;
+        if (prc == KV_OK && i > 0) {
+            int j = i / 2;
+            size_t vl = 0;
+            snprintf(key, sizeof key, "stale-%d-%d", s->t, j);
+            grc = kv_get(s->e, key, strlen(key), out, sizeof out, &vl);
+            stale_val(val, sizeof val, s->t, j);
+            bad = grc == KV_OK && (vl != sizeof out || memcmp(out, val, vl) != 0);
+        }
+        int rc = prc != KV_OK ? prc : grc;
+        pthread_mutex_lock(s->mu);
+        if (prc == KV_OK)
+            s->r->acked[s->t] = i + 1;
+        if (rc != KV_OK && !s->r->failed++)
+            s->r->first_err = rc;
+        s->r->bad += bad;
+        if (i == 20)
+            (*s->ready)++;
+        pthread_mutex_unlock(s->mu);
+        if (rc != KV_OK)   /* the keys after a failed put are not all acknowledged */
+            break;
+    }
+    return NULL;
+}
+
+/* The stale client: a pure client engine in a child process (so that it
+ * can be stopped with SIGSTOP), STALE_THREADS threads of stale_main.
+ * Writes 'R' to fd once every thread is going, its report when SIGTERMed. */
+static pid_t start_stale_client(int fd)
+{
+    ck_assert_int_lt(nprocs, MAXP);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        signal(SIGTERM, on_term);
+        kv_config *cfg;
+        char v[64];
+        if (kv_config_new(&cfg))
+            _exit(3);
+        kv_config_set(cfg, "pipeline", "dram");
+        kv_config_set(cfg, "dram.capacity", "0");
+        kv_config_set(cfg, "cluster.enabled", "true");
+        kv_config_set(cfg, "cluster.master", master_addr);
+        kv_config_set(cfg, "cluster.token", TOKEN);
+        kv_config_set(cfg, "cluster.protocol", protocol());
+        snprintf(v, sizeof v, "%d", TTL_MS);
+        kv_config_set(cfg, "cluster.node_ttl_ms", v);
+        kv_config_set(cfg, "io.threads", "2");
+        kv_config_set(cfg, "io.timeout_ms", "3000");
+        if (use_etcd()) {
+            kv_config_set(cfg, "cluster.metadata", "etcd");
+            kv_config_set(cfg, "cluster.etcd_endpoints", etcd.endpoints);
+            kv_config_set(cfg, "cluster.etcd_prefix", ETCD_PREFIX);
+        }
+        kv_engine *e;
+        if (kv_open(cfg, &e) != KV_OK)
+            _exit(4);
+        kv_config_free(cfg);
+        while (engine_owners(e) != 2)
+            usleep(2000);
+        struct stale_report r;
+        memset(&r, 0, sizeof r);
+        pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+        volatile int ready = 0;
+        struct stale_thread st[STALE_THREADS];
+        pthread_t th[STALE_THREADS];
+        for (int t = 0; t < STALE_THREADS; t++) {
+            st[t] = (struct stale_thread){ .e = e, .t = t, .r = &r, .mu = &mu, .ready = &ready };
+            pthread_create(&th[t], NULL, stale_main, &st[t]);
+        }
+        for (int said = 0; !child_stop; usleep(1000)) {
+            pthread_mutex_lock(&mu);
+            int go = ready == STALE_THREADS;
+            pthread_mutex_unlock(&mu);
+            if (go && !said++ && write(fd, "R", 1) != 1)
+                _exit(5);
+        }
+        for (int t = 0; t < STALE_THREADS; t++)
+            pthread_join(th[t], NULL);
+        if (write(fd, &r, sizeof r) != (ssize_t)sizeof r)
+            _exit(6);
+        kv_close(e);
+        _exit(0);
+    }
+    procs[nprocs++] = pid;
+    return pid;
+}
+
+/* A client whose heartbeat comes late (SIGSTOP) past a member's whole
+ * graceful leave (hand-off, grace, exit) still routes to that member when
+ * it runs again. Its calls fail there (connection refused), so it fetches
+ * the view and runs them once more on the new owner: no put or get fails,
+ * and every put it acknowledged reads back. Before: puts and gets failed
+ * with KV_ENET until its next heartbeat brought the view (kvmaster and
+ * etcd alike). */
+START_TEST(stale_view_retries_on_the_new_owner)
+{
+    int n0 = start_node("32MiB", 1);
+    start_node("32MiB", 1);
+    wait_owners(2);
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    int ci = nprocs;
+    pid_t child = start_stale_client(fds[1]);
+    char ch = 0;
+    ck_assert_int_eq(read(fds[0], &ch, 1), 1);
+    ck_assert_int_eq(ch, 'R');
+    /* the client stops mid-calls; the member leaves for good meanwhile */
+    ck_assert_int_eq(kill(child, SIGSTOP), 0);
+    kill(procs[n0], SIGTERM);
+    int st = 0;
+    ck_assert_int_eq(waitpid(procs[n0], &st, 0), procs[n0]);
+    procs[n0] = 0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "kvnode exit status %d", st);
+    wait_owners(1);
+    ck_assert_int_eq(kill(child, SIGCONT), 0);
+    usleep(700000);   /* its calls on the old view, then on the new one */
+    kill(child, SIGTERM);
+    struct stale_report r;
+    size_t got = 0;
+    while (got < sizeof r) {
+        ssize_t k = read(fds[0], (char *)&r + got, sizeof r - got);
+        ck_assert_int_gt(k, 0);
+        got += (size_t)k;
+    }
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    procs[ci] = 0;
+    close(fds[0]);
+    close(fds[1]);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "stale client exit status %d", st);
+    ck_assert_msg(r.failed == 0, "%d calls failed after the member left (first: %s)", r.failed,
+                  kv_strerror(r.first_err));
+    ck_assert_int_eq(r.bad, 0);
+    /* every acknowledged put is on the member that stayed */
+    kv_engine *e;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &e), KV_OK);
+    wait_sees_owners(e, 1);
+    char key[32], val[1500], out[1500];
+    for (int t = 0; t < STALE_THREADS; t++) {
+        ck_assert_int_gt(r.acked[t], 20);
+        for (int i = 0; i < r.acked[t]; i++) {
+            size_t vl = 0;
+            snprintf(key, sizeof key, "stale-%d-%d", t, i);
+            stale_val(val, sizeof val, t, i);
+            ck_assert_msg(kv_get(e, key, strlen(key), out, sizeof out, &vl) == KV_OK,
+                          "%s was acknowledged and is gone", key);
+            ck_assert(vl == sizeof out && memcmp(out, val, vl) == 0);
+        }
+    }
+}
+END_TEST
+
+/* Two kvnodes of three told to stop at the same instant (SIGTERM to both),
+ * while a client puts. Each says it leaves before it hands off, so the
+ * later of the two passes over the earlier one and only the earlier sends
+ * to the later: they do not wait on each other. Both exit within T (the
+ * remote-call deadline, 5 s here: what one wait on the other would cost at
+ * least), every put the client had acknowledged reads back from the one
+ * node left, and so does everything stored before. Before: each one's
+ * hand-off batches and forwarded writes waited for the other's until T,
+ * the client's puts failed (KV_ETIMEDOUT) and objects were lost. */
+START_TEST(two_members_leave_at_once)
+{
+    int n0 = start_node("64MiB", 1), n1 = start_node("64MiB", 1);
+    start_node("64MiB", 1);
+    wait_owners(3);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &client), KV_OK);
+    wait_sees_owners(client, 3);
+    enum { K = 600 };
+    char key[32], val[3000], out[3000];
+    size_t vl;
+    for (int i = 0; i < K; i++) {
+        snprintf(key, sizeof key, "pair-%d", i);
+        memset(val, 'A' + i % 26, sizeof val);
+        ck_assert_int_eq(kv_put(client, key, strlen(key), val, sizeof val), KV_OK);
+    }
+    struct tu_set s = tu_set_new(1200, 32 << 10, 37);   /* 600 blocks of two shards */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    struct putter p = { .e = { client, client } };
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, putter_main, &p), 0);
+    usleep(100000);
+    uint64_t t0 = tu_now_ms();
+    kill(procs[n0], SIGTERM);
+    kill(procs[n1], SIGTERM);
+    int st0 = 0, st1 = 0;
+    ck_assert_int_eq(waitpid(procs[n0], &st0, 0), procs[n0]);
+    uint64_t d0 = tu_now_ms() - t0;
+    ck_assert_int_eq(waitpid(procs[n1], &st1, 0), procs[n1]);
+    uint64_t d1 = tu_now_ms() - t0;
+    procs[n0] = procs[n1] = 0;
+    ck_assert_msg(WIFEXITED(st0) && WEXITSTATUS(st0) == 0, "kvnode exit status %d", st0);
+    ck_assert_msg(WIFEXITED(st1) && WEXITSTATUS(st1) == 0, "kvnode exit status %d", st1);
+    wait_owners(1);
+    wait_sees_owners(client, 1);
+    usleep(300000);   /* puts on the view of one */
+    p.stop = 1;
+    pthread_join(th, NULL);
+    if (getenv("KV_TEST_VERBOSE"))
+        fprintf(stderr, "leavers exited after %llu and %llu ms\n", (unsigned long long)d0,
+                (unsigned long long)d1);
+    ck_assert_msg(d0 < KV_NET_DEFAULT_TIMEOUT_MS && d1 < KV_NET_DEFAULT_TIMEOUT_MS,
+                  "the leavers took %llu and %llu ms: one waited on the other",
+                  (unsigned long long)d0, (unsigned long long)d1);
+    ck_assert_msg(p.failed == 0, "%d of %d puts failed during/after the leaves (first: %s)",
+                  p.failed, p.n, kv_strerror(p.first_err));
+    ck_assert_int_gt(p.n, 10);
+    for (int i = 0; i < p.n; i++) {
+        snprintf(key, sizeof key, "live-%d", i);
+        vl = 0;
+        ck_assert_msg(kv_get(client, key, strlen(key), val, sizeof val, &vl) == KV_OK,
+                      "%s was acknowledged and is gone", key);
+        ck_assert(vl == 2048 && val[0] == 'a' + i % 26 && val[2047] == val[0]);
+    }
+    for (int i = 0; i < K; i++) {
+        snprintf(key, sizeof key, "pair-%d", i);
+        vl = 0;
+        ck_assert_msg(kv_get(client, key, strlen(key), out, sizeof out, &vl) == KV_OK,
+                      "%s gone with the leavers", key);
+        ck_assert(vl == sizeof out && out[0] == 'A' + i % 26 && out[vl - 1] == out[0]);
+    }
+    memset(s.dst, 0, s.n * s.len);
+    ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);
+    ck_assert(memcmp(s.src, s.dst, s.n * s.len) == 0);
+    tu_set_free(&s);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -1757,6 +2021,8 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, pure_client_put_without_owners);
     tcase_add_test(tc, member_close_hands_off);
     tcase_add_test(tc, kvnode_sigterm_hands_off);
+    tcase_add_test(tc, stale_view_retries_on_the_new_owner);
+    tcase_add_test(tc, two_members_leave_at_once);
     suite_add_tcase(s, tc);
     /* 200 joins and leaves: longer than one test of the loopback case */
     TCase *churn = tcase_create("churn");

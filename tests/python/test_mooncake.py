@@ -349,3 +349,81 @@ def test_batch_bad_items(store):
     assert store.put_batch(["a", ""], [b"x", b"y"]) == BAD
     assert store.put_batch(["a", "b"], [b"x", 7]) == BAD
     assert store.get_batch(["ok", None]) == [b"q" * 16, b""]
+
+
+# -- a member that goes away with its process (issue 18) ----------------------------
+
+_LEAVER = r"""
+import json, sys
+import kvengine.mooncake as mc
+master, settings, n = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+store = mc.MooncakeDistributedStore()     # a module global, as SGLang keeps it
+assert store.setup("localhost", "http://unused/metadata", "16MB", "16MB", "tcp", "", master,
+                   kvengine_settings=settings) == 0, store.last_error
+for i in range(n):
+    assert store.put("gone%d" % i, (b"%d." % i) * 500) == 0
+print("ready", flush=True)
+sys.stdin.readline()
+# and the process ends here: no close(), the store goes with the interpreter
+"""
+
+
+def test_a_store_that_goes_with_its_process_hands_its_objects_on(cluster):
+    """SGLang's way out (issue 18): the store is never closed; the process
+    exits and the interpreter collects it. It still leaves gracefully: the
+    objects it put (about half of them on itself) stay readable from the
+    store that stays, and that store's puts to those objects never fail,
+    neither while the other goes nor after (issue 18 saw RPC_FAIL -900 for
+    about a second), and each object reads back as last put."""
+    import subprocess
+    import sys
+    import time
+    settings = {"cluster.token": cluster.TOKEN, "cluster.node_ttl_ms": "1000",
+                "dram.hugepages": "off", "log.level": "warn", "io.timeout_ms": "4000"}
+    stay = mc.MooncakeDistributedStore()
+    assert stay.setup("localhost", "http://unused/metadata", "16MB", "16MB", "tcp", "",
+                      cluster.master, kvengine_settings=settings) == 0, stay.last_error
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    n = 200
+    leaver = subprocess.Popen([sys.executable, "-c", _LEAVER, cluster.master,
+                               __import__("json").dumps(settings), str(n)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert leaver.stdout.readline().strip() == "ready"
+        cluster.wait_owners(2)
+        time.sleep(0.6)                 # the staying store's heartbeat brings the view
+        failed, done, stop = [], [], threading.Event()
+        latest = {}                     # the leaver's keys, replaced by the store that stays
+
+        def putter():
+            while not stop.is_set():
+                i = len(done)
+                k, v = "gone%d" % (i % n), b"stay%d." % i * 100
+                rc = stay.put(k, v)
+                (failed if rc else done).append((k, rc))
+                if rc == 0:
+                    latest[k] = v
+                time.sleep(0.002)
+
+        t = threading.Thread(target=putter)
+        t.start()
+        try:
+            time.sleep(0.1)
+            leaver.stdin.write("\n")    # let it end
+            leaver.stdin.flush()
+            assert leaver.wait(timeout=30) == 0
+            cluster.wait_owners(1)
+            time.sleep(0.5)             # puts after it is gone
+        finally:
+            stop.set()
+            t.join()
+        assert failed == [] and len(done) > 10
+        keys = ["gone%d" % i for i in range(n)]
+        assert stay.get_batch(keys) == [latest.get(k, (b"%d." % i) * 500)
+                                        for i, k in enumerate(keys)]
+        assert stay.put("after", b"still here") == 0 and stay.get("after") == b"still here"
+    finally:
+        if leaver.poll() is None:
+            leaver.kill()
+            leaver.wait()
+        stay.close()
