@@ -2259,13 +2259,8 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     return rc;
 }
 
-static int clear_once(struct kv__cluster *c, int ns, uint64_t *removed, uint64_t *ver)
-{
-    return kv__cluster_clear_prefix(c, ns, 0, &(kv_block_id){ { 0 } }, removed);
-}
-
-int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
-                             const kv_block_id *hash, uint64_t *removed)
+static int clear_once(struct kv__cluster *c, int ns, uint32_t plen, const kv_block_id *hash,
+                      uint64_t *removed, uint64_t *ver)
 {
     if (!c || !removed || !hash || ns != KV_NS_KEY)
         return KV_EINVAL;
@@ -2303,15 +2298,23 @@ int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
     return rc ? rc : res;
 }
 
-int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
+int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
+                             const kv_block_id *hash, uint64_t *removed)
 {
+    if (!c || !removed || !hash || ns != KV_NS_KEY)
+        return KV_EINVAL;
     uint64_t t0 = kv__now_ms(), ver = 0, more = 0;
-    int rc = clear_once(c, ns, removed, &ver);
+    int rc = clear_once(c, ns, plen, hash, removed, &ver);
     if (owner_failed(rc) && view_moved(c, t0, ver)) {
-        rc = clear_once(c, ns, &more, &ver);
+        rc = clear_once(c, ns, plen, hash, &more, &ver);
         *removed += more;
     }
     return rc;
+}
+
+int kv__cluster_clear(struct kv__cluster *c, int ns, uint64_t *removed)
+{
+    return kv__cluster_clear_prefix(c, ns, 0, &(kv_block_id){ { 0 } }, removed);
 }
 
 static int sizes_once(struct kv__cluster *c, int ns, const kv_block_id *ids, uint32_t index,
