@@ -31,12 +31,25 @@
 # fewer threads can exceed it.
 #
 # A lookup phase looks every id up once: 512 ids at 1 MiB, a few
-# milliseconds, which on a shared machine is noise (doc/perf.md). To read
-# lookups, give it a long one: SIZES=4KiB BENCH_ARGS="--nr-objects 65536".
+# milliseconds, which on a shared machine is noise (doc/perf.md). So after
+# the sizes, two runs are about existence checks alone (the serving stacks'
+# hottest control call):
+#   lookups       kvctl bench --scenario fill --value-size 64
+#                 --nr-objects LOOKUP_IDS, the same peers: the lookup phase
+#                 (kv_lookup of block ids against EXISTS and mg) is the
+#                 figure, the write phase only fills;
+#   batch exists  bench/exists.c (built here against BUILD_DIR's library):
+#                 kv_exists_many of plain keys (Mooncake's batch_is_exist)
+#                 against pipelined EXISTS and mg, JOBS threads, batches
+#                 of 8, EXISTS_S seconds each.
+# LOOKUP_IDS=0 skips both.
 #
 # Environment: JOBS (8), SIZES ("1MiB 64KiB"), NODES (2), NODE_DRAM (1GiB),
 # PROTOCOL (tcp), JSON_DIR (unset: no summaries; else peers-SIZE.json
-# there), and BENCH_ARGS (more kvctl bench options, e.g. "--batch-size 1").
+# there), BENCH_ARGS (more kvctl bench options, e.g. "--batch-size 1"), and
+# PORTS (LOW-HIGH: the loopback ports to pick from, default 20000-31999;
+# give each person on a shared machine a range of their own), LOOKUP_IDS
+# (262144) and EXISTS_S (2).
 set -euo pipefail
 B=${1:-build}
 JOBS=${JOBS:-8}
@@ -45,6 +58,11 @@ NODES=${NODES:-2}
 NODE_DRAM=${NODE_DRAM:-1GiB}
 PROTOCOL=${PROTOCOL:-tcp}
 BENCH_ARGS=${BENCH_ARGS:-}
+PORTS=${PORTS:-20000-31999}
+LOOKUP_IDS=${LOOKUP_IDS:-262144}
+EXISTS_S=${EXISTS_S:-2}
+PORT_LO=${PORTS%-*}
+PORT_HI=${PORTS#*-}
 
 for bin in "$B/kvctl" "$B/kvmaster" "$B/kvnode"; do
     [ -x "$bin" ] || { echo "peers.sh: $bin missing (make BUILD=$B all)" >&2; exit 2; }
@@ -71,7 +89,7 @@ port() {
     while :; do
         # Below the kernel's ephemeral range (32768-60999 by default), so
         # no outgoing connection can take the port before the server binds.
-        p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 12000 ))
+        p=$(( PORT_LO + (RANDOM * 32768 + RANDOM) % (PORT_HI - PORT_LO + 1) ))
         case "$used" in *" $p "*) continue ;; esac
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
             used="$used$p "
@@ -141,4 +159,30 @@ for size in $SIZES; do
         --compare redis=127.0.0.1:"$RP" --compare memcached=127.0.0.1:"$MP" \
         "${json[@]}" $BENCH_ARGS || rc=1
 done
+[ "$LOOKUP_IDS" -gt 0 ] || exit $rc
+
+echo
+echo "== lookups: $LOOKUP_IDS block ids, $JOBS jobs (the lookup phase is the figure) =="
+json=()
+[ -n "${JSON_DIR:-}" ] && json=(--summary-json "$JSON_DIR/peers-lookups.json")
+# shellcheck disable=SC2086
+"$B/kvctl" --set cluster.enabled=true --set cluster.master="$MASTER" \
+    --set cluster.protocol="$PROTOCOL" --set dram.capacity=0 --set log.level=warn \
+    bench --scenario fill --numjobs "$JOBS" --value-size 64 --nr-objects "$LOOKUP_IDS" \
+    --compare redis=127.0.0.1:"$RP" --compare memcached=127.0.0.1:"$MP" \
+    "${json[@]}" $BENCH_ARGS || rc=1
+
+echo
+echo "== batch exists: plain keys, $JOBS jobs =="
+# The library's link line as the Makefile has it (LDLIBS).
+SRC=$(dirname "$0")/exists.c
+if [ -f "$B/libkvengine.a" ] && command -v cc >/dev/null &&
+    cc -std=gnu11 -O2 -D_GNU_SOURCE -I"$(dirname "$0")/../include" "$SRC" "$B/libkvengine.a" \
+        -o "$TMP/exists" -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs \
+        -lcurl -ljson-c -lcrypto -lpthread -lm; then
+    "$TMP/exists" "$MASTER" 127.0.0.1:"$RP" 127.0.0.1:"$MP" "$JOBS" 8 "$EXISTS_S" || rc=1
+else
+    echo "peers.sh: cannot build $SRC against $B/libkvengine.a; batch exists skipped" >&2
+    rc=1
+fi
 exit $rc

@@ -28,9 +28,12 @@
  *
  * Rules (dump success, load failover, lookup, timeouts) are in cluster.h.
  */
+#include <limits.h>
+#include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "auth.h"
@@ -53,7 +56,7 @@
  * cache into misses at once. */
 #define MOVE_WINDOW_MS 60000
 
-struct lk_req;
+struct lk_call;
 
 struct peer {
     struct peer *next;                  /* every peer a view holds (vlock) */
@@ -66,9 +69,6 @@ struct peer {
     struct kv__conn *pool[POOL_MAX];
     int npool;
     _Atomic uint64_t down_until_ms;
-    /* lookups waiting for the frame in flight to it (c->lklock) */
-    struct lk_req *lkq, *lklast;
-    int lkbusy;                         /* a caller leads its lookups */
 };
 
 struct view {
@@ -155,7 +155,12 @@ struct kv__cluster {
      * and the last one whose job ran to the end: "behind" is the gap. */
     _Atomic uint64_t rr_wanted, rr_done;
 
-    pthread_mutex_t lklock;             /* every peer's lookup queue */
+    /* Lookups waiting for the next round (kv__cluster_lookup's section). */
+    pthread_mutex_t lklock;
+    struct lk_call *lkq, *lklast;
+    int lkbusy;                         /* a caller leads the rounds */
+    unsigned lkround;                   /* the next round to be taken */
+    _Atomic uint32_t lkword[2];         /* bumped when a round is done (futex) */
 
     /* Graceful leave (its section below): what the transport serves is
      * serve_be, c->be with every write forwarded to the next owners while
@@ -516,7 +521,13 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     pthread_mutex_init(&c->hblock, NULL);
     pthread_cond_init(&c->hbcond, NULL);
     c->hb_inited = 1;
-    pthread_mutex_init(&c->lklock, NULL);
+    /* Adaptive: lookups hold it for a few stores, and a sleep on it would
+     * cost what combining them saves. */
+    pthread_mutexattr_t lka;
+    pthread_mutexattr_init(&lka);
+    pthread_mutexattr_settype(&lka, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(&c->lklock, &lka);
+    pthread_mutexattr_destroy(&lka);
     pthread_mutex_init(&c->fanlock, NULL);
     pthread_cond_init(&c->fancond, NULL);
     c->fantail = &c->fanq;
@@ -765,7 +776,17 @@ void kv__cluster_stop(struct kv__cluster *c)
 
 static int peer_is_down(struct peer *p)
 {
-    return !p->self && atomic_load(&p->down_until_ms) > kv__now_ms();
+    /* A peer that is not marked down costs no clock read: routing asks
+     * this for every owner of every id (a lookup of 8 ids over 2 owners
+     * read the clock ~50 times, 7% of a member's CPU under lookups). */
+    uint64_t until = atomic_load(&p->down_until_ms);
+    if (p->self || !until)
+        return 0;
+    if (until > kv__now_ms())
+        return 1;
+    /* Up again: back to the clock-free case (unless marked down anew). */
+    atomic_compare_exchange_strong(&p->down_until_ms, &until, 0);
+    return 0;
 }
 
 /* Serves ops on this node's own store: no network, no copies beyond the
@@ -2554,126 +2575,197 @@ static int complete_blocks(struct kv__cluster *c, int ns, const kv_block_id *ids
 }
 
 /*
- * Lookups are combined per peer. A lookup costs its owner one round trip of
- * small frames, and on loopback or a LAN nearly all of that is the two
- * kernels' per-message work (a lookup of 8 ids over 2 owners: ~40 us of
- * client CPU, under 5 of it ours): a message per caller per owner was what
- * made lookups slower than Redis' one pipelined message per batch. So while
- * a lookup frame is in flight to a peer, other callers' lookups for it
- * queue up, and when it comes back the first of them takes the lead and
- * sends the whole queue as one frame (group commit). Each id is still
- * looked up (and leased) by its owner; only the frames are shared.
+ * Lookups are combined. A lookup costs its owner one round trip of small
+ * frames, and on loopback or a LAN nearly all of that is the two kernels'
+ * per-message work and the thread wake-ups around it: a message per caller
+ * per owner was what made lookups slower than Redis' one pipelined message
+ * per batch. So while one round of lookup frames is in flight, other
+ * callers' lookups queue up, and the next round sends the whole queue as
+ * one frame per owner (group commit). Each id is still looked up (and
+ * leased) by its owner; only the frames are shared.
  *
- * How it works: c->lklock guards every peer's queue. A caller queues one
- * request per remote owner; on a peer nobody leads, it leads. A leader
- * takes its peers' whole queues, runs them as one batch per peer (all its
- * peers at once, run_groups), copies each request's results back, marks
- * them done, and hands each peer's lead to the first request queued
- * meanwhile (or leaves the peer idle; fails the queue at once when that
- * frame found the peer down). Followers sleep on their own call's
- * condition until every request of theirs is done, leading any that is
- * handed to them at once: a thread that holds a lead never waits before
- * running it, so no cycle of waits can form.
+ * How it works. One queue of calls per cluster (c->lkq, under c->lklock)
+ * and one lead: the caller that finds no round running leads. A leader
+ * takes the whole queue as round r, runs it as one batch per owner over
+ * every owner the queued calls reach (all at once, run_groups: one poll()
+ * for all of them), writes each call's results back, marks it done and
+ * wakes round r's callers together. Then, while the queue has refilled, it
+ * leads the next round itself, up to LK_ROUNDS rounds, before it hands the
+ * lead to the oldest queued call (or leaves the queue idle).
+ *
+ * Why this shape (doc/perf.md has the figures): on a busy 2-vCPU client
+ * half the CPU of a lookup was context switches and wake-ups, not frames.
+ *   - One lead for every owner, not one per owner: a caller whose ids span
+ *     two owners is in one round and woken once (with a leader per owner it
+ *     was woken by each, and mostly went back to sleep).
+ *   - A round's callers are woken by one futex wake on that round's word
+ *     (c->lkword[r & 1]): a call knows its round when it queues (the next
+ *     one taken), and a round is taken only after the one before it is
+ *     done, so round r's word has no other sleepers but the calls of round
+ *     r + 2, which cannot have queued yet. A wake per caller, each under a
+ *     lock, preempted the leader once per caller (the woken thread runs
+ *     first), and the woken blocked on that lock in turn.
+ *   - A leader that stays for the next round sends it at once, without a
+ *     successor to wake and wait for. LK_ROUNDS bounds what this adds to
+ *     the leader's own call, which returns once it hands the lead on; the
+ *     hand-off wakes the successor's round word (its round-mates wake for
+ *     nothing once every LK_ROUNDS rounds).
+ * A waiter reads its round's word before its state and a waker changes the
+ * state before the word, so no wake is lost. A thread that holds the lead
+ * never waits before running it, so no cycle of waits can form. A round
+ * waits for its slowest owner: a hung owner holds up the other owners'
+ * queued lookups until its deadline, after which it is marked down
+ * (leg_finish) and later rounds fail its share at once, as fan_add skips a
+ * down peer.
  */
-struct lk_call {
-    pthread_cond_t cv;                  /* c->lklock */
-};
+#define LK_ROUNDS 8
 
 struct lk_req {
-    struct lk_req *next;
     struct peer *p;
     struct kv__op *ops;                 /* the caller's, results written back */
     size_t n;
-    int done, lead;                     /* c->lklock */
-    struct lk_call *call;
 };
 
-/* Runs the queues taken from peers[0..np) (lists[i]) as one batch per peer
- * and marks every request done; then hands each peer's lead on. */
-static void lk_lead(struct kv__cluster *c, struct peer **peers, struct lk_req **lists, size_t np)
+enum { LK_WAIT, LK_LEAD, LK_DONE };
+
+struct lk_call {
+    struct lk_call *next;               /* c->lkq (c->lklock) */
+    struct lk_req *reqs;                /* one per remote owner */
+    size_t nreq;
+    unsigned round;                     /* the round that takes it (c->lklock) */
+    _Atomic int state;                  /* LK_*; once LK_DONE the call may be gone */
+};
+
+static void lk_futex_wait(_Atomic uint32_t *w, uint32_t seen)
 {
-    size_t total = 0;
-    for (size_t i = 0; i < np; i++)
-        for (struct lk_req *r = lists[i]; r; r = r->next)
-            total += r->n;
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+}
+
+/* Wakes every sleeper on w, after a change of w (so none is lost). */
+static void lk_futex_bump(_Atomic uint32_t *w)
+{
+    atomic_fetch_add(w, 1);
+    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* The index of p in peers[0..*np), added at the end when it is not there. */
+static size_t lk_peer_at(struct peer **peers, size_t *np, struct peer *p)
+{
+    size_t i = 0;
+    while (i < *np && peers[i] != p)
+        i++;
+    if (i == *np)
+        peers[(*np)++] = p;
+    return i;
+}
+
+/* Runs the calls of list (taken from the queue) as one batch per owner,
+ * their results written back into each call's ops. */
+static void lk_round(struct kv__cluster *c, struct lk_call *list)
+{
+    size_t total = 0, nr = 0;
+    for (struct lk_call *k = list; k; k = k->next) {
+        nr += k->nreq;
+        for (size_t i = 0; i < k->nreq; i++)
+            total += k->reqs[i].n;
+    }
+    if (!nr)
+        return;
+    /* The owners the round reaches, each once, those found down last (not
+     * sent into another timeout: their share fails at once), and the ops
+     * grouped by owner in g as run_groups takes them. */
+    struct peer **peers = malloc(nr * sizeof *peers);
+    size_t *start = calloc(nr + 1, sizeof *start), *fill = calloc(nr, sizeof *fill);
+    size_t *at = malloc(nr * sizeof *at);
     struct kv__op *g = malloc((total ? total : 1) * sizeof *g);
-    size_t *start = malloc((np + 1) * sizeof *start);
-    if (g && start) {
-        size_t k = 0;
-        for (size_t i = 0; i < np; i++) {
-            start[i] = k;
-            for (struct lk_req *r = lists[i]; r; r = r->next) {
-                memcpy(g + k, r->ops, r->n * sizeof *g);
-                k += r->n;
-            }
-        }
-        start[np] = k;
-        struct view pv = { .n = np, .owners = peers };
-        run_groups(c, &pv, g, start);
-        k = 0;
-        for (size_t i = 0; i < np; i++)
-            for (struct lk_req *r = lists[i]; r; r = r->next)
-                for (size_t j = 0; j < r->n; j++, k++) {
-                    r->ops[j].result = g[k].result;
-                    r->ops[j].hit = g[k].hit;
-                }
-    } else {
-        for (size_t i = 0; i < np; i++)
-            for (struct lk_req *r = lists[i]; r; r = r->next)
-                for (size_t j = 0; j < r->n; j++)
-                    r->ops[j].result = KV_ENOMEM;
+    if (!peers || !start || !fill || !at || !g) {
+        for (struct lk_call *k = list; k; k = k->next)
+            for (size_t i = 0; i < k->nreq; i++)
+                for (size_t j = 0; j < k->reqs[i].n; j++)
+                    k->reqs[i].ops[j].result = KV_ENOMEM;
+        goto out;
     }
-    free(g);
+    size_t np = 0, nlive = 0, r = 0;
+    for (struct lk_call *k = list; k; k = k->next)
+        for (size_t i = 0; i < k->nreq; i++)
+            lk_peer_at(peers, &np, k->reqs[i].p);
+    for (size_t p = 0; p < np; p++)
+        if (!peer_is_down(peers[p])) {
+            struct peer *t = peers[nlive];
+            peers[nlive++] = peers[p];
+            peers[p] = t;
+        }
+    for (struct lk_call *k = list; k; k = k->next)
+        for (size_t i = 0; i < k->nreq; i++, r++) {
+            at[r] = lk_peer_at(peers, &np, k->reqs[i].p);
+            start[at[r] + 1] += k->reqs[i].n;
+        }
+    for (size_t p = 0; p < np; p++)
+        start[p + 1] += start[p];
+    r = 0;
+    for (struct lk_call *k = list; k; k = k->next)
+        for (size_t i = 0; i < k->nreq; i++, r++) {
+            memcpy(g + start[at[r]] + fill[at[r]], k->reqs[i].ops, k->reqs[i].n * sizeof *g);
+            fill[at[r]] += k->reqs[i].n;
+        }
+    for (size_t j = start[nlive]; j < total; j++)
+        g[j].result = KV_ENET;
+    struct view pv = { .n = nlive, .owners = peers };
+    run_groups(c, &pv, g, start);
+    memset(fill, 0, np * sizeof *fill);
+    r = 0;
+    for (struct lk_call *k = list; k; k = k->next)
+        for (size_t i = 0; i < k->nreq; i++, r++) {
+            const struct kv__op *from = g + start[at[r]] + fill[at[r]];
+            for (size_t j = 0; j < k->reqs[i].n; j++) {
+                k->reqs[i].ops[j].result = from[j].result;
+                k->reqs[i].ops[j].hit = from[j].hit;
+            }
+            fill[at[r]] += k->reqs[i].n;
+        }
+out:
+    free(peers);
     free(start);
-    pthread_mutex_lock(&c->lklock);
-    for (size_t i = 0; i < np; i++) {
-        for (struct lk_req *r = lists[i], *next; r; r = next) {
-            next = r->next;     /* r may be gone once its caller sees done */
-            r->done = 1;
-            pthread_cond_signal(&r->call->cv);
-        }
-        struct peer *p = peers[i];
-        if (p->lkq && peer_is_down(p)) {
-            /* The frame just failed the peer: what queued behind it is not
-             * sent into another timeout, as fan_add skips a down peer. */
-            for (struct lk_req *r = p->lkq, *next; r; r = next) {
-                next = r->next;
-                for (size_t j = 0; j < r->n; j++)
-                    r->ops[j].result = KV_ENET;
-                r->done = 1;
-                pthread_cond_signal(&r->call->cv);
-            }
-            p->lkq = p->lklast = NULL;
-        }
-        if (p->lkq) {
-            p->lkq->lead = 1;
-            pthread_cond_signal(&p->lkq->call->cv);
-        } else {
-            p->lkbusy = 0;
-        }
-    }
-    pthread_mutex_unlock(&c->lklock);
+    free(fill);
+    free(at);
+    free(g);
 }
 
-/* Caller holds c->lklock: takes the queue of every request of reqs[0..n)
- * that leads and is not done yet, into peers/lists; returns how many. */
-static size_t lk_take(struct lk_req *reqs, size_t n, struct peer **peers, struct lk_req **lists)
+/* Leads rounds while the queue has calls (at most LK_ROUNDS), then hands
+ * the lead to the oldest queued call or leaves the queue idle. The caller
+ * holds the lead, and its own call self is queued: the first round
+ * answers it. */
+static void lk_lead(struct kv__cluster *c, struct lk_call *self)
 {
-    size_t np = 0;
-    for (size_t i = 0; i < n; i++) {
-        struct lk_req *r = &reqs[i];
-        if (!r->lead || r->done)
-            continue;
-        r->lead = 0;
-        peers[np] = r->p;
-        lists[np++] = r->p->lkq;
-        r->p->lkq = r->p->lklast = NULL;
+    for (int n = 0;; n++) {
+        pthread_mutex_lock(&c->lklock);
+        struct lk_call *list = c->lkq;
+        if (!list || n >= LK_ROUNDS) {
+            unsigned next = list ? list->round : 0;
+            if (list)
+                atomic_store(&list->state, LK_LEAD);
+            else
+                c->lkbusy = 0;
+            pthread_mutex_unlock(&c->lklock);
+            if (list)
+                lk_futex_bump(&c->lkword[next & 1]);
+            return;
+        }
+        unsigned r = c->lkround++;
+        c->lkq = c->lklast = NULL;
+        pthread_mutex_unlock(&c->lklock);
+        lk_round(c, list);
+        for (struct lk_call *k = list, *next; k; k = next) {
+            next = k->next;     /* k may be gone once its caller sees done */
+            atomic_store(&k->state, LK_DONE);
+        }
+        if (list != self || self->next)
+            lk_futex_bump(&c->lkword[r & 1]);
     }
-    return np;
 }
 
-/* run_grouped for lookups: this node's share served here, each remote
- * owner's share through its queue (see above). */
+/* run_grouped for lookups: this node's share served here, the remote
+ * owners' shares through the queue (see above). */
 static int run_lookups(struct kv__cluster *c, struct view *v, struct kv__op *ops, size_t *owner,
                        size_t n)
 {
@@ -2682,11 +2774,9 @@ static int run_lookups(struct kv__cluster *c, struct view *v, struct kv__op *ops
     size_t *start = calloc(v->n + 1, sizeof *start), *fill = calloc(v->n + 1, sizeof *fill);
     size_t *pos = malloc(n * sizeof *pos);
     struct kv__op *g = malloc(n * sizeof *g);
-    struct lk_req *reqs = calloc(v->n ? v->n : 1, sizeof *reqs);
-    struct peer **peers = malloc((v->n ? v->n : 1) * sizeof *peers);
-    struct lk_req **lists = malloc((v->n ? v->n : 1) * sizeof *lists);
+    struct lk_req *reqs = malloc((v->n ? v->n : 1) * sizeof *reqs);
     int rc = KV_ENOMEM;
-    if (!start || !fill || !pos || !g || !reqs || !peers || !lists)
+    if (!start || !fill || !pos || !g || !reqs)
         goto out;
     for (size_t i = 0; i < n; i++)
         start[owner[i] + 1]++;
@@ -2696,50 +2786,47 @@ static int run_lookups(struct kv__cluster *c, struct view *v, struct kv__op *ops
         pos[i] = start[owner[i]] + fill[owner[i]]++;
         g[pos[i]] = ops[i];
     }
-    struct lk_call call;
-    pthread_cond_init(&call.cv, NULL);
-    size_t nr = 0;
-    pthread_mutex_lock(&c->lklock);
-    for (size_t p = 0; p < v->n; p++) {
-        if (start[p + 1] == start[p] || v->owners[p]->self)
-            continue;
-        struct lk_req *r = &reqs[nr++];
-        *r = (struct lk_req){ .p = v->owners[p], .ops = g + start[p],
-                              .n = start[p + 1] - start[p], .call = &call };
-        if (r->p->lkq)
-            r->p->lklast->next = r;
+    struct lk_call call = { .reqs = reqs, .state = LK_WAIT };
+    for (size_t p = 0; p < v->n; p++)
+        if (start[p + 1] > start[p] && !v->owners[p]->self)
+            reqs[call.nreq++] = (struct lk_req){ .p = v->owners[p], .ops = g + start[p],
+                                                 .n = start[p + 1] - start[p] };
+    int lead = 0;
+    if (call.nreq) {
+        pthread_mutex_lock(&c->lklock);
+        call.round = c->lkround;
+        if (c->lkq)
+            c->lklast->next = &call;
         else
-            r->p->lkq = r;
-        r->p->lklast = r;
-        if (!r->p->lkbusy)
-            r->p->lkbusy = r->lead = 1;
+            c->lkq = &call;
+        c->lklast = &call;
+        if (!c->lkbusy)
+            c->lkbusy = lead = 1;
+        pthread_mutex_unlock(&c->lklock);
     }
-    size_t np = lk_take(reqs, nr, peers, lists);
-    pthread_mutex_unlock(&c->lklock);
-    if (np)
-        lk_lead(c, peers, lists, np);
-    /* This node's own share meanwhile: no frame to share. */
+    /* This node's own share: no frame to share. A follower serves it while
+     * the round in flight runs; a leader before its rounds, which other
+     * callers' lookups join meanwhile. */
     for (size_t p = 0; p < v->n; p++)
         if (start[p + 1] > start[p] && v->owners[p]->self)
             run_local(c, g + start[p], start[p + 1] - start[p]);
-    pthread_mutex_lock(&c->lklock);
-    for (;;) {
-        size_t left = 0;
-        for (size_t i = 0; i < nr; i++)
-            left += !reqs[i].done;
-        if (!left)
+    if (lead)
+        lk_lead(c, &call);
+    while (call.nreq) {
+        _Atomic uint32_t *w = &c->lkword[call.round & 1];
+        uint32_t seen = atomic_load(w);
+        int st = atomic_load(&call.state);
+        if (st == LK_DONE)
             break;
-        np = lk_take(reqs, nr, peers, lists);
-        if (np) {
-            pthread_mutex_unlock(&c->lklock);
-            lk_lead(c, peers, lists, np);
-            pthread_mutex_lock(&c->lklock);
+        if (st == LK_LEAD) {
+            /* Handed the lead: this call is the oldest queued, so the
+             * first round run here answers it. */
+            atomic_store(&call.state, LK_WAIT);
+            lk_lead(c, &call);
             continue;
         }
-        pthread_cond_wait(&call.cv, &c->lklock);
+        lk_futex_wait(w, seen);
     }
-    pthread_mutex_unlock(&c->lklock);
-    pthread_cond_destroy(&call.cv);
     for (size_t i = 0; i < n; i++)
         ops[i] = g[pos[i]];
     rc = KV_OK;
@@ -2749,8 +2836,6 @@ out:
     free(pos);
     free(g);
     free(reqs);
-    free(peers);
-    free(lists);
     return rc;
 }
 

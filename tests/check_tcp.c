@@ -1135,6 +1135,69 @@ START_TEST(pins_capped_per_request)
 }
 END_TEST
 
+/* A request's lookups reach the backend as one call per run of lookups in
+ * one namespace (at most KV__SERVE_LK ids each), not one per id, and every
+ * item keeps its own answer: runs broken by a size, by the other namespace
+ * and by the run's cap, present and absent ids mixed. Before the change the
+ * backend saw 700 calls for this request. */
+static struct kv__backend *lk_inner;
+static _Atomic int lk_calls;
+
+static int lk_counting(void *ctx, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
+{
+    atomic_fetch_add(&lk_calls, 1);
+    return lk_inner->lookup(lk_inner->ctx, ns, ids, n, hit);
+}
+
+START_TEST(lookups_batched_per_run)
+{
+    struct kv__backend wrap = *be;
+    lk_inner = be;
+    wrap.lookup = lk_counting;
+    restart_server(&wrap, 2000);
+    struct kv__conn *c;
+    ck_assert_int_eq(T->connect(cli, addr, &c), KV_OK);
+    static uint8_t v[64];
+    kv_iov vi = { v, sizeof v };
+    enum { N = 700 };
+    static struct kv__op ops[N];
+    /* even numbers stored as blocks, multiples of 3 as plain keys */
+    int k = 0;
+    for (int i = 0; i < N; i += 2)
+        ops[k++] = op(KV_OP_DUMP, (uint64_t)i, 0, &vi, 1);
+    for (int i = 0; i < N; i += 3) {
+        ops[k] = op(KV_OP_DUMP, (uint64_t)i, 0, &vi, 1);
+        ops[k++].ns = KV_NS_KEY;
+    }
+    ck_assert_int_eq(T->batch(c, ops, (size_t)k), KV_OK);
+    for (int i = 0; i < k; i++)
+        ck_assert_int_eq(ops[i].result, KV_OK);
+    /* 300 block lookups (two runs: the cap), a size, 100 key lookups, 300
+     * block lookups (two more runs) */
+    for (int i = 0; i < N; i++) {
+        ops[i] = op(KV_OP_LOOKUP, (uint64_t)i, 0, NULL, 0);
+        if (i >= 301 && i < 401)
+            ops[i].ns = KV_NS_KEY;
+    }
+    ops[300] = op(KV_OP_SIZE, 300, 0, NULL, 0);
+    atomic_store(&lk_calls, 0);
+    ck_assert_int_eq(T->batch(c, ops, N), KV_OK);
+    int calls = atomic_load(&lk_calls);
+    for (int i = 0; i < N; i++) {
+        ck_assert_msg(ops[i].result == KV_OK, "item %d: %s", i, kv_strerror(ops[i].result));
+        if (i == 300) {
+            ck_assert_uint_eq(ops[i].len, sizeof v);
+            continue;
+        }
+        int want = ops[i].ns == KV_NS_KEY ? i % 3 == 0 : i % 2 == 0;
+        ck_assert_msg(ops[i].hit == want, "item %d: hit %d", i, ops[i].hit);
+    }
+    ck_assert_int_eq(calls, 5);
+    T->close(c);
+    restart_server(NULL, 2000);
+}
+END_TEST
+
 Suite *tcp_suite(void)
 {
     Suite *s = suite_create("tcp");
@@ -1154,6 +1217,7 @@ Suite *tcp_suite(void)
     tcase_add_test(tc, batch_many);
     tcase_add_test(tc, error_reply);
     tcase_add_test(tc, transport_pick);
+    tcase_add_test(tc, lookups_batched_per_run);
     suite_add_tcase(s, tc);
     TCase *th = tcase_create("hostile");
     tcase_add_checked_fixture(th, setup, teardown);
