@@ -2839,23 +2839,29 @@ out:
     return rc;
 }
 
-int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
-                       uint8_t *hit)
+/* One try of kv__cluster_lookup on the current view (its version in *ver).
+ * An id that missed because an owner failed as owner_failed says gets
+ * failed[i] set (its caller may ask again on a newer view). */
+static int lookup_once(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                       uint8_t *hit, uint8_t *failed, uint64_t *ver)
 {
-    if (!c || (n && (!ids || !hit)) || ns < 0 || ns >= KV_NS_COUNT)
-        return KV_EINVAL;
     struct fan f;
     if (fan_init(c, &f, n, true) != KV_OK)
         return KV_ENOMEM;
+    *ver = f.v->version;
     for (size_t i = 0; i < n; i++) {
         struct kv__op op = { .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
         fan_add(c, &f, i, &op);
         hit[i] = 0;
+        failed[i] = 0;
     }
     int rc = run_lookups(c, f.v, f.ops, f.owner, f.k);
-    for (size_t j = 0; rc == KV_OK && j < f.k; j++)
+    for (size_t j = 0; rc == KV_OK && j < f.k; j++) {
         if (f.ops[j].result == KV_OK && f.ops[j].hit)
             hit[f.item[j]] = 1;
+        else if (owner_failed(f.ops[j].result))
+            failed[f.item[j]] = 1;
+    }
     /* During a move window, misses ask their previous owners too. */
     f.k = 0;
     for (size_t i = 0; rc == KV_OK && i < n; i++)
@@ -2871,6 +2877,46 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     fan_free(&f);
     if (rc == KV_OK && ns == KV_NS_BLOCK && c->cfg.store.block_shards > 1)
         rc = complete_blocks(c, ns, ids, n, hit);
+    return rc;
+}
+
+/* A miss because an owner was gone is not a miss: like every call (see
+ * owner_failed), ids whose owner failed are asked once more on a view that
+ * moved, so a caller behind the view is not told a stored block is absent. */
+int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
+                       uint8_t *hit)
+{
+    if (!c || (n && (!ids || !hit)) || ns < 0 || ns >= KV_NS_COUNT)
+        return KV_EINVAL;
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    uint8_t one = 0, *failed = n > 1 ? malloc(n) : &one;
+    if (!failed)
+        return KV_ENOMEM;
+    int rc = lookup_once(c, ns, ids, n, hit, failed, &ver);
+    size_t k = 0;
+    for (size_t i = 0; rc == KV_OK && i < n; i++)
+        k += failed[i] && !hit[i];
+    if (k && view_moved(c, t0, ver)) {
+        kv_block_id *sub = malloc(k * sizeof *sub);
+        size_t *idx = malloc(k * sizeof *idx);
+        uint8_t *h2 = malloc(2 * k);
+        if (sub && idx && h2) {
+            size_t m = 0;
+            for (size_t i = 0; i < n; i++)
+                if (failed[i] && !hit[i]) {
+                    idx[m] = i;
+                    sub[m++] = ids[i];
+                }
+            if (lookup_once(c, ns, sub, k, h2, h2 + k, &ver) == KV_OK)
+                for (size_t j = 0; j < k; j++)
+                    hit[idx[j]] = h2[j];
+        }
+        free(sub);
+        free(idx);
+        free(h2);
+    }
+    if (failed != &one)
+        free(failed);
     return rc;
 }
 
