@@ -352,6 +352,11 @@ static int recover(kv_engine *e, struct kv__host *h)
     return KV_OK;
 }
 
+/* Routed calls this thread is inside (a kv_ssd_scan's cb may call the
+ * engine again): such a thread holds the read lock already, so it must not
+ * wait for the write lock a recovery takes (it would wait for itself). */
+static __thread unsigned routed_depth;
+
 int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
 {
     *c = NULL;
@@ -366,9 +371,12 @@ int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
         }
         if (h->cli && !kv__shm_broken(h->cli)) {
             *c = h->cli;
+            routed_depth++;
             return KV_OK;   /* held until kv__host_leave */
         }
         pthread_rwlock_unlock(&h->lk);
+        if (routed_depth > 0)
+            return KV_ENET;   /* the outer call fails too; the next one recovers */
         pthread_rwlock_wrlock(&h->lk);
         int rc = KV_OK;
         if (!atomic_load(&h->serving) && (!h->cli || kv__shm_broken(h->cli)))
@@ -381,6 +389,7 @@ int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
 
 void kv__host_leave(kv_engine *e)
 {
+    routed_depth--;
     pthread_rwlock_unlock(&e->host->lk);
 }
 

@@ -993,12 +993,18 @@ struct ssd_count {
     pthread_t caller;
     uint64_t n, stop_at, blocks, bad;
     bool other_thread;
+    kv_engine *nested;       /* looked up in from the cb, as a caller may */
+    uint64_t nested_hits;
 };
 
 static int ssd_count_cb(void *ctx, const kv_ssd_entry *ent)
 {
     struct ssd_count *c = ctx;
     c->other_thread |= !pthread_equal(pthread_self(), c->caller);
+    uint8_t hit = 0;
+    if (c->nested && ent->ns == KV_SSD_NS_BLOCK && c->n % 100 == 0 &&
+        kv_lookup(c->nested, &ent->id, 1, &hit) == KV_OK)
+        c->nested_hits += hit;
     c->n++;
     c->blocks += ent->ns == KV_SSD_NS_BLOCK;
     c->bad += ent->status != KV_OK;
@@ -1031,9 +1037,10 @@ START_TEST(attached_ssd_calls_run_on_the_server)
     ck_assert(!there.other_thread);
     ck_assert_uint_ge(kv__host_requests(a) - r0, 1 + here.n / 1024);
     /* stopped mid-batch: exactly that many calls, and the next call works */
-    struct ssd_count part = { .caller = pthread_self(), .stop_at = 1500 };
+    struct ssd_count part = { .caller = pthread_self(), .stop_at = 1500, .nested = b };
     ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &part), KV_OK);
     ck_assert_uint_eq(part.n, 1500);
+    ck_assert_uint_ge(part.nested_hits, 1);   /* the engine answers from inside the cb */
     ck_assert_int_eq(load_one(b, 3, 103), 0);
     /* scrub: the counts with and without a cb, and when stopped */
     uint64_t checked = 0, bad = 9;
@@ -1074,6 +1081,73 @@ START_TEST(attached_ssd_calls_run_on_the_server)
     ck_assert_int_eq(load_one(b, 1, 10), KV_ENOTFOUND);   /* and serves on */
     kv_close(b);
     kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* The server of the walk below: 3000 blocks on SSD, then it waits to die. */
+static int walk_server_child(void *arg, int k)
+{
+    struct world *w = arg;
+    (void)k;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    for (uint64_t i = 0; i < 3000; i++)
+        if (dump_one(e, i, 64) != KV_OK)
+            return 11;
+    send_bytes(w->done[1], 1);
+    for (;;)
+        pause();
+}
+
+struct killer {
+    pid_t server;
+    kv_engine *e;
+    uint64_t n;
+    int nested;
+};
+
+static int kill_cb(void *ctx, const kv_ssd_entry *ent)
+{
+    struct killer *k = ctx;
+    if (++k->n == 1) {
+        kill(k->server, SIGKILL);
+        reap(k->server);
+    }
+    /* from inside the cb, with the server gone: an error, not a hang */
+    if (k->n == 2 || k->n == 3) {   /* the first finds it gone, the second finds it broken */
+        uint8_t hit;
+        int rc = kv_lookup(k->e, &ent->id, 1, &hit);
+        k->nested = k->n == 2 || rc != KV_OK ? rc : k->nested;
+    }
+    return 0;
+}
+
+/* The server SIGKILLed in the middle of a scan: the walk fails promptly
+ * (the next batch never comes), a call the cb makes meanwhile fails rather
+ * than waiting for itself, and the next call takes the store over, its SSD
+ * blocks intact. */
+START_TEST(a_walk_survives_its_server_dying)
+{
+    struct world w;
+    world_new(&w, WT_YAML);
+    pid_t p = child(walk_server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    struct killer k = { .server = p, .e = b };
+    int rc = kv_ssd_scan(b, kill_cb, &k);
+    ck_assert_msg(rc == KV_ENET || rc == KV_ETIMEDOUT, "%s", kv_err_name(rc));
+    ck_assert_uint_le(k.n, 1024);   /* the first batch, no more */
+    ck_assert_msg(k.nested == KV_ENET || k.nested == KV_ETIMEDOUT, "%s", kv_err_name(k.nested));
+    ck_assert_int_eq(load_one(b, 2999, 64), 0);   /* taken over: serves itself now */
+    ck_assert_uint_eq(stats(b).host_attached, 0);
+    struct ssd_count all = { .caller = pthread_self() };
+    ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &all), KV_OK);
+    ck_assert_uint_eq(all.blocks, 3000);
+    kv_close(b);
     world_free(&w);
 }
 END_TEST
@@ -1237,6 +1311,7 @@ Suite *host_suite(void)
     tc = tcase_create("ssd");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, attached_ssd_calls_run_on_the_server);
+    tcase_add_test(tc, a_walk_survives_its_server_dying);
     tcase_add_test(tc, recover_refuses_a_served_store);
     tcase_add_test(tc, kvctl_ssd_beside_a_kvnode);
     suite_add_tcase(s, tc);

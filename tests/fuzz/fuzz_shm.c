@@ -578,6 +578,22 @@ static void write_seeds(const char *dir)
         miss.index = 7;
         kv__shm_load(c, &miss, 1, res);
     });
+    /* more shards than the server's inner batch (64), so its flush in the
+     * middle of a request is reached; every other one misses */
+    SEED("blocks-70", {
+        enum { M = 70 };
+        static uint8_t one[M][256];
+        static kv_iov v[M];
+        static kv_shard s[M];
+        static int mres[M];
+        for (int i = 0; i < M; i++) {
+            kv_block_id id = { { 0x70, (uint8_t)i } };
+            v[i] = (kv_iov){ one[i], 64 + (size_t)i };
+            s[i] = (kv_shard){ id, 0, &v[i], 1 };
+        }
+        FZ_CHECK(kv__shm_dump(c, s, M / 2, mres) == KV_OK);
+        FZ_CHECK(kv__shm_load(c, s, M, mres) == KV_OK);
+    });
     /* shared buffers: REGION, a dump from and a load into one, UNREGION */
     SEED("region", {
         void *buf = NULL;
