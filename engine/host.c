@@ -408,11 +408,6 @@ void kv__host_stats(kv_engine *e, kv_stats *out)
     out->host_attached = !atomic_load(&h->serving);
 }
 
-struct kv__shm_server *kv__host_server(kv_engine *e)
-{
-    return e->host ? e->host->srv : NULL;
-}
-
 /* ---- offline work on a store (kv_ssd_recover) ------------------------------- */
 
 int kv__host_lock_offline(const struct kv_config *cfg, int *fd, char *err, size_t errlen)

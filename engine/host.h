@@ -45,10 +45,6 @@ void kv__host_stats(kv_engine *e, kv_stats *out);
  * the round trips attached engines made, for tests and benchmarks. */
 uint64_t kv__host_requests(kv_engine *e);
 
-/* The server of a serving engine (NULL otherwise): for the fuzz harness
- * (tests/fuzz/fuzz_shm.c, through kv__shm_fuzz_conn). */
-struct kv__shm_server *kv__host_server(kv_engine *e);
-
 /* Offline work on cfg's store (kv_ssd_recover): takes the store's lock so
  * that nobody serves it meanwhile, *fd the lock's (-1 when the store is not
  * shared: nothing to take). KV_EBUSY when a process serves it, err naming

@@ -1073,14 +1073,19 @@ static int server_hello(struct sconn *c)
     return rc != KV_OK ? rc : status;
 }
 
-/* The frames of one connection, past its handshake, until it ends: what
- * every connection runs (and the fuzz harness, kv__shm_fuzz_conn). */
-static void serve_frames(struct sconn *c)
+static void *sconn_main(void *arg)
 {
+    struct sconn *c = arg;
     struct kv__shm_server *s = c->srv;
-    int rc = KV_OK;
+    int rc = server_hello(c);
     while (rc == KV_OK && !atomic_load(&s->stopping)) {
-        if (wait_request(c) != KV_OK)
+        struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { s->stop_pipe[0], POLLIN, 0 } };
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            break;
+        }
+        if (p[1].revents)
             break;
         uint8_t h[8];
         int fd = -1;
@@ -1112,12 +1117,6 @@ static void serve_frames(struct sconn *c)
         if (fd >= 0)
             close(fd);
     }
-}
-
-/* The end of a connection: everything it held is dropped. */
-static void sconn_end(struct sconn *c)
-{
-    struct kv__shm_server *s = c->srv;
     /* The socket is closed under the server's lock: kv__shm_stop shuts
      * down live connections' sockets under it, and must never use a number
      * closed here (another open may have it by then). */
@@ -1128,55 +1127,7 @@ static void sconn_end(struct sconn *c)
     sconn_free(c);
     atomic_fetch_sub(&s->nconns, 1);
     atomic_store(&c->done, true);
-}
-
-static void *sconn_main(void *arg)
-{
-    struct sconn *c = arg;
-    if (server_hello(c) == KV_OK)
-        serve_frames(c);
-    sconn_end(c);
     return NULL;
-}
-
-/* A connection's state for the accepted socket fd (closed on failure). */
-static struct sconn *sconn_new(struct kv__shm_server *s, int fd)
-{
-    kv__fork_close(fd, true);
-    struct sconn *c = calloc(1, sizeof *c);
-    if (c) {
-        c->pins = calloc(PINS_MAX, sizeof *c->pins);
-        c->pin_used = calloc(PINS_MAX, 1);
-        c->pin_free = malloc(PINS_MAX * sizeof *c->pin_free);
-    }
-    if (!c || !c->pins || !c->pin_used || !c->pin_free) {
-        if (c) {
-            c->fd = fd;
-            sconn_free(c);
-            free(c);
-        } else {
-            close_listed(fd);
-        }
-        return NULL;
-    }
-    for (uint32_t i = 0; i < PINS_MAX; i++)
-        c->pin_free[i] = PINS_MAX - 1 - i;
-    c->nfree = PINS_MAX;
-    c->srv = s;
-    c->fd = fd;
-    return c;
-}
-
-int kv__shm_fuzz_conn(struct kv__shm_server *s, int fd)
-{
-    struct sconn *c = sconn_new(s, fd);
-    if (!c)
-        return KV_ENOMEM;
-    atomic_fetch_add(&s->nconns, 1);
-    serve_frames(c);
-    sconn_end(c);
-    free(c);
-    return KV_OK;
 }
 
 /* Joins the connections that have ended (all of them when all). */
@@ -1217,14 +1168,29 @@ static void *accept_main(void *arg)
                 usleep(10000);
             continue;
         }
-        struct sconn *c = sconn_new(s, fd);
-        if (!c)
-            continue;
-        if (atomic_load(&s->nconns) >= CONNS_MAX) {
-            sconn_free(c);
-            free(c);
+        kv__fork_close(fd, true);
+        struct sconn *c = calloc(1, sizeof *c);
+        if (c) {
+            c->pins = calloc(PINS_MAX, sizeof *c->pins);
+            c->pin_used = calloc(PINS_MAX, 1);
+            c->pin_free = malloc(PINS_MAX * sizeof *c->pin_free);
+        }
+        if (!c || !c->pins || !c->pin_used || !c->pin_free ||
+            atomic_load(&s->nconns) >= CONNS_MAX) {
+            if (c) {
+                c->fd = fd;
+                sconn_free(c);
+                free(c);
+            } else {
+                close(fd);
+            }
             continue;
         }
+        for (uint32_t i = 0; i < PINS_MAX; i++)
+            c->pin_free[i] = PINS_MAX - 1 - i;
+        c->nfree = PINS_MAX;
+        c->srv = s;
+        c->fd = fd;
         atomic_fetch_add(&s->nconns, 1);
         pthread_mutex_lock(&s->mu);
         if (pthread_create(&c->th, NULL, sconn_main, c) != 0) {
@@ -2276,4 +2242,23 @@ int kv__shm_ssd_remove(struct kv__shm_client *c, const kv_block_id *id)
     }
     cconn_put(c, k, rc);
     return rc != KV_OK ? rc : src;
+}
+
+/* ---- the fuzz harness's way in ----------------------------------------------- */
+
+int kv__shm_fuzz_dial(const char *path, const char *token, int *fd)
+{
+    *fd = -1;
+    struct kv__shm_client *c;
+    int rc = kv__shm_connect(path, token, 0, NULL, &c, NULL, 0);
+    if (rc != KV_OK)
+        return rc;
+    /* The connection the handshake made, taken out of the client. */
+    struct cconn *k = c->idle[--c->nidle];
+    *fd = k->fd;
+    kv__fork_close(k->fd, false);
+    k->fd = -1;
+    cconn_close(k);
+    kv__shm_disconnect(c);
+    return KV_OK;
 }

@@ -78,13 +78,12 @@ void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t 
 /* Requests (frames) answered since kv__shm_serve: round trips, counted. */
 uint64_t kv__shm_server_requests(struct kv__shm_server *s);
 
-/* The fuzz harness's way in (tests/fuzz/fuzz_shm.c): serves the frames
- * that arrive on fd, a connected Unix stream socket (nonblocking), on the
- * calling thread exactly as a connection of s serves them once its
- * handshake has passed: the same reads, bounds checks, dispatch to s's
- * engine and answers, until the peer ends or a frame breaks the protocol;
- * then drops what the connection held and closes fd. KV_ENOMEM (fd closed). */
-int  kv__shm_fuzz_conn(struct kv__shm_server *s, int fd);
+/* The fuzz harness's way in (tests/fuzz/fuzz_shm.c): a connection to the
+ * server at path that has passed the real handshake (the client's own
+ * code), as a connected nonblocking socket in *fd that the caller owns and
+ * writes frames to: they are served by the server's own connection thread.
+ * kv__shm_connect's errors. */
+int  kv__shm_fuzz_dial(const char *path, const char *token, int *fd);
 
 /* ---- shared buffers (kv_buffer_alloc) ------------------------------------ */
 /* A process's shared buffers: memfds it maps and hands to the server on
