@@ -48,7 +48,9 @@
 #include "net/shm.h"
 #include "fuzzutil.h"
 
-/* The wire, as net/shm.c's opening comment describes it. */
+/* The wire, as net/shm.c's opening comment describes it. The op numbers
+ * must be net/shm.c's: writing the seeds (make fuzz-corpus) checks that
+ * each seed's recorded frames carry the ops named here for it. */
 enum { OP_LOOKUP = 1, OP_PREFETCH, OP_LOAD, OP_RELEASE, OP_DUMP, OP_PUT, OP_GET, OP_EXISTS,
        OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION, OP_MANY,
        OP_SSD_SCAN, OP_SSD_SCRUB, OP_SSD_NEXT, OP_SSD_COMPACT, OP_SSD_REMOVE };
@@ -494,8 +496,9 @@ static void *relay_main(void *arg)
 
 /* The recording, as the harness reads it: a kind byte before each frame
  * (1 where a descriptor rode on it). */
-static void relay_seed(struct relay *r, const char *dir, const char *name)
+static uint64_t relay_seed(struct relay *r, const char *dir, const char *name)
 {
+    uint64_t ops = 0;
     pthread_mutex_lock(&r->mu);
     uint8_t *out = malloc(r->len + r->len / 8 + 64);
     size_t n = 0, d = 0;
@@ -508,6 +511,8 @@ static void relay_seed(struct relay *r, const char *dir, const char *name)
         while (d < r->nfd && r->fd_at[d] < at + flen)
             fd |= r->fd_at[d++] >= at;
         out[n++] = fd ? 1 : 0;
+        uint32_t op = kv__get32(r->buf + at + 4);
+        ops |= op < 64 ? 1ull << op : 0;
         memcpy(out + n, r->buf + at, flen);
         n += flen;
         at += flen;
@@ -516,6 +521,7 @@ static void relay_seed(struct relay *r, const char *dir, const char *name)
     pthread_mutex_unlock(&r->mu);
     fz_seed(dir, name, out, n);
     free(out);
+    return ops;
 }
 
 static int stop_after_one(void *ctx, const kv_ssd_entry *e)
@@ -567,7 +573,8 @@ static void write_seeds(const char *dir)
     uint8_t *big = calloc(1, BIG);
     FZ_CHECK(big);
     struct kv__shm_client *c;
-#define SEED(name, ...)                                                             \
+#define BIT(op) (1ull << (op))
+#define SEED(name, want, ...)                                                      \
     do {                                                                            \
         FZ_CHECK(kv__shm_connect(via, "", 3000, regs, &c, err, sizeof err) == KV_OK); \
         atomic_store(&r.rec, true);                                                 \
@@ -575,12 +582,18 @@ static void write_seeds(const char *dir)
         kv_stats st_;                                                               \
         FZ_CHECK(kv__shm_stats(c, &st_) == KV_OK);   /* after the unanswered RELEASE */ \
         atomic_store(&r.rec, false);                                                \
-        relay_seed(&r, dir, name);                                                  \
+        uint64_t got_ = relay_seed(&r, dir, name);                                  \
+        if ((got_ & (want)) != (want))                                              \
+            fprintf(stderr, "fuzz_shm: seed %s: ops 0x%llx, want 0x%llx: this file's op " \
+                    "numbers are not net/shm.c's\n", name, (unsigned long long)got_, \
+                    (unsigned long long)(want));                                    \
+        FZ_CHECK((got_ & (want)) == (want));                                        \
         kv__shm_disconnect(c);                                                      \
     } while (0)
 
     /* blocks: dump (staged), lookup, prefetch, load (pinned, then RELEASE), a miss */
-    SEED("blocks", {
+    SEED("blocks", BIT(OP_STAGING) | BIT(OP_DUMP) | BIT(OP_LOOKUP) | BIT(OP_PREFETCH) |
+                         BIT(OP_LOAD) | BIT(OP_RELEASE) | BIT(OP_STATS), {
         FZ_CHECK(kv__shm_dump(c, dsh, NB, res) == KV_OK);
         FZ_CHECK(kv__shm_lookup(c, ids, NB, hit) == KV_OK);
         FZ_CHECK(kv__shm_prefetch(c, ids, NB) == KV_OK);
@@ -591,7 +604,7 @@ static void write_seeds(const char *dir)
     });
     /* more shards than the server's inner batch (64), so its flush in the
      * middle of a request is reached; every other one misses */
-    SEED("blocks-70", {
+    SEED("blocks-70", BIT(OP_DUMP) | BIT(OP_LOAD), {
         enum { M = 70 };
         static uint8_t one[M][256];
         static kv_iov v[M];
@@ -606,7 +619,7 @@ static void write_seeds(const char *dir)
         FZ_CHECK(kv__shm_load(c, s, M, mres) == KV_OK);
     });
     /* shared buffers: REGION, a dump from and a load into one, UNREGION */
-    SEED("region", {
+    SEED("region", BIT(OP_REGION) | BIT(OP_UNREGION), {
         void *buf = NULL;
         FZ_CHECK(kv__shm_region_alloc(regs, 8192, true, &buf) == KV_OK);
         memset(buf, 'r', 8192);
@@ -615,10 +628,10 @@ static void write_seeds(const char *dir)
         FZ_CHECK(kv__shm_dump(c, &s, 1, res) == KV_OK);
         FZ_CHECK(kv__shm_load(c, &s, 1, res) == KV_OK);
         FZ_CHECK(kv__shm_region_free(regs, buf) == KV_OK);
-        FZ_CHECK(kv__shm_lookup(c, ids, 1, hit) == KV_OK);
+        FZ_CHECK(kv__shm_dump(c, dsh, 1, res) == KV_OK);   /* says UNREGION first */
     });
     /* spilled: more than DRAM holds (copied loads), one value too big to inline */
-    SEED("spilled", {
+    SEED("spilled", BIT(OP_DUMP) | BIT(OP_LOAD), {
         kv_iov v = { big, BIG };
         for (int i = 0; i < 4; i++) {
             kv_block_id id = { { 0x40, (uint8_t)i } };
@@ -632,7 +645,8 @@ static void write_seeds(const char *dir)
         }
     });
     /* plain keys: inline and staged puts and gets, too small, exists, removes */
-    SEED("keys", {
+    SEED("keys", BIT(OP_PUT) | BIT(OP_GET) | BIT(OP_EXISTS) | BIT(OP_REMOVE) |
+                       BIT(OP_REMOVE_ALL), {
         size_t vl = 0;
         char kb[64];
         FZ_CHECK(kv__shm_put(c, "k1", 2, "value-one", 9) == KV_OK);
@@ -647,7 +661,7 @@ static void write_seeds(const char *dir)
         kv__shm_remove_all(c, &removed);
     });
     /* many: puts, gets (found, missing, too small), exists */
-    SEED("many", {
+    SEED("many", BIT(OP_MANY), {
         char g[3][16];
         kv_pair puts[3] = { { "m1", 2, "one", 3 }, { "m2", 2, "two!", 4 }, { "m3", 2, "", 0 } };
         kv_pair gets[3] = { { "m1", 2, g[0], 16 }, { "zz", 2, g[1], 16 }, { "m2", 2, g[2], 1 } };
@@ -663,28 +677,29 @@ static void write_seeds(const char *dir)
         snprintf(k, sizeof k, "fill-%d", i);
         FZ_CHECK(kv_put(S.e, k, strlen(k), "x", 1) == KV_OK);
     }
-    SEED("ssd-scan", {
+    SEED("ssd-scan", BIT(OP_SSD_SCAN) | BIT(OP_SSD_NEXT), {
         int n = 0;
         FZ_CHECK(kv__shm_ssd_scan(c, count_all, &n) == KV_OK);
         FZ_CHECK(n > 1024);
     });
-    SEED("ssd-stop", {
+    SEED("ssd-stop", BIT(OP_SSD_SCAN) | BIT(OP_SSD_NEXT), {
         int n = 0;
         FZ_CHECK(kv__shm_ssd_scan(c, stop_after_one, &n) == KV_OK && n == 1);
     });
-    SEED("ssd-scrub", {
+    SEED("ssd-scrub", BIT(OP_SSD_SCRUB), {
         uint64_t checked, bad;
         int n = 0;
         FZ_CHECK(kv__shm_ssd_scrub(c, 1, count_all, &n, &checked, &bad) == KV_OK);
         FZ_CHECK(kv__shm_ssd_scrub(c, 0, NULL, NULL, &checked, &bad) == KV_OK);
     });
-    SEED("ssd-compact-remove", {
+    SEED("ssd-compact-remove", BIT(OP_SSD_COMPACT) | BIT(OP_SSD_REMOVE), {
         FZ_CHECK(kv__shm_ssd_compact(c) == KV_OK);
         FZ_CHECK(kv__shm_ssd_remove(c, &ids[1]) == KV_OK);
         kv__shm_ssd_remove(c, &ids[1]);
     });
-    SEED("stats", {});
+    SEED("stats", BIT(OP_STATS), {});
 #undef SEED
+#undef BIT
     shutdown(r.lfd, SHUT_RDWR);
     close(r.lfd);
     pthread_join(r.th, NULL);
