@@ -239,6 +239,10 @@ FUZZ_CFLAGS  := -std=gnu11 -O1 -g -fPIC -pthread $(WARN) -MMD -MP -fno-omit-fram
 FUZZ_SRC     := $(sort $(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BINS    := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 FUZZ_LIB     := $(FUZZ_BUILD)/libkvengine.a
+# FUZZ_TOTAL=N shares N seconds among the harnesses instead of FUZZ_SECONDS
+# each (CI: the fuzz step keeps its length as harnesses are added).
+FUZZ_TOTAL   ?=
+FUZZ_EACH     = $(if $(FUZZ_TOTAL),$(shell expr $(FUZZ_TOTAL) / $(words $(FUZZ_BINS))),$(FUZZ_SECONDS))
 
 $(FUZZ_BUILD)/obj/%.o: %.c | $(BUILD)/.deps
 	@mkdir -p $(@D)
@@ -259,7 +263,7 @@ $(FUZZ_BUILD)/fuzz_%: $(FUZZ_BUILD)/obj/tests/fuzz/fuzz_%.o $(FUZZ_BUILD)/obj/te
 .PHONY: fuzz fuzz-build fuzz-corpus soak
 fuzz-build: $(FUZZ_BINS)
 fuzz: fuzz-build
-	sh tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_BINS)
+	sh tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_EACH) $(FUZZ_BINS)
 fuzz-corpus: fuzz-build
 	@set -e; for b in $(FUZZ_BINS); do d=tests/fuzz/corpus/$$(basename $$b); \
 	    mkdir -p $$d; KV_FUZZ_MKCORPUS=$$d $$b; echo "fuzz-corpus: $$d"; done

@@ -103,6 +103,18 @@ static int store_id(const struct kv_config *cfg, char *id, size_t len, char *err
     return KV_OK;
 }
 
+/* The rendezvous directory of cfg's store. */
+static void store_dir(const struct kv_config *cfg, char *dir, size_t len)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    if (cfg->store.dir[0])
+        snprintf(dir, len, "%s", cfg->store.dir);
+    else if (xdg && xdg[0] == '/')
+        snprintf(dir, len, "%s/kvengine", xdg);
+    else
+        snprintf(dir, len, "/tmp/kvengine-%u", (unsigned)geteuid());
+}
+
 /* flock the lock file, making sure the file locked is still the one at the
  * path (a closing holder unlinks it). 1 when held, 0 when another process
  * holds it, < 0 on error. */
@@ -184,13 +196,7 @@ int kv__host_open(kv_engine *e, bool *serve, char *err, size_t errlen)
     if (rc != KV_OK || !id[0])
         return rc;
     char dir[KV_CFG_STR + 32];
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (e->cfg.store.dir[0])
-        snprintf(dir, sizeof dir, "%s", e->cfg.store.dir);
-    else if (xdg && xdg[0] == '/')
-        snprintf(dir, sizeof dir, "%s/kvengine", xdg);
-    else
-        snprintf(dir, sizeof dir, "/tmp/kvengine-%u", (unsigned)geteuid());
+    store_dir(&e->cfg, dir, sizeof dir);
     if ((rc = check_dir(dir, err, errlen)) != KV_OK)
         return rc;
     struct kv__host *h = calloc(1, sizeof *h);
@@ -253,6 +259,14 @@ static int h_many(void *c, int what, kv_pair *items, size_t n, int *res)
          : what == 1 ? kv_get_many(c, items, n, res) : kv_exists_many(c, items, n, res);
 }
 
+/* The SSD tier's admin calls, served as the serving engine runs them. */
+static int h_ssd_scan(void *c, kv_ssd_cb cb, void *arg) { return kv_ssd_scan(c, cb, arg); }
+static int h_ssd_scrub(void *c, int repair, kv_ssd_cb cb, void *arg, uint64_t *checked,
+                       uint64_t *bad)
+{ return kv_ssd_scrub(c, repair, cb, arg, checked, bad); }
+static int h_ssd_compact(void *c) { return kv_ssd_compact(c); }
+static int h_ssd_remove(void *c, const kv_block_id *id) { return kv_ssd_remove(c, id); }
+
 int kv__host_serve(kv_engine *e, char *err, size_t errlen)
 {
     struct kv__host *h = e->host;
@@ -262,6 +276,10 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
         .remove = h_remove, .remove_all = h_remove_all, .stats = h_stats, .many = h_many,
         .seg_fd = -1, .remove_prefix = h_remove_prefix,
     };
+    sh.ssd_scan = h_ssd_scan;
+    sh.ssd_scrub = h_ssd_scrub;
+    sh.ssd_compact = h_ssd_compact;
+    sh.ssd_remove = h_ssd_remove;
     if (e->dram && e->dram->seg.fd >= 0) {
         int rc = kv__segment_seal(&e->dram->seg);
         if (rc != KV_OK) {
@@ -336,6 +354,11 @@ static int recover(kv_engine *e, struct kv__host *h)
     return KV_OK;
 }
 
+/* Routed calls this thread is inside (a kv_ssd_scan's cb may call the
+ * engine again): such a thread holds the read lock already, so it must not
+ * wait for the write lock a recovery takes (it would wait for itself). */
+static __thread unsigned routed_depth;
+
 int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
 {
     *c = NULL;
@@ -350,9 +373,12 @@ int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
         }
         if (h->cli && !kv__shm_broken(h->cli)) {
             *c = h->cli;
+            routed_depth++;
             return KV_OK;   /* held until kv__host_leave */
         }
         pthread_rwlock_unlock(&h->lk);
+        if (routed_depth > 0)
+            return KV_ENET;   /* the outer call fails too; the next one recovers */
         pthread_rwlock_wrlock(&h->lk);
         int rc = KV_OK;
         if (!atomic_load(&h->serving) && (!h->cli || kv__shm_broken(h->cli)))
@@ -365,6 +391,7 @@ int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
 
 void kv__host_leave(kv_engine *e)
 {
+    routed_depth--;
     pthread_rwlock_unlock(&e->host->lk);
 }
 
@@ -381,4 +408,62 @@ void kv__host_stats(kv_engine *e, kv_stats *out)
     if (h->srv)
         kv__shm_server_stats(h->srv, &out->host_clients, &out->host_pins);
     out->host_attached = !atomic_load(&h->serving);
+}
+
+/* ---- offline work on a store (kv_ssd_recover) ------------------------------- */
+
+int kv__host_lock_offline(const struct kv_config *cfg, int *fd, char *err, size_t errlen)
+{
+    *fd = -1;
+    char id[KV_CFG_STR];
+    int rc = store_id(cfg, id, sizeof id, err, errlen);
+    if (rc != KV_OK || !id[0])
+        return rc;
+    struct kv__host h = { .lock_fd = -1 };
+    snprintf(h.id, sizeof h.id, "%s", id);
+    char dir[KV_CFG_STR + 32];
+    store_dir(cfg, dir, sizeof dir);
+    if ((rc = check_dir(dir, err, errlen)) != KV_OK)
+        return rc;
+    snprintf(h.lock_path, sizeof h.lock_path, "%s/%s.lock", dir, id);
+    int got = take_lock(&h);
+    if (got == 1) {
+        *fd = h.lock_fd;
+        return KV_OK;
+    }
+    if (got < 0 && got != KV_EBUSY) {
+        kv__errf(err, errlen, "store %s: cannot take %s: %s", id, h.lock_path, kv_strerror(got));
+        return got;
+    }
+    /* Held: the holder wrote its pid there when it took it. */
+    long pid = 0;
+    FILE *f = fopen(h.lock_path, "r");
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1)
+            pid = 0;
+        fclose(f);
+    }
+    if (pid > 0)
+        kv__errf(err, errlen, "store %s is served by pid %ld (%s); stop it first", id, pid,
+                 h.lock_path);
+    else
+        kv__errf(err, errlen, "store %s is served by another process (%s holds its lock); "
+                 "stop it first", id, h.lock_path);
+    return KV_EBUSY;
+}
+
+void kv__host_unlock_offline(const struct kv_config *cfg, int fd)
+{
+    if (fd < 0)
+        return;
+    struct kv__host h = { .lock_fd = fd };
+    char id[KV_CFG_STR], dir[KV_CFG_STR + 32];
+    if (store_id(cfg, id, sizeof id, NULL, 0) == KV_OK && id[0]) {
+        store_dir(cfg, dir, sizeof dir);
+        snprintf(h.lock_path, sizeof h.lock_path, "%s/%s.lock", dir, id);
+        give_lock(&h);   /* unlinks it while still held, as a closing server does */
+        return;
+    }
+    kv__fork_close(fd, false);
+    close(fd);
 }

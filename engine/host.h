@@ -45,6 +45,29 @@ void kv__host_stats(kv_engine *e, kv_stats *out);
  * the round trips attached engines made, for tests and benchmarks. */
 uint64_t kv__host_requests(kv_engine *e);
 
+/* Offline work on cfg's store (kv_ssd_recover): takes the store's lock so
+ * that nobody serves it meanwhile, *fd the lock's (-1 when the store is not
+ * shared: nothing to take). KV_EBUSY when a process serves it, err naming
+ * its pid ("stop it first"). kv__host_unlock_offline gives it back. */
+int  kv__host_lock_offline(const struct kv_config *cfg, int *fd, char *err, size_t errlen);
+void kv__host_unlock_offline(const struct kv_config *cfg, int fd);
+
+/* The kv_ssd_* calls' routing (ssd_calls.c): runs call through the host
+ * store's server when e is attached (hc names the connection), returning
+ * its result; falls through when the call runs here. */
+#define KV__HOST_ROUTE(e, call)                                               \
+    do {                                                                      \
+        struct kv__shm_client *hc;                                            \
+        int route_rc_ = kv__host_enter((e), &hc);                             \
+        if (route_rc_ != KV_OK)                                               \
+            return route_rc_;                                                 \
+        if (hc) {                                                             \
+            route_rc_ = (call);                                               \
+            kv__host_leave(e);                                                \
+            return route_rc_;                                                 \
+        }                                                                     \
+    } while (0)
+
 /* engine.c: what kv_open opens for a store of its own (tiers, cluster), so
  * that a takeover opens the same; and n (at most 64) shards of a task run
  * synchronously here (the cluster's owners, or the store). */

@@ -3,11 +3,15 @@
  * kv_ssd_scrub, kv_ssd_compact, kv_ssd_recover, kv_ssd_remove) and
  * kv_shard_size: argument checks, then the tier's ops.
  *
- * Key design choice: the engine only forwards, through the tier interface
- * (the tier named "ssd", and its optional admin ops); the walks live beside
- * the store they walk (persist/), so that RocksDB's types never leave it.
+ * Key design choice: the engine only forwards: an attached engine to the
+ * process serving its store (engine/host.c, net/shm.c), any other through
+ * the tier interface (the tier named "ssd", and its optional admin ops);
+ * the walks live beside the store they walk (persist/), so that RocksDB's
+ * types never leave it.
  */
+#include "host.h"
 #include "net/cluster.h"
+#include "net/shm.h"
 #include "store.h"
 
 /* The open tier the kv_ssd_* calls act on; NULL when the pipeline has none. */
@@ -20,6 +24,7 @@ KV__EXPORT int kv_ssd_scan(kv_engine *e, kv_ssd_cb cb, void *ctx)
 {
     if (!e || !cb)
         return KV_EINVAL;
+    KV__HOST_ROUTE(e, kv__shm_ssd_scan(hc, cb, ctx));   /* attached: the server's tier */
     const struct kv__tier *t = ssd_tier(e);
     if (!t || !t->ops->scan)
         return KV_ENOTSUP;
@@ -35,6 +40,7 @@ KV__EXPORT int kv_ssd_scrub(kv_engine *e, int repair, kv_ssd_cb cb, void *ctx,
         *bad = 0;
     if (!e)
         return KV_EINVAL;
+    KV__HOST_ROUTE(e, kv__shm_ssd_scrub(hc, repair, cb, ctx, checked, bad));
     const struct kv__tier *t = ssd_tier(e);
     if (!t || !t->ops->scrub)
         return KV_ENOTSUP;
@@ -45,6 +51,7 @@ KV__EXPORT int kv_ssd_compact(kv_engine *e)
 {
     if (!e)
         return KV_EINVAL;
+    KV__HOST_ROUTE(e, kv__shm_ssd_compact(hc));
     const struct kv__tier *t = ssd_tier(e);
     if (!t || !t->ops->compact)
         return KV_ENOTSUP;
@@ -63,7 +70,15 @@ KV__EXPORT int kv_ssd_recover(const kv_config *cfg, uint64_t *recovered, char *e
         kv__errf(err, errlen, "the config has no SSD tier (pipeline dram)");
         return KV_ENOTSUP;
     }
-    return ops->recover(cfg, recovered, err, errlen);
+    /* Offline by contract: never beside the process serving the store (its
+     * lock, held meanwhile, also keeps a new server out until we are done). */
+    int lock = -1;
+    int rc = kv__host_lock_offline(cfg, &lock, err, errlen);
+    if (rc != KV_OK)
+        return rc;
+    rc = ops->recover(cfg, recovered, err, errlen);
+    kv__host_unlock_offline(cfg, lock);
+    return rc;
 }
 
 KV__EXPORT int kv_shard_size(kv_engine *e, const kv_block_id *id, uint32_t index, uint64_t *len)
@@ -81,6 +96,7 @@ KV__EXPORT int kv_ssd_remove(kv_engine *e, const kv_block_id *id)
 {
     if (!e || !id)
         return KV_EINVAL;
+    KV__HOST_ROUTE(e, kv__shm_ssd_remove(hc, id));
     const struct kv__tier *t = ssd_tier(e);
     if (!t)
         return KV_ENOTSUP;

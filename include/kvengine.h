@@ -398,7 +398,9 @@ KV_EXPORT int kv_unregister_buffer(kv_engine *e, void *addr);
  * the next call reconnects: to a restarted server, or it takes the lock
  * and serves the store itself. Blocks on SSD then load byte for byte;
  * blocks that lived only in the dead server's DRAM are misses.
- * kv_ssd_* admin calls need the serving engine (KV_ENOTSUP attached).
+ * kv_ssd_scan, kv_ssd_scrub, kv_ssd_compact and kv_ssd_remove of an
+ *   attached engine run on the serving process's SSD tier (see ADMIN);
+ *   kv_ssd_recover is offline and refuses while any process serves the store.
  * fork(): a child of a process that has the store open keeps none of the
  *   store's locks or sockets (they are closed in the child) and must not use
  *   the parent's engine; it kv_open's its own (it attaches). It can take a
@@ -504,6 +506,14 @@ KV_EXPORT int kv_master_run(const kv_config *cfg, volatile int *stop, char *err,
  * kv_ssd_cb: called once per entry on the calling thread; the entry is
  *   valid only during the call. Return 0 to go on, nonzero to stop the walk
  *   (the function then returns KV_OK with what it counted so far).
+ * Attached (one store per host): the walk runs in the serving process and
+ *   its entries come back in batches of at most 1024, each handed to cb here
+ *   before the next is asked for; a stop ends the walk there at the end of
+ *   the batch it fell in (a scrub with repair may have deleted that batch's
+ *   later bad values; its counts are what cb saw). KV_ENET / KV_ETIMEDOUT
+ *   when the serving process goes away mid-walk. kv_ssd_compact and
+ *   kv_ssd_remove run there too; a compaction's wait is kept alive by the
+ *   server however long it takes.
  * kv_ssd_scan: visits every value the SSD tier holds (including values
  *   queued for write-back), from its in-memory index: no I/O. KV_ENOTSUP
  *   when the engine has no SSD tier, KV_ENOMEM.
@@ -549,7 +559,10 @@ KV_EXPORT int kv_ssd_compact(kv_engine *e);
  *   points to (a WAL cut short by damage); this call is for an operator who
  *   distrusts an index that still opens. *recovered (NULL allowed) gets the
  *   number of values indexed. cfg is only read; the store must not be open
- *   (KV_EBUSY). KV_ENOTSUP when cfg has no SSD tier (pipeline dram);
+ *   (KV_EBUSY): while a process serves it on this host (store.name, or the
+ *   pipeline's ssd.path), err says "store ID is served by pid N (LOCK);
+ *   stop it first", and the store's lock is held for the whole rebuild so
+ *   that no process starts serving it meanwhile. KV_ENOTSUP when cfg has no SSD tier (pipeline dram);
  *   KV_ENOSPC, KV_EIO with err naming the cause. Reads the whole log: about
  *   as long as reading ssd.capacity from the disk.
  */

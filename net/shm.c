@@ -49,6 +49,14 @@
  *                                     -> n x (i32 status, u64 vlen), then the
  *                                        values of the gets that found one
  *   REMOVE_PREFIX  u8 len (1..250), prefix  -> u64 removed
+ *   SSD_SCAN                             -> a stream (below)
+ *   SSD_SCRUB u8 repair, u8 entries      -> a stream (entries 0: counts only)
+ *   SSD_NEXT  u8 stop                    the client's word after each batch
+ *   SSD_COMPACT                          -> rc, after keepalives (rc MORE, no body)
+ *   SSD_REMOVE id                        -> rc
+ *   stream   frames of rc MORE: u32 n, n x entry, each answered by SSD_NEXT;
+ *            then the last (rc the call's): u32 n, n x entry, u64 checked, u64 bad
+ *   entry    u8 ns, id, u32 index, u64 size, u64 seq, u64 total, i32 status
  *
  * Pins end without a message: the client sets byte `pin` of its board once
  * it has copied that shard, and the server ends the marked pins before it
@@ -100,10 +108,14 @@
 #define HELLO_IN_LEN   (BOOTID_LEN + 12) /* boot id, u32 sizeof(kv_stats), u32 magic, u32 version */
 #define MANY_BYTES     (4u << 20)    /* a MANY request's values, or its answer's */
 #define MANY_ANS_LEN   12u
+#define SSD_BATCH      1024u         /* entries in one frame of a scan or scrub */
+#define SSD_ENT_LEN    49u
+#define SHM_MORE       1             /* the rc of a frame more frames follow */
 
 enum { OP_LOOKUP = 1, OP_PREFETCH, OP_LOAD, OP_RELEASE, OP_DUMP, OP_PUT, OP_GET, OP_EXISTS,
        OP_REMOVE, OP_REMOVE_ALL, OP_STATS, OP_STAGING, OP_REGION, OP_UNREGION, OP_MANY,
-       OP_REMOVE_PREFIX };
+       OP_REMOVE_PREFIX,
+       OP_SSD_SCAN, OP_SSD_SCRUB, OP_SSD_NEXT, OP_SSD_COMPACT, OP_SSD_REMOVE };
 enum { LOC_INLINE = 0, LOC_STAGE = 1, LOC_REGION = 2 };
 enum { HOW_NONE = 0, HOW_PINNED = 1, HOW_COPIED = 2 };
 
@@ -849,6 +861,166 @@ static int do_map(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, in
     return reply(c, rc, 0);
 }
 
+/* ---- the SSD tier's admin calls ---------------------------------------------- */
+
+/* Blocks until c->fd has a frame to read (or its end): KV_OK; KV_ECLOSED
+ * when the server stops first. No deadline: an idle client is no fault. */
+static int wait_request(struct sconn *c)
+{
+    for (;;) {
+        struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { c->srv->stop_pipe[0], POLLIN, 0 } };
+        if (poll(p, 2, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            return KV_ENET;
+        }
+        if (p[1].revents || atomic_load(&c->srv->stopping))
+            return KV_ECLOSED;
+        return KV_OK;
+    }
+}
+
+/* A scan or scrub streamed to the client: entries go out SSD_BATCH at a
+ * time (sooner when a scrub's reads take a third of the timeout, so the
+ * client's wait never runs out), and after each batch the walk waits for
+ * the client's SSD_NEXT: its cb runs on its own thread, and its "stop"
+ * stops the walk here. Memory is one batch, whatever the store holds. */
+struct swalk {
+    struct sconn *c;
+    bool entries;            /* false: a scrub without a cb, counts only */
+    uint32_t n;              /* entries in c->wbuf + 4 */
+    uint64_t seen, sent_ms;
+    int err;                 /* the connection failed: the walk stopped, the connection ends */
+};
+
+static void put_entry(uint8_t *p, const kv_ssd_entry *e)
+{
+    p[0] = (uint8_t)e->ns;
+    memcpy(p + 1, e->id.bytes, KV_BLOCK_ID_LEN);
+    kv__put32(p + 17, e->index);
+    kv__put64(p + 21, e->size);
+    kv__put64(p + 29, e->seq);
+    kv__put64(p + 37, e->total);
+    kv__put32(p + 45, (uint32_t)e->status);
+}
+
+/* Sends the batch, then reads the client's SSD_NEXT: 0 go on, 1 stop. */
+static int walk_flush(struct swalk *w)
+{
+    struct sconn *c = w->c;
+    kv__put32(c->wbuf, w->n);
+    int rc = reply(c, SHM_MORE, 4 + (size_t)w->n * SSD_ENT_LEN);
+    w->n = 0;
+    w->sent_ms = kv__now_ms();
+    if (rc == KV_OK)
+        rc = wait_request(c);
+    uint8_t h[9];
+    int fd = -1;
+    if (rc == KV_OK)
+        rc = recv_with_fd(c->fd, h, sizeof h, &fd, deadline_for(c->srv->timeout_ms, 0));
+    if (fd >= 0)
+        close(fd);
+    if (rc == KV_OK && (kv__get32(h) != 1 || kv__get32(h + 4) != OP_SSD_NEXT || h[8] > 1))
+        rc = KV_EPROTO;
+    if (rc == KV_OK)
+        atomic_fetch_add(&c->srv->requests, 1);   /* a round trip, as any request */
+    if (rc != KV_OK) {
+        w->err = rc;
+        return 1;
+    }
+    return h[8];
+}
+
+static int walk_cb(void *arg, const kv_ssd_entry *e)
+{
+    struct swalk *w = arg;
+    w->seen++;
+    if (w->entries)
+        put_entry(w->c->wbuf + 4 + (size_t)w->n++ * SSD_ENT_LEN, e);
+    if (w->n == SSD_BATCH || kv__now_ms() - w->sent_ms >= w->c->srv->timeout_ms / 3)
+        return walk_flush(w);
+    return 0;
+}
+
+static int do_walk(struct sconn *c, uint32_t op, const uint8_t *b, size_t len)
+{
+    const struct kv__shm_host *h = &c->srv->host;
+    if (op == OP_SSD_SCAN ? len != 0 : len != 2 || b[0] > 1 || b[1] > 1)
+        return KV_EPROTO;
+    int rc = wbuf_need(c, 4 + (size_t)SSD_BATCH * SSD_ENT_LEN + 16);
+    if (rc != KV_OK)
+        return rc;
+    struct swalk w = { .c = c, .entries = op == OP_SSD_SCAN || b[1], .sent_ms = kv__now_ms() };
+    uint64_t checked = 0, bad = 0;
+    int call = op == OP_SSD_SCAN ? h->ssd_scan(h->ctx, walk_cb, &w)
+                                 : h->ssd_scrub(h->ctx, b[0], walk_cb, &w, &checked, &bad);
+    if (w.err != KV_OK)
+        return w.err;
+    if (op == OP_SSD_SCAN)
+        checked = w.seen;
+    uint8_t *end = c->wbuf + 4 + (size_t)w.n * SSD_ENT_LEN;
+    kv__put32(c->wbuf, w.n);
+    kv__put64(end, checked);
+    kv__put64(end + 8, bad);
+    return reply(c, call, 4 + (size_t)w.n * SSD_ENT_LEN + 16);
+}
+
+/* A compaction takes as long as it takes (seconds on a large store): it
+ * runs on a thread of its own while this one tells the client, every
+ * third of the timeout, that the server still lives. */
+struct compact_job {
+    const struct kv__shm_host *h;
+    int rc;
+    bool done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static void *compact_main(void *arg)
+{
+    struct compact_job *j = arg;
+    int rc = j->h->ssd_compact(j->h->ctx);
+    pthread_mutex_lock(&j->mu);
+    j->rc = rc;
+    j->done = true;
+    pthread_cond_signal(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return NULL;
+}
+
+static int do_compact(struct sconn *c, size_t len)
+{
+    if (len != 0)
+        return KV_EPROTO;
+    struct compact_job j = { .h = &c->srv->host };
+    pthread_t th;
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_cond_init(&j.cv, NULL);
+    int sent = KV_OK;
+    if (pthread_create(&th, NULL, compact_main, &j) != 0) {
+        compact_main(&j);
+    } else {
+        pthread_mutex_lock(&j.mu);
+        while (!j.done) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)(c->srv->timeout_ms / 3) * 1000000u;
+            ts.tv_sec += (time_t)(ns / 1000000000u);
+            ts.tv_nsec = (long)(ns % 1000000000u);
+            if (pthread_cond_timedwait(&j.cv, &j.mu, &ts) != 0 && !j.done && sent == KV_OK) {
+                pthread_mutex_unlock(&j.mu);
+                sent = reply(c, SHM_MORE, 0);   /* a gone client: the job still ends first */
+                pthread_mutex_lock(&j.mu);
+            }
+        }
+        pthread_mutex_unlock(&j.mu);
+        pthread_join(th, NULL);
+    }
+    pthread_cond_destroy(&j.cv);
+    pthread_mutex_destroy(&j.mu);
+    return sent != KV_OK ? sent : reply(c, j.rc, 0);
+}
+
 static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, int fd)
 {
     const struct kv__shm_host *h = &c->srv->host;
@@ -915,6 +1087,18 @@ static int dispatch(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, 
         rc = h->remove_prefix(h->ctx, b + 1, b[0], &n);
         kv__put64(c->wbuf, n);
         return reply(c, rc, 8);
+    }
+    case OP_SSD_SCAN:
+    case OP_SSD_SCRUB:
+        return do_walk(c, op, b, len);
+    case OP_SSD_COMPACT:
+        return do_compact(c, len);
+    case OP_SSD_REMOVE: {
+        kv_block_id id;
+        if (len != KV_BLOCK_ID_LEN)
+            return KV_EPROTO;
+        memcpy(id.bytes, b, KV_BLOCK_ID_LEN);
+        return reply(c, h->ssd_remove(h->ctx, &id), 0);
     }
     default:
         return KV_EPROTO;
@@ -2055,4 +2239,157 @@ int kv__shm_many(struct kv__shm_client *c, int what, kv_pair *items, size_t n, i
         results[x] = r;
     }
     return rc;
+}
+
+/* ---- the SSD tier's admin calls, client side ------------------------------ */
+
+/* One more answer on k, for a request answered by several frames (rpc's
+ * second half; kept apart so that rpc's hot path stays as it is). */
+static int rpc_answer(struct kv__shm_client *c, struct cconn *k, int *src, size_t *rlen)
+{
+    uint8_t h[8];
+    int rc = kv__sock_xfer1(k->fd, h, 8, 0, deadline_for(c->timeout_ms, 0));
+    if (rc != KV_OK)
+        return rc;
+    uint32_t n = kv__get32(h);
+    if (n > FRAME_MAX)
+        return KV_EPROTO;
+    if ((rc = cbuf_need(k, n)) != KV_OK)
+        return rc;
+    if (n && (rc = kv__sock_xfer1(k->fd, k->buf, n, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
+        return rc;
+    *src = (int)kv__get32(h + 4);
+    *rlen = n;
+    return KV_OK;
+}
+
+static void get_entry(const uint8_t *p, kv_ssd_entry *e)
+{
+    memset(e, 0, sizeof *e);
+    e->ns = p[0];
+    memcpy(e->id.bytes, p + 1, KV_BLOCK_ID_LEN);
+    e->index = kv__get32(p + 17);
+    e->size = kv__get64(p + 21);
+    e->seq = kv__get64(p + 29);
+    e->total = kv__get64(p + 37);
+    e->status = (int)kv__get32(p + 45);
+}
+
+/* A scan or scrub: the request, then each batch handed to cb here and
+ * answered with SSD_NEXT (stop once cb said so), until the last frame. */
+static int ssd_walk(struct kv__shm_client *c, uint32_t op, int repair, kv_ssd_cb cb, void *ctx,
+                    uint64_t *checked, uint64_t *bad)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    bool stopped = false;
+    uint64_t seen = 0, nbad = 0;
+    size_t got = 0, len = op == OP_SSD_SCRUB ? 2 : 0;
+    if ((rc = cbuf_need(k, 16)) == KV_OK) {
+        k->buf[8] = repair != 0;
+        k->buf[9] = cb != NULL;
+        rc = rpc(c, k, op, len, -1, 0, &src, &got);
+    }
+    while (rc == KV_OK) {
+        if (src != KV_OK && src != SHM_MORE)
+            break;   /* the call failed there (no SSD tier, ...) */
+        bool last = src != SHM_MORE;
+        uint32_t n = got >= 4 ? kv__get32(k->buf) : 0;
+        if (got < 4 || n > SSD_BATCH || got != 4 + (size_t)n * SSD_ENT_LEN + (last ? 16 : 0) ||
+            (n && !cb)) {
+            rc = KV_EPROTO;
+            break;
+        }
+        for (uint32_t i = 0; i < n && !stopped; i++) {
+            kv_ssd_entry e;
+            get_entry(k->buf + 4 + (size_t)i * SSD_ENT_LEN, &e);
+            if (e.ns != KV_SSD_NS_BLOCK && e.ns != KV_SSD_NS_KEY) {
+                rc = KV_EPROTO;
+                break;
+            }
+            seen++;
+            nbad += e.status != KV_OK;
+            stopped = cb(ctx, &e) != 0;
+        }
+        if (rc != KV_OK)
+            break;
+        if (last) {
+            /* Stopped by cb: what it saw is what was counted, as in process
+             * (the server's walk went on to the end of the batch). */
+            const uint8_t *end = k->buf + 4 + (size_t)n * SSD_ENT_LEN;
+            if (checked)
+                *checked = stopped ? seen : kv__get64(end);
+            if (bad)
+                *bad = stopped ? nbad : kv__get64(end + 8);
+            break;
+        }
+        k->buf[8] = stopped;
+        rc = rpc(c, k, OP_SSD_NEXT, 1, -1, 0, &src, &got);
+    }
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_ssd_scan(struct kv__shm_client *c, kv_ssd_cb cb, void *ctx)
+{
+    return ssd_walk(c, OP_SSD_SCAN, 0, cb, ctx, NULL, NULL);
+}
+
+int kv__shm_ssd_scrub(struct kv__shm_client *c, int repair, kv_ssd_cb cb, void *ctx,
+                      uint64_t *checked, uint64_t *bad)
+{
+    return ssd_walk(c, OP_SSD_SCRUB, repair, cb, ctx, checked, bad);
+}
+
+int kv__shm_ssd_compact(struct kv__shm_client *c)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    size_t got = 0;
+    if ((rc = cbuf_need(k, 8)) == KV_OK)
+        rc = rpc(c, k, OP_SSD_COMPACT, 0, -1, 0, &src, &got);
+    /* Keepalives until the answer; each wait is bounded by the timeout. */
+    while (rc == KV_OK && src == SHM_MORE && got == 0)
+        rc = rpc_answer(c, k, &src, &got);
+    if (rc == KV_OK && (got != 0 || src == SHM_MORE))
+        rc = KV_EPROTO;
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+int kv__shm_ssd_remove(struct kv__shm_client *c, const kv_block_id *id)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k), src = KV_OK;
+    if (rc != KV_OK)
+        return rc;
+    if ((rc = cbuf_need(k, 8 + KV_BLOCK_ID_LEN)) == KV_OK) {
+        memcpy(k->buf + 8, id->bytes, KV_BLOCK_ID_LEN);
+        rc = rpc(c, k, OP_SSD_REMOVE, KV_BLOCK_ID_LEN, -1, 0, &src, NULL);
+    }
+    cconn_put(c, k, rc);
+    return rc != KV_OK ? rc : src;
+}
+
+/* ---- the fuzz harness's way in ----------------------------------------------- */
+
+int kv__shm_fuzz_dial(const char *path, const char *token, int *fd)
+{
+    *fd = -1;
+    struct kv__shm_client *c;
+    int rc = kv__shm_connect(path, token, 0, NULL, &c, NULL, 0);
+    if (rc != KV_OK)
+        return rc;
+    /* The connection the handshake made, taken out of the client. */
+    struct cconn *k = c->idle[--c->nidle];
+    *fd = k->fd;
+    kv__fork_close(k->fd, false);
+    k->fd = -1;
+    cconn_close(k);
+    kv__shm_disconnect(c);
+    return KV_OK;
 }

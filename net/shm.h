@@ -51,6 +51,14 @@ struct kv__shm_host {
     const void *seg_base;
     size_t seg_len;
     int seg_fd;
+    /* kv_ssd_scan / _scrub / _compact / _remove of the served engine; cb
+     * runs on the connection's thread (the server streams the entries to
+     * the client, whose cb runs on its caller's). */
+    int  (*ssd_scan)(void *ctx, kv_ssd_cb cb, void *arg);
+    int  (*ssd_scrub)(void *ctx, int repair, kv_ssd_cb cb, void *arg, uint64_t *checked,
+                      uint64_t *bad);
+    int  (*ssd_compact)(void *ctx);
+    int  (*ssd_remove)(void *ctx, const kv_block_id *id);
 };
 
 /* Every hello starts with these: a peer of another version is refused, by
@@ -76,6 +84,13 @@ void kv__shm_stop(struct kv__shm_server *s);
 void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins);
 /* Requests (frames) answered since kv__shm_serve: round trips, counted. */
 uint64_t kv__shm_server_requests(struct kv__shm_server *s);
+
+/* The fuzz harness's way in (tests/fuzz/fuzz_shm.c): a connection to the
+ * server at path that has passed the real handshake (the client's own
+ * code), as a connected nonblocking socket in *fd that the caller owns and
+ * writes frames to: they are served by the server's own connection thread.
+ * kv__shm_connect's errors. */
+int  kv__shm_fuzz_dial(const char *path, const char *token, int *fd);
 
 /* ---- shared buffers (kv_buffer_alloc) ------------------------------------ */
 /* A process's shared buffers: memfds it maps and hands to the server on
@@ -128,5 +143,17 @@ int kv__shm_stats(struct kv__shm_client *c, kv_stats *out);
  * (MANY_BYTES), each value larger than a frame carries alone in its own
  * call (staged, as kv__shm_put / kv__shm_get). */
 int kv__shm_many(struct kv__shm_client *c, int what, kv_pair *items, size_t n, int *results);
+/* kv_ssd_scan / kv_ssd_scrub / kv_ssd_compact / kv_ssd_remove on the
+ * serving engine, with their contracts: a walk's entries arrive in batches
+ * and cb runs on the calling thread; its nonzero return ends the walk (the
+ * server's walk stops at the end of the batch it was in: with repair, that
+ * batch's bad values may already be deleted). A compaction's wait is kept
+ * alive by the server, so it is bounded by the timeout only while the
+ * server is silent. */
+int kv__shm_ssd_scan(struct kv__shm_client *c, kv_ssd_cb cb, void *ctx);
+int kv__shm_ssd_scrub(struct kv__shm_client *c, int repair, kv_ssd_cb cb, void *ctx,
+                      uint64_t *checked, uint64_t *bad);
+int kv__shm_ssd_compact(struct kv__shm_client *c);
+int kv__shm_ssd_remove(struct kv__shm_client *c, const kv_block_id *id);
 
 #endif

@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1284,6 +1285,299 @@ START_TEST(a_client_cannot_write_the_segment)
 }
 END_TEST
 
+/* ---- the SSD tier's admin calls, attached --------------------------------------- */
+
+#define WT_YAML                                                                 \
+    "pipeline: dram|ssd\n"                                                       \
+    "dram: {capacity: 64MiB, hugepages: off}\n"                                  \
+    "ssd: {path: \"%s/ssd\", compression: none, write_through: true}\n"          \
+    "store: {dir: \"%s/rv\"}\n"                                                  \
+    "io: {threads: 2}\n"
+
+struct ssd_count {
+    pthread_t caller;
+    uint64_t n, stop_at, blocks, bad;
+    bool other_thread;
+    kv_engine *nested;       /* looked up in from the cb, as a caller may */
+    uint64_t nested_hits;
+};
+
+static int ssd_count_cb(void *ctx, const kv_ssd_entry *ent)
+{
+    struct ssd_count *c = ctx;
+    c->other_thread |= !pthread_equal(pthread_self(), c->caller);
+    uint8_t hit = 0;
+    if (c->nested && ent->ns == KV_SSD_NS_BLOCK && c->n % 100 == 0 &&
+        kv_lookup(c->nested, &ent->id, 1, &hit) == KV_OK)
+        c->nested_hits += hit;
+    c->n++;
+    c->blocks += ent->ns == KV_SSD_NS_BLOCK;
+    c->bad += ent->status != KV_OK;
+    return c->stop_at && c->n == c->stop_at;
+}
+
+/* kv_ssd_scan / _scrub / _compact / _remove of an attached engine run on
+ * the server's tier: the entries stream back in batches, cb runs on the
+ * caller's thread, and a stop ends the stream cleanly (the connection goes
+ * on serving). Before: KV_ENOTSUP, for every one of them. */
+START_TEST(attached_ssd_calls_run_on_the_server)
+{
+    struct world w;
+    world_new(&w, WT_YAML);
+    kv_engine *a = tu_open_yaml(w.yaml);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    enum { N = 2500 };
+    for (uint64_t i = 0; i < N; i++)
+        ck_assert_int_eq(dump_one(a, i, 100 + i % 50), KV_OK);
+    struct ssd_count here = { .caller = pthread_self() };
+    ck_assert_int_eq(kv_ssd_scan(a, ssd_count_cb, &here), KV_OK);
+    ck_assert_uint_eq(here.blocks, N);
+    /* the whole scan, in batches: more than one request, one per batch */
+    struct ssd_count there = { .caller = pthread_self() };
+    uint64_t r0 = kv__host_requests(a);
+    ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &there), KV_OK);
+    ck_assert_uint_eq(there.n, here.n);
+    ck_assert_uint_eq(there.blocks, N);
+    ck_assert(!there.other_thread);
+    ck_assert_uint_ge(kv__host_requests(a) - r0, 1 + here.n / 1024);
+    /* stopped mid-batch: exactly that many calls, and the next call works */
+    struct ssd_count part = { .caller = pthread_self(), .stop_at = 1500, .nested = b };
+    ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &part), KV_OK);
+    ck_assert_uint_eq(part.n, 1500);
+    ck_assert_uint_ge(part.nested_hits, 1);   /* the engine answers from inside the cb */
+    ck_assert_int_eq(load_one(b, 3, 103), 0);
+    /* scrub: the counts with and without a cb, and when stopped */
+    uint64_t checked = 0, bad = 9;
+    struct ssd_count sc = { .caller = pthread_self() };
+    ck_assert_int_eq(kv_ssd_scrub(b, 0, ssd_count_cb, &sc, &checked, &bad), KV_OK);
+    ck_assert_uint_eq(checked, here.n);
+    ck_assert_uint_eq(bad, 0);
+    ck_assert_uint_eq(sc.n, here.n);
+    ck_assert(!sc.other_thread);
+    checked = 0;
+    ck_assert_int_eq(kv_ssd_scrub(b, 1, NULL, NULL, &checked, NULL), KV_OK);
+    ck_assert_uint_eq(checked, here.n);
+    struct ssd_count sstop = { .caller = pthread_self(), .stop_at = 10 };
+    ck_assert_int_eq(kv_ssd_scrub(b, 0, ssd_count_cb, &sstop, &checked, &bad), KV_OK);
+    ck_assert_uint_eq(sstop.n, 10);
+    ck_assert_uint_eq(checked, 10);   /* what the caller saw, as in process */
+    /* compact, and remove: a block goes from the SSD tier, once */
+    ck_assert_int_eq(kv_ssd_compact(b), KV_OK);
+    kv_block_id id = tu_id(7, 16);
+    ck_assert_int_eq(kv_ssd_remove(b, &id), KV_OK);
+    ck_assert_int_eq(kv_ssd_remove(b, &id), KV_ENOTFOUND);
+    struct ssd_count after = { .caller = pthread_self() };
+    ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &after), KV_OK);
+    ck_assert_uint_eq(after.blocks, N - 1);
+    ck_assert_int_eq(kv_ssd_scan(b, NULL, NULL), KV_EINVAL);
+    kv_close(b);
+    kv_close(a);
+    world_free(&w);
+
+    /* a store without an SSD tier says so through the socket too */
+    world_new(&w, NAME_YAML);
+    a = tu_open_yaml(w.yaml);
+    b = tu_open_yaml(w.yaml);
+    ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &after), KV_ENOTSUP);
+    ck_assert_int_eq(kv_ssd_scrub(b, 0, NULL, NULL, NULL, NULL), KV_ENOTSUP);
+    ck_assert_int_eq(kv_ssd_compact(b), KV_ENOTSUP);
+    ck_assert_int_eq(kv_ssd_remove(b, &id), KV_ENOTSUP);
+    ck_assert_int_eq(load_one(b, 1, 10), KV_ENOTFOUND);   /* and serves on */
+    kv_close(b);
+    kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* The server of the walk below: 3000 blocks on SSD, then it waits to die. */
+static int walk_server_child(void *arg, int k)
+{
+    struct world *w = arg;
+    (void)k;
+    int rc;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    if (!e)
+        return 10;
+    for (uint64_t i = 0; i < 3000; i++)
+        if (dump_one(e, i, 64) != KV_OK)
+            return 11;
+    send_bytes(w->done[1], 1);
+    for (;;)
+        pause();
+}
+
+struct killer {
+    pid_t server;
+    kv_engine *e;
+    uint64_t n;
+    int nested;
+};
+
+static int kill_cb(void *ctx, const kv_ssd_entry *ent)
+{
+    struct killer *k = ctx;
+    if (++k->n == 1) {
+        kill(k->server, SIGKILL);
+        reap(k->server);
+    }
+    /* from inside the cb, with the server gone: an error, not a hang */
+    if (k->n == 2 || k->n == 3) {   /* the first finds it gone, the second finds it broken */
+        uint8_t hit;
+        int rc = kv_lookup(k->e, &ent->id, 1, &hit);
+        k->nested = k->n == 2 || rc != KV_OK ? rc : k->nested;
+    }
+    return 0;
+}
+
+/* The server SIGKILLed in the middle of a scan: the walk fails promptly
+ * (the next batch never comes), a call the cb makes meanwhile fails rather
+ * than waiting for itself, and the next call takes the store over, its SSD
+ * blocks intact. */
+START_TEST(a_walk_survives_its_server_dying)
+{
+    struct world w;
+    world_new(&w, WT_YAML);
+    pid_t p = child(walk_server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    struct killer k = { .server = p, .e = b };
+    int rc = kv_ssd_scan(b, kill_cb, &k);
+    ck_assert_msg(rc == KV_ENET || rc == KV_ETIMEDOUT, "%s", kv_err_name(rc));
+    ck_assert_uint_le(k.n, 1024);   /* the first batch, no more */
+    ck_assert_msg(k.nested == KV_ENET || k.nested == KV_ETIMEDOUT, "%s", kv_err_name(k.nested));
+    ck_assert_int_eq(load_one(b, 2999, 64), 0);   /* taken over: serves itself now */
+    ck_assert_uint_eq(stats(b).host_attached, 0);
+    struct ssd_count all = { .caller = pthread_self() };
+    ck_assert_int_eq(kv_ssd_scan(b, ssd_count_cb, &all), KV_OK);
+    ck_assert_uint_eq(all.blocks, 3000);
+    kv_close(b);
+    world_free(&w);
+}
+END_TEST
+
+static kv_config *cfg_of(const char *yaml)
+{
+    kv_config *cfg = NULL;
+    char err[512] = "";
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    ck_assert_msg(kv_config_parse(cfg, yaml, strlen(yaml), err, sizeof err) == KV_OK, "%s", err);
+    return cfg;
+}
+
+/* kv_ssd_recover is offline: beside the process serving the store it
+ * refuses, naming that process, and changes nothing; once it is gone it
+ * runs. Before: RocksDB's "in use" from deep inside the tier. */
+START_TEST(recover_refuses_a_served_store)
+{
+    struct world w;
+    world_new(&w, WT_YAML);
+    kv_engine *a = tu_open_yaml(w.yaml);
+    for (uint64_t i = 0; i < 20; i++)
+        ck_assert_int_eq(dump_one(a, i, 3000), KV_OK);
+    kv_config *cfg = cfg_of(w.yaml);
+    char err[512] = "", want[64];
+    uint64_t n = 99;
+    ck_assert_int_eq(kv_ssd_recover(cfg, &n, err, sizeof err), KV_EBUSY);
+    ck_assert_uint_eq(n, 0);
+    snprintf(want, sizeof want, "served by pid %ld", (long)getpid());
+    ck_assert_msg(strstr(err, want) && strstr(err, "stop it first"), "%s", err);
+    for (uint64_t i = 0; i < 20; i++)
+        ck_assert_int_eq(load_one(a, i, 3000), 0);   /* untouched, still served */
+    kv_close(a);
+    ck_assert_msg(kv_ssd_recover(cfg, &n, err, sizeof err) == KV_OK, "%s", err);
+    ck_assert_uint_eq(n, 20);
+    a = tu_open_yaml(w.yaml);   /* the lock was given back: it serves again */
+    ck_assert_uint_eq(stats(a).host_attached, 0);
+    ck_assert_int_eq(load_one(a, 5, 3000), 0);
+    kv_close(a);
+    kv_config_free(cfg);
+    world_free(&w);
+}
+END_TEST
+
+/* kvctl ssd ls | scrub | compact and rm --block beside a kvnode serving the
+ * store: they attach and run on it; ssd recover refuses, naming kvnode. */
+START_TEST(kvctl_ssd_beside_a_kvnode)
+{
+    char *dir = tu_mkdtemp();
+    char s_path[1200], s_dir[1200], bin[1200], log[1200], sock[1200];
+    snprintf(s_path, sizeof s_path, "ssd.path=%s/ssd", dir);
+    snprintf(s_dir, sizeof s_dir, "store.dir=%s/rv", dir);
+    snprintf(bin, sizeof bin, "%s/kvnode", tu_build_dir());
+    snprintf(log, sizeof log, "%s/kvnode.log", dir);
+    snprintf(sock, sizeof sock, "%s/rv/kvh.sock", dir);
+    pid_t node = fork();
+    ck_assert_int_ge(node, 0);
+    if (node == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(bin, bin, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path,
+              "--set", "pipeline=dram|ssd", "--set", "dram.capacity=32MiB",
+              "--set", "dram.hugepages=off", "--set", "ssd.write_through=true", (char *)NULL);
+        _exit(127);
+    }
+    uint64_t t0 = tu_now_ms();
+    while (access(sock, F_OK) != 0 && tu_now_ms() - t0 < 20000)
+        usleep(20000);
+    ck_assert_msg(access(sock, F_OK) == 0, "kvnode never served; its log:\n%s", slurp(log));
+    char *data = write_file(dir, "value", "the bytes of a block\n");
+    const char *blk = "00112233445566778899aabbccddeeff";
+    struct out r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path,
+                             "put", "--block", blk, data, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "ssd",
+                  "ls", "--json", NULL);
+    CK_STATUS(r, 0);
+    struct jv *v = jparse(r.out);
+    ck_assert_msg(v != NULL, "not JSON:\n%s", r.out);
+    ck_assert_int_eq((int)jnum_of(v, "count"), 1);
+    jfree(v);
+    CK_HAS(r.out, blk);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "ssd",
+                  "scrub", "--json", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "\"checked\":1,");
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "ssd",
+                  "compact", NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "rm",
+                  "--block", blk, NULL);
+    CK_STATUS(r, 0);
+    out_free(&r);
+    r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "ssd",
+                  "ls", "--json", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "\"count\":0");
+    out_free(&r);
+    char want[64];
+    snprintf(want, sizeof want, "served by pid %ld", (long)node);
+    r = run_kvctl(dir, 20, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "ssd",
+                  "recover", NULL);
+    CK_STATUS(r, 1);
+    CK_HAS(r.err, want);
+    CK_HAS(r.err, "stop it first");
+    out_free(&r);
+    kill(node, SIGTERM);
+    ck_assert_int_eq(reap(node), 0);
+    /* with kvnode gone, recover runs */
+    r = run_kvctl(dir, 60, "--set", "store.name=kvh", "--set", s_dir, "--set", s_path, "ssd",
+                  "recover", "--json", NULL);
+    CK_STATUS(r, 0);
+    CK_HAS(r.out, "\"recovered\":0");
+    out_free(&r);
+    free(data);
+    tu_rmdir(dir);
+}
+END_TEST
+
 Suite *host_suite(void)
 {
     Suite *s = suite_create("host");
@@ -1322,6 +1616,13 @@ Suite *host_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, another_uid_cannot_attach);
     tcase_add_test(tc, a_client_cannot_write_the_segment);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("ssd");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, attached_ssd_calls_run_on_the_server);
+    tcase_add_test(tc, a_walk_survives_its_server_dying);
+    tcase_add_test(tc, recover_refuses_a_served_store);
+    tcase_add_test(tc, kvctl_ssd_beside_a_kvnode);
     suite_add_tcase(s, tc);
     return s;
 }
