@@ -283,7 +283,7 @@ static int as_other_user(const char *path, gid_t gid, bool member)
         /* Both levels: ssd.path's files and those in vlog/. */
         const char *subs[] = { "", "/vlog" };
         for (int k = 0; k < 2; k++) {
-            snprintf(cmd, sizeof cmd, "%s%s", path, subs[k]);
+            snprintf(cmd, sizeof cmd, "%.1000s%s", path, subs[k]);
             DIR *d = opendir(cmd);
             if (!d)
                 _exit(member ? 91 : 0);
@@ -293,7 +293,7 @@ static int as_other_user(const char *path, gid_t gid, bool member)
             int files = 0;
             while ((de = readdir(d))) {
                 char p[1400];
-                snprintf(p, sizeof p, "%s/%s", cmd, de->d_name);
+                snprintf(p, sizeof p, "%.1000s/%.250s", cmd, de->d_name);
                 struct stat st;
                 if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode))
                     continue;
