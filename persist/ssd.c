@@ -964,8 +964,13 @@ static int make_dirs(const char *path, gid_t gid, char *err, size_t errlen)
         return KV_EIO;
     }
     if (st.st_uid != geteuid()) {
+        /* A member of the store's ssd.group can read its files, and may
+         * think that is enough to open it. */
+        bool reader = (st.st_mode & 0050) == 0050 && access(path, R_OK | X_OK) == 0;
         kv__errf(err, errlen, "ssd.path '%s' is owned by uid %u, not by this engine's user "
-                 "(uid %u): refused", path, (unsigned)st.st_uid, (unsigned)geteuid());
+                 "(uid %u): refused%s", path, (unsigned)st.st_uid, (unsigned)geteuid(),
+                 reader ? "; this user may read its files (ssd.group), but only the owner "
+                 "opens it as a store" : "");
         return KV_EPERM;
     }
     if (st.st_mode & 022) {

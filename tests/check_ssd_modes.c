@@ -270,10 +270,12 @@ END_TEST
 
 /* In a child running as another user: 0 when every file under path opens
  * for reading, none opens for writing and nothing can be created, with
- * 'member' (in the group); when not a member, 0 when nothing opens at all.
- * Exits with the number of the first check that failed. */
-static int as_other_user(const char *path, gid_t gid, bool member)
+ * 'member' (in the group), and opening the store says only its owner may;
+ * when not a member, 0 when nothing opens at all. Exits with the number of
+ * the first check that failed. */
+static int as_other_user(const kv_config *c, gid_t gid, bool member)
 {
+    const char *path = c->ssd.path;
     pid_t pid = fork();
     if (pid == 0) {
         gid_t g = member ? gid : NOBODY;
@@ -313,6 +315,10 @@ static int as_other_user(const char *path, gid_t gid, bool member)
             if (open(cmd, O_WRONLY | O_CREAT | O_CLOEXEC, 0600) >= 0 || errno != EACCES)
                 _exit(96);
         }
+        struct kv__ssd *s = NULL;
+        char err[512] = "";
+        if (kv__ssd_open(c, &s, err, sizeof err) != KV_EPERM || !strstr(err, "only the owner"))
+            _exit(97);
         _exit(0);
     }
     int st = 0;
@@ -333,15 +339,15 @@ START_TEST(group_member_reads_outsider_does_not)
     struct kv__ssd *s = open_small(c);
     write_some(s, 0, 300);
     ck_assert_int_eq(kv__ssd_compact(s), KV_OK);
-    ck_assert_int_eq(as_other_user(c->ssd.path, 0, true), 0);
-    ck_assert_int_eq(as_other_user(c->ssd.path, 0, false), 0);
+    ck_assert_int_eq(as_other_user(c, 0, true), 0);
+    ck_assert_int_eq(as_other_user(c, 0, false), 0);
     kv__ssd_close(s);
-    ck_assert_int_eq(as_other_user(c->ssd.path, 0, true), 0);
+    ck_assert_int_eq(as_other_user(c, 0, true), 0);
     /* And without ssd.group, the member of that group is an outsider. */
     ck_assert_int_eq(kv_config_set(c, "ssd.group", ""), KV_OK);
     s = open_small(c);
     kv__ssd_close(s);
-    ck_assert_int_eq(as_other_user(c->ssd.path, 0, true), 91);
+    ck_assert_int_eq(as_other_user(c, 0, true), 91);
     kv_config_free(c);
     tu_rmdir(dir);
 }
