@@ -866,9 +866,9 @@ static void sync_behind(struct kv__ssd *s)
 }
 
 /* RocksDB's new files to the store's modes (modes.c: why after the fact). */
-static void modes_sweep(struct kv__ssd *s)
+static void modes_sweep(struct kv__ssd *s, bool deep)
 {
-    kv__ssd_fix_modes(s->path, s->gid);
+    kv__ssd_fix_modes(s->path, s->gid, deep);
     atomic_fetch_add(&s->mode_sweeps, 1);
 }
 
@@ -887,7 +887,7 @@ static void *maint_main(void *arg)
             if (s->sync == KV_SYNC_WAL)
                 sync_behind(s);
             compact_log(s, false);
-            modes_sweep(s);
+            modes_sweep(s, false);
             pthread_mutex_lock(&s->mmu);
         }
     }
@@ -904,7 +904,7 @@ int kv__ssd_gc_now(struct kv__ssd *s)
     pthread_mutex_unlock(&s->gc_mu);
     compact_log(s, true);
     compact(s);
-    modes_sweep(s);
+    modes_sweep(s, true);
     return rc;
 }
 
@@ -914,7 +914,7 @@ int kv__ssd_compact(struct kv__ssd *s)
         return KV_EINVAL;
     compact_log(s, true);
     compact(s);
-    modes_sweep(s);
+    modes_sweep(s, true);
     return KV_OK;
 }
 
@@ -1534,7 +1534,7 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
         goto fail_dirs;
     /* What an earlier open (or ssd.group's change) left, before new files
      * are made beside it. */
-    kv__ssd_fix_modes(s->path, s->gid);
+    kv__ssd_fix_modes(s->path, s->gid, true);
     char vdir[KV_CFG_STR + 8];
     snprintf(vdir, sizeof vdir, "%s/vlog", s->path);
     if ((rc = kv__vlog_open(&s->vlog, vdir, t->vlog_file_size, cfg->ssd.compression == KV_COMP_LZ4,
@@ -1580,7 +1580,7 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
         rc = raise_ceiling(s, atomic_load(&s->clock));
     if (rc != KV_OK)
         goto fail_scan;
-    modes_sweep(s);   /* RocksDB's files, just made 0644 by its open */
+    modes_sweep(s, true);   /* RocksDB's files, just made 0644 by its open */
     s->mrunning = pthread_create(&s->mthread, NULL, maint_main, s) == 0;
     if (!s->mrunning || (rc = kv__spill_start(s)) != KV_OK) {
         kv__errf(err, errlen, "cannot start the SSD tier's threads");
@@ -1637,7 +1637,7 @@ void kv__ssd_close(struct kv__ssd *s)
     rocksdb_writeoptions_destroy(s->wo);
     if (s->db)
         rocksdb_close(s->db);
-    modes_sweep(s);   /* what RocksDB wrote last (a final MANIFEST, its LOG) */
+    modes_sweep(s, true);   /* what RocksDB wrote last (a final MANIFEST, its LOG) */
     rocksdb_options_destroy(s->opts);
     kv__vlog_close(&s->vlog);
     kv__fork_close(s->lockfd, false);

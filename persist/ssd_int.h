@@ -393,11 +393,12 @@ int  kv__spill_steal(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t inde
  * Directories are kv__ssd_dir_mode (0700, or 2750 with a group), files
  * kv__ssd_file_mode (0600, or 0640). kv__ssd_fix_modes sets every file and
  * directory under path that this user owns to them (RocksDB creates its
- * files 0644), following no link, opening no file; returns how many it
- * changed. */
+ * files 0644), following no link, opening no file; deep: also inside its
+ * subdirectories (vlog/, damaged-*), else path's own entries only (where
+ * RocksDB's files are). Returns how many it changed. */
 int    kv__ssd_group(const char *group, gid_t *gid, char *err, size_t errlen);
 mode_t kv__ssd_dir_mode(gid_t gid);
 mode_t kv__ssd_file_mode(gid_t gid);
-size_t kv__ssd_fix_modes(const char *path, gid_t gid);
+size_t kv__ssd_fix_modes(const char *path, gid_t gid, bool deep);
 
 #endif
