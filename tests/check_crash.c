@@ -427,6 +427,45 @@ static bool forged_on_disk(const char *dir, const uint8_t *rec, size_t rl)
     return found;
 }
 
+/* The value log's files and their sizes, by inode. */
+struct vsizes { size_t n; struct { ino_t ino; uint64_t size; } f[64]; };
+
+static void vlog_sizes(const char *dir, struct vsizes *vs)
+{
+    char vdir[400];
+    snprintf(vdir, sizeof vdir, "%.300s/vlog", dir);
+    DIR *d = opendir(vdir);
+    struct dirent *de;
+    vs->n = 0;
+    while (d && vs->n < 64 && (de = readdir(d))) {
+        struct stat st;
+        if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+            vs->f[vs->n].ino = st.st_ino;
+            vs->f[vs->n++].size = (uint64_t)st.st_size;
+        }
+    }
+    if (d)
+        closedir(d);
+}
+
+/* Bytes the log grew by since 'then': what a put's pwritev has copied in
+ * so far (the put's own removal of the key's older value shrinks or
+ * unlinks other files meanwhile, which counts for nothing). */
+static uint64_t vlog_growth(const char *dir, const struct vsizes *then)
+{
+    struct vsizes now;
+    vlog_sizes(dir, &now);
+    uint64_t grown = 0;
+    for (size_t i = 0; i < now.n; i++) {
+        uint64_t was = 0;
+        for (size_t k = 0; k < then->n; k++)
+            if (then->f[k].ino == now.f[i].ino)
+                was = then->f[k].size;
+        grown += now.f[i].size > was ? now.f[i].size - was : 0;
+    }
+    return grown;
+}
+
 /* Reopens the store as the next open after a crash would and checks it. */
 static void forge_check(const char *dir, int round)
 {
@@ -478,13 +517,14 @@ START_TEST(sigkill_during_forged_put)
     uint8_t *rec = malloc(KV__VLOG_HDR + FORGE_LEN);
     srand((unsigned)time(NULL) ^ (unsigned)getpid());
 
-    /* Round 0 lets the put finish, to time it; the others kill it at a
-     * random point of that time, until three kills have left a forged
-     * record on disk inside a torn value (or 12 rounds or 15 s: the
-     * figures go to the log either way). */
-    uint64_t put_us = 0, t0 = tu_now_ms();
+    /* Round 0 lets the put finish. The others kill it once the log has
+     * grown by a random 1..63 MiB since the put began (the value's bytes
+     * landing: the kill tears it there, after some forged records), until
+     * eight kills have left a forged record on disk inside a torn value
+     * (or 16 rounds or 15 s: the figures go to the log either way). */
+    uint64_t t0 = tu_now_ms();
     int torn = 0, torn_forged = 0, r;
-    for (r = 0; r < 12 && torn_forged < 3 && (r < 2 || tu_now_ms() - t0 < 15000); r++) {
+    for (r = 0; r < 16 && torn_forged < 8 && (r < 2 || tu_now_ms() - t0 < 15000); r++) {
         int p[2];
         ck_assert_int_eq(pipe(p), 0);
         pid_t pid = fork();
@@ -496,17 +536,20 @@ START_TEST(sigkill_during_forged_put)
         close(p[1]);
         char c = 0;
         ck_assert_msg(read(p[0], &c, 1) == 1 && c == 'r', "round %d: the child did not start", r);
-        uint64_t t = tu_now_ms();
+        struct pollfd pf = { .fd = p[0], .events = POLLIN };
         if (r == 0) {
             ck_assert_msg(read(p[0], &c, 1) == 1 && c == 'd', "round 0: the put failed");
-            put_us = (tu_now_ms() - t) * 1000 + 1000;
         } else {
-            usleep((useconds_t)(put_us / 10 + (uint64_t)rand() % (put_us * 8 / 10 + 1)));
+            struct vsizes from;
+            vlog_sizes(store, &from);
+            uint64_t at = (1u << 20) + (uint64_t)rand() % (62u << 20);
+            uint64_t until = tu_now_ms() + 20000;   /* a bound, not a measurement */
+            while (vlog_growth(store, &from) < at && poll(&pf, 1, 0) == 0 && tu_now_ms() < until)
+                usleep(100);
         }
         kill(pid, SIGKILL);
         int st = 0;
         ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-        struct pollfd pf = { .fd = p[0], .events = POLLIN };
         bool done = r == 0 || (poll(&pf, 1, 0) == 1 && read(p[0], &c, 1) == 1 && c == 'd');
         close(p[0]);
         size_t rl = forge_record(rec, r);
@@ -515,10 +558,10 @@ START_TEST(sigkill_during_forged_put)
         torn += !done;
         torn_forged += forged;
     }
-    fprintf(stderr, "crash: forged 64 MiB puts: %d rounds in %.1f s (put %.0f ms); killed mid-put "
-            "%d, of them with forged records on disk in the torn value %d; victim intact, clock "
-            "sane and scrub clean after every one\n", r, (double)(tu_now_ms() - t0) / 1000,
-            (double)put_us / 1000, torn, torn_forged);
+    fprintf(stderr, "crash: forged 64 MiB puts: %d rounds in %.1f s; killed mid-put %d, of them "
+            "with forged records on disk in the torn value %d; victim intact, clock sane and "
+            "scrub clean after every one\n", r, (double)(tu_now_ms() - t0) / 1000, torn,
+            torn_forged);
     /* What makes the rounds mean something: at least one kill tore the
      * value after a forged record had reached the file. */
     ck_assert_msg(torn_forged >= 1, "no round tore the value after a forged record (%d torn)",
