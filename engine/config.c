@@ -141,6 +141,20 @@ static const char *check_store_name(const char *s)
     return NULL;
 }
 
+/* ssd.group: a group name as useradd takes one, or a numeric gid; whether
+ * it exists and the user is a member is checked at open (persist/modes.c). */
+static const char *check_group(const char *s)
+{
+    if (strlen(s) > 32)
+        return "must be at most 32 bytes";
+    if (s[0] == '-')
+        return "must not start with '-'";
+    for (const char *p = s; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr("-_.", *p) && !(*p == '$' && !p[1]))
+            return "may hold letters, digits and - _ . only (a group name or a gid)";
+    return NULL;
+}
+
 static const struct name levels[] = {
     { "error", KV_LOG_ERROR }, { "warn", KV_LOG_WARN }, { "info", KV_LOG_INFO },
     { "debug", KV_LOG_DEBUG }, { "warning", KV_LOG_WARN }, { 0 },
@@ -181,6 +195,9 @@ static const struct key keys[] = {
     BOOL("ssd.promote", ssd.promote, "true", "copy blocks loaded from SSD back into DRAM"),
     SIZE("ssd.spill_queue", ssd.spill_queue, UINT64_MAX, "256MiB",
          "bytes of evicted blocks that may wait to be written to SSD"),
+    STRC("ssd.group", ssd.group, check_group, "",
+         "group (name or gid) that may read the store: ssd.path's directories become 2750 and its "
+         "files 0640 in that group; empty = 0700 and 0600, the owner only"),
 
     SECTION("io", "worker threads that run dump and load tasks"),
     U32("io.threads", io.threads, 1, 256, "4", "worker threads, 1..256"),

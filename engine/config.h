@@ -54,6 +54,7 @@ struct kv_config {
         int sync;                       /* enum kv__sync */
         bool promote;                   /* copy SSD hits back into DRAM */
         uint64_t spill_queue;           /* bytes waiting to spill, at most */
+        char group[KV_CFG_STR];         /* "" = none; a group name or gid (persist/modes.c) */
     } ssd;
     struct {
         uint32_t threads;               /* 1..256 */

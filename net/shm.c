@@ -524,8 +524,13 @@ static void sconn_free(struct sconn *c)
     for (size_t i = 0; i < c->nregions; i++)
         smap_drop(&c->regions[i]);
     c->nregions = 0;
-    close_listed(c->fd);
-    c->fd = -1;
+    /* A connection's thread closed its socket already, under the server's
+     * lock (sconn_main): writing fd again here, outside it, raced with
+     * kv__shm_stop reading it under the lock (ThreadSanitizer). */
+    if (c->fd >= 0) {
+        close_listed(c->fd);
+        c->fd = -1;
+    }
     free(c->pins);
     free(c->pin_used);
     free(c->pin_free);

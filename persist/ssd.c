@@ -293,7 +293,8 @@ static int write_store_file(struct kv__ssd *s, const uint8_t *id, char *err, siz
     memcpy(b + 8, id, KV__STORE_ID_LEN);
     kv__put64(b + 24, XXH3_64bits(b, 24));
     unlink(tmp);   /* a leftover (or a planted link): never written through */
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  kv__ssd_file_mode(s->gid));
     bool ok = fd >= 0 && pwrite(fd, b, sizeof b, 0) == (ssize_t)sizeof b && fsync(fd) == 0;
     int e = errno;
     if (fd >= 0)
@@ -864,6 +865,13 @@ static void sync_behind(struct kv__ssd *s)
         rocks_err(e, "background WAL sync");
 }
 
+/* RocksDB's new files to the store's modes (modes.c: why after the fact). */
+static void modes_sweep(struct kv__ssd *s, bool deep)
+{
+    kv__ssd_fix_modes(s->path, s->gid, deep);
+    atomic_fetch_add(&s->mode_sweeps, 1);
+}
+
 static void *maint_main(void *arg)
 {
     struct kv__ssd *s = arg;
@@ -879,6 +887,7 @@ static void *maint_main(void *arg)
             if (s->sync == KV_SYNC_WAL)
                 sync_behind(s);
             compact_log(s, false);
+            modes_sweep(s, false);
             pthread_mutex_lock(&s->mmu);
         }
     }
@@ -895,6 +904,7 @@ int kv__ssd_gc_now(struct kv__ssd *s)
     pthread_mutex_unlock(&s->gc_mu);
     compact_log(s, true);
     compact(s);
+    modes_sweep(s, true);
     return rc;
 }
 
@@ -904,6 +914,7 @@ int kv__ssd_compact(struct kv__ssd *s)
         return KV_EINVAL;
     compact_log(s, true);
     compact(s);
+    modes_sweep(s, true);
     return KV_OK;
 }
 
@@ -925,8 +936,10 @@ static void stop_maint(struct kv__ssd *s)
  * 0700 (the cache's contents are the users' data), then checked: it must
  * be this engine's (euid) and writable by nobody else, or anyone who can
  * write it could plant files or links for the store to trust (issue 17).
- * A store made by an earlier kvengine (0755) is tightened to 0700. */
-static int make_dirs(const char *path, char *err, size_t errlen)
+ * A store made by an earlier kvengine (0755) is tightened to 0700. With
+ * ssd.group (gid) it is given to that group and made 2750 instead, so the
+ * group can read and new files inherit the group (modes.c). */
+static int make_dirs(const char *path, gid_t gid, char *err, size_t errlen)
 {
     char buf[KV_CFG_STR];
     snprintf(buf, sizeof buf, "%s", path);
@@ -951,8 +964,13 @@ static int make_dirs(const char *path, char *err, size_t errlen)
         return KV_EIO;
     }
     if (st.st_uid != geteuid()) {
+        /* A member of the store's ssd.group can read its files, and may
+         * think that is enough to open it. */
+        bool reader = (st.st_mode & 0050) == 0050 && access(path, R_OK | X_OK) == 0;
         kv__errf(err, errlen, "ssd.path '%s' is owned by uid %u, not by this engine's user "
-                 "(uid %u): refused", path, (unsigned)st.st_uid, (unsigned)geteuid());
+                 "(uid %u): refused%s", path, (unsigned)st.st_uid, (unsigned)geteuid(),
+                 reader ? "; this user may read its files (ssd.group), but only the owner "
+                 "opens it as a store" : "");
         return KV_EPERM;
     }
     if (st.st_mode & 022) {
@@ -961,9 +979,15 @@ static int make_dirs(const char *path, char *err, size_t errlen)
                  (unsigned)(st.st_mode & 0777));
         return KV_EPERM;
     }
-    if ((st.st_mode & 077) && chmod(path, st.st_mode & 0700) == 0)
-        KV_INFO("ssd: ssd.path '%s' was readable by other users (mode %03o): made 0700", path,
-                (unsigned)(st.st_mode & 0777));
+    if (gid != (gid_t)-1 && st.st_gid != gid && chown(path, (uid_t)-1, gid) != 0) {
+        kv__errf(err, errlen, "ssd.path '%s': cannot give it to ssd.group (gid %u): %s", path,
+                 (unsigned)gid, strerror(errno));
+        return KV_EPERM;
+    }
+    mode_t want = kv__ssd_dir_mode(gid);
+    if ((st.st_mode & 07777) != want && chmod(path, want) == 0 && (st.st_mode & 077 & ~want))
+        KV_INFO("ssd: ssd.path '%s' was readable by other users (mode %03o): made %03o", path,
+                (unsigned)(st.st_mode & 0777), (unsigned)want);
     if (access(path, W_OK | X_OK) != 0) {
         kv__errf(err, errlen, "ssd.path '%s': not writable: %s", path, strerror(errno));
         return KV_EIO;
@@ -978,7 +1002,7 @@ static int take_lock(struct kv__ssd *s, char *err, size_t errlen)
 {
     char lp[KV_CFG_STR + 32];
     snprintf(lp, sizeof lp, "%s/KVENGINE.LOCK", s->path);
-    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, kv__ssd_file_mode(s->gid));
     struct stat st;
     if (fd >= 0 && (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))) {
         close(fd);
@@ -1282,7 +1306,7 @@ static int set_aside(struct kv__ssd *s, char *dir, size_t cap, char *err, size_t
     int made = -1;
     for (int i = 0; i < 100 && made != 0; i++) {
         snprintf(dir, cap, i ? "%s/damaged-%s-%d" : "%s/damaged-%s", s->path, stamp, i);
-        made = mkdir(dir, 0700);
+        made = mkdir(dir, kv__ssd_dir_mode(s->gid));
         if (made != 0 && errno != EEXIST)
             break;
     }
@@ -1468,6 +1492,7 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
     int rc;
     snprintf(s->path, sizeof s->path, "%s", cfg->ssd.path);
     s->lockfd = -1;
+    s->gid = (gid_t)-1;
     s->sync = cfg->ssd.sync;
     s->tune = *t;
     if (s->tune.sync_ms == 0)
@@ -1501,14 +1526,19 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
         kv__errf(err, errlen, "out of memory");
         goto fail_idx;
     }
-    if ((rc = make_dirs(s->path, err, errlen)) != KV_OK)
+    if ((rc = kv__ssd_group(cfg->ssd.group, &s->gid, err, errlen)) != KV_OK)
+        goto fail_dirs;
+    if ((rc = make_dirs(s->path, s->gid, err, errlen)) != KV_OK)
         goto fail_dirs;
     if ((rc = take_lock(s, err, errlen)) != KV_OK)
         goto fail_dirs;
+    /* What an earlier open (or ssd.group's change) left, before new files
+     * are made beside it. */
+    kv__ssd_fix_modes(s->path, s->gid, true);
     char vdir[KV_CFG_STR + 8];
     snprintf(vdir, sizeof vdir, "%s/vlog", s->path);
     if ((rc = kv__vlog_open(&s->vlog, vdir, t->vlog_file_size, cfg->ssd.compression == KV_COMP_LZ4,
-                            err, errlen)) != KV_OK)
+                            s->gid, err, errlen)) != KV_OK)
         goto fail_vlog;
 
     rocksdb_options_t *o = s->opts = rocksdb_options_create();
@@ -1550,6 +1580,7 @@ int kv__ssd_open_tuned(const struct kv_config *cfg, const struct kv__ssd_tuning 
         rc = raise_ceiling(s, atomic_load(&s->clock));
     if (rc != KV_OK)
         goto fail_scan;
+    modes_sweep(s, true);   /* RocksDB's files, just made 0644 by its open */
     s->mrunning = pthread_create(&s->mthread, NULL, maint_main, s) == 0;
     if (!s->mrunning || (rc = kv__spill_start(s)) != KV_OK) {
         kv__errf(err, errlen, "cannot start the SSD tier's threads");
@@ -1606,6 +1637,7 @@ void kv__ssd_close(struct kv__ssd *s)
     rocksdb_writeoptions_destroy(s->wo);
     if (s->db)
         rocksdb_close(s->db);
+    modes_sweep(s, true);   /* what RocksDB wrote last (a final MANIFEST, its LOG) */
     rocksdb_options_destroy(s->opts);
     kv__vlog_close(&s->vlog);
     kv__fork_close(s->lockfd, false);

@@ -175,6 +175,7 @@ struct kv__vlog {
     uint64_t file_size;
     bool compress;
     _Atomic bool punch;              /* false once the file system refused */
+    gid_t gid;                       /* ssd.group's, or (gid_t)-1 (modes.c) */
 };
 
 /* One value to append: key, bytes in; where it went (loc, slen), its
@@ -196,7 +197,7 @@ struct kv__vext { uint64_t loc; uint32_t slen; };
  * (KV_EPERM). No file is appended to before kv__vlog_bind. KV_OK, KV_EIO,
  * KV_EPERM with a message. */
 int  kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool compress,
-                   char *err, size_t errlen);
+                   gid_t gid, char *err, size_t errlen);
 /* The distinct store ids the open files carry (up to cap into ids); how
  * many there are. */
 size_t kv__vlog_ids(struct kv__vlog *v, uint8_t (*ids)[KV__STORE_ID_LEN], size_t cap);
@@ -323,6 +324,9 @@ struct kv__ssd {
     uint64_t qbytes, qcap;
     bool closing, writer_running;
     pthread_t writer;
+
+    gid_t gid;                       /* ssd.group's, or (gid_t)-1 (modes.c) */
+    _Atomic uint64_t mode_sweeps;    /* kv__ssd_fix_modes runs finished */
 };
 
 /* ssd.c, for spill.c and walk.c (only ssd.c touches s->db) */
@@ -382,5 +386,19 @@ size_t kv__spill_cancel(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t i
  * stay readable from the queue). KV_OK; KV_EBUSY while the spill writer
  * has it in flight; KV_ENOTFOUND when it is not queued any more. */
 int  kv__spill_steal(struct kv__ssd *s, int ns, const uint8_t *id, uint32_t index, uint64_t token);
+
+/* modes.c: who may read the store (ssd.group). kv__ssd_group resolves a
+ * group name or gid into *gid ((gid_t)-1 when empty): KV_OK, KV_ECONFIG
+ * (no such group), KV_EPERM (this user is not a member), with a message.
+ * Directories are kv__ssd_dir_mode (0700, or 2750 with a group), files
+ * kv__ssd_file_mode (0600, or 0640). kv__ssd_fix_modes sets every file and
+ * directory under path that this user owns to them (RocksDB creates its
+ * files 0644), following no link, opening no file; deep: also inside its
+ * subdirectories (vlog/, damaged-*), else path's own entries only (where
+ * RocksDB's files are). Returns how many it changed. */
+int    kv__ssd_group(const char *group, gid_t *gid, char *err, size_t errlen);
+mode_t kv__ssd_dir_mode(gid_t gid);
+mode_t kv__ssd_file_mode(gid_t gid);
+size_t kv__ssd_fix_modes(const char *path, gid_t gid, bool deep);
 
 #endif

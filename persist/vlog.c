@@ -339,7 +339,8 @@ static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create
 {
     char path[KV_CFG_STR + 64];
     kv__vlog_file_name(v, no, path, sizeof path);
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0), 0600);
+    mode_t mode = kv__ssd_file_mode(v->gid);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT | O_EXCL : 0), mode);
     if (fd < 0) {
         int e = errno;
         if (e == ELOOP)
@@ -368,6 +369,13 @@ static struct kv__vfile *vfile_open(struct kv__vlog *v, uint32_t no, bool create
     f->fd = fd;
     atomic_init(&f->refs, 1);
     if (create) {
+        /* The umask may have taken the group's read bit; the directory's
+         * set-group-ID bit gave the group, but not if it was changed. */
+        if (v->gid != (gid_t)-1 && st.st_gid != v->gid && fchown(fd, (uid_t)-1, v->gid) != 0)
+            KV_WARN("ssd: value log %s: cannot give it to group %u: %s", path,
+                    (unsigned)v->gid, strerror(errno));
+        if ((st.st_mode & 07777) != mode)
+            fchmod(fd, mode);
         uint8_t h[KV__VLOG_FHDR];
         memcpy(f->id, v->id, KV__STORE_ID_LEN);
         if (getrandom(f->key, sizeof f->key, 0) != (ssize_t)sizeof f->key) {
@@ -454,9 +462,10 @@ static int my_stripe(struct kv__vlog *v)
 /* ---- open / close ------------------------------------------------------------ */
 
 int kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool compress,
-                  char *err, size_t errlen)
+                  gid_t gid, char *err, size_t errlen)
 {
     memset(v, 0, sizeof *v);
+    v->gid = gid;
     snprintf(v->dir, sizeof v->dir, "%s", dir);
     v->file_size = file_size;
     v->compress = compress;
@@ -464,7 +473,7 @@ int kv__vlog_open(struct kv__vlog *v, const char *dir, uint64_t file_size, bool 
     pthread_rwlock_init(&v->lk, NULL);
     pthread_mutex_init(&v->amu, NULL);
     int code = KV_EIO;
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    if (mkdir(dir, kv__ssd_dir_mode(gid)) != 0 && errno != EEXIST) {
         kv__errf(err, errlen, "cannot create the value log directory '%s': %s", dir,
                  strerror(errno));
         goto fail;

@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1542,7 +1543,7 @@ static void wait_sees_owners(kv_engine *e, int want);
 
 struct putter {
     kv_engine *e[2];
-    volatile int stop;
+    atomic_int stop;   /* volatile was a data race under ThreadSanitizer */
     int n, failed, first_err;
 };
 
@@ -1552,7 +1553,7 @@ static void *putter_main(void *arg)
 {
     struct putter *p = arg;
     char key[32], val[2048];
-    while (!p->stop) {
+    while (!atomic_load(&p->stop)) {
         snprintf(key, sizeof key, "live-%d", p->n);
         memset(val, 'a' + p->n % 26, sizeof val);
         int rc = kv_put(p->e[p->n % 2], key, strlen(key), val, sizeof val);
@@ -1599,7 +1600,7 @@ START_TEST(member_close_hands_off)
     kv_close(a);
     wait_owners(1);
     usleep(500000);   /* puts after the close, on the view without it */
-    p.stop = 1;
+    atomic_store(&p.stop, 1);
     pthread_join(th, NULL);
     ck_assert_msg(p.failed == 0, "%d of %d puts failed during/after the close (first: %s)",
                   p.failed, p.n, kv_strerror(p.first_err));

@@ -20,7 +20,8 @@
     X(kv) X(concurrency) X(persist) X(spill) X(crash) X(proto) X(tcp) X(rdma) \
     X(master) X(cluster) X(tools) X(etcd) X(trace) X(recover) X(auth) \
     X(ops) \
-    X(host)
+    X(host) \
+    X(ssd_modes)
 #define TU_DECLARE_SUITE(name) Suite *name##_suite(void) __attribute__((weak));
 TU_SUITES(TU_DECLARE_SUITE)
 
