@@ -2840,8 +2840,9 @@ out:
 }
 
 /* One try of kv__cluster_lookup on the current view (its version in *ver).
- * An id that missed because an owner failed as owner_failed says gets
- * failed[i] set (its caller may ask again on a newer view). */
+ * An id that missed because an owner failed as owner_failed says, or was
+ * not asked for being down, gets failed[i] set (its caller may ask again
+ * on a newer view). */
 static int lookup_once(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
                        uint8_t *hit, uint8_t *failed, uint64_t *ver)
 {
@@ -2851,9 +2852,10 @@ static int lookup_once(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     *ver = f.v->version;
     for (size_t i = 0; i < n; i++) {
         struct kv__op op = { .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
-        fan_add(c, &f, i, &op);
+        size_t k0 = f.k;
+        /* An owner marked down is not asked: that is a failure too, not a miss. */
+        failed[i] = fan_add(c, &f, i, &op) > f.k - k0;
         hit[i] = 0;
-        failed[i] = 0;
     }
     int rc = run_lookups(c, f.v, f.ops, f.owner, f.k);
     for (size_t j = 0; rc == KV_OK && j < f.k; j++) {
