@@ -52,7 +52,7 @@ uint64_t kv__host_requests(kv_engine *e);
 int  kv__host_lock_offline(const struct kv_config *cfg, int *fd, char *err, size_t errlen);
 void kv__host_unlock_offline(const struct kv_config *cfg, int fd);
 
-/* The kv_ssd_* calls' routing (ssd_calls.c): runs call through the host
+/* A public call's routing (kv.c, ssd_calls.c): runs call through the host
  * store's server when e is attached (hc names the connection), returning
  * its result; falls through when the call runs here. */
 #define KV__HOST_ROUTE(e, call)                                               \

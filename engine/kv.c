@@ -222,21 +222,9 @@ int kv__key_match(kv_engine *e, const kv_block_id *id, uint32_t plen, const kv_b
 
 /* ---- the public calls ------------------------------------------------------ */
 
-/* Runs `call` through the host store's server when e is attached to one
- * (hc names the connection in it) and returns its result; falls through
- * when the call runs here. */
-#define ROUTE(e, call)                                                        \
-    do {                                                                      \
-        struct kv__shm_client *hc;                                            \
-        int route_rc_ = kv__host_enter((e), &hc);                             \
-        if (route_rc_ != KV_OK)                                               \
-            return route_rc_;                                                 \
-        if (hc) {                                                             \
-            route_rc_ = (call);                                               \
-            kv__host_leave(e);                                                \
-            return route_rc_;                                                 \
-        }                                                                     \
-    } while (0)
+/* Every public call here runs through the host store's server when e is
+ * attached (host.h). */
+#define ROUTE KV__HOST_ROUTE
 
 KV__EXPORT int kv_put(kv_engine *e, const void *key, size_t klen, const void *val, size_t vlen)
 {

@@ -1568,6 +1568,35 @@ static size_t retry_pick(struct kv__cluster *c, uint64_t t0, uint64_t ver, const
     return k;
 }
 
+/* A call on shards (write_once, load_once): once, and once more for the
+ * shards whose owner failed, as above. */
+typedef int (*shards_once_fn)(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
+                              int *results, bool replace, uint64_t *ver);
+
+static int shards_retry(struct kv__cluster *c, shards_once_fn once, int ns,
+                        const kv_shard *shards, size_t n, int *results, bool replace)
+{
+    uint64_t t0 = kv__now_ms(), ver = 0;
+    size_t *idx;
+    int rc = once(c, ns, shards, n, results, replace, &ver);
+    size_t k = rc == KV_OK ? retry_pick(c, t0, ver, results, n, &idx) : 0;
+    if (!k)
+        return rc;
+    kv_shard *sub = malloc(k * sizeof *sub);
+    int *res = malloc(k * sizeof *res);
+    if (sub && res) {
+        for (size_t j = 0; j < k; j++)
+            sub[j] = shards[idx[j]];
+        if (once(c, ns, sub, k, res, replace, &ver) == KV_OK)
+            for (size_t j = 0; j < k; j++)
+                results[idx[j]] = res[j];
+    }
+    free(sub);
+    free(res);
+    free(idx);
+    return rc;
+}
+
 /* ---- a graceful leave -----------------------------------------------------
  *
  * An owner that closes (kv_close, a garbage-collected Python store, SIGTERM
@@ -2173,25 +2202,7 @@ static int write_once(struct kv__cluster *c, int ns, const kv_shard *shards, siz
 static int write_owners(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
                         int *results, bool replace)
 {
-    uint64_t t0 = kv__now_ms(), ver = 0;
-    size_t *idx;
-    int rc = write_once(c, ns, shards, n, results, replace, &ver);
-    size_t k = rc == KV_OK ? retry_pick(c, t0, ver, results, n, &idx) : 0;
-    if (!k)
-        return rc;
-    kv_shard *sub = malloc(k * sizeof *sub);
-    int *res = malloc(k * sizeof *res);
-    if (sub && res) {
-        for (size_t j = 0; j < k; j++)
-            sub[j] = shards[idx[j]];
-        if (write_once(c, ns, sub, k, res, replace, &ver) == KV_OK)
-            for (size_t j = 0; j < k; j++)
-                results[idx[j]] = res[j];
-    }
-    free(sub);
-    free(res);
-    free(idx);
-    return rc;
+    return shards_retry(c, write_once, ns, shards, n, results, replace);
 }
 
 int kv__cluster_dump(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
@@ -2402,8 +2413,9 @@ int kv__cluster_sizes(struct kv__cluster *c, int ns, const kv_block_id *ids, uin
 }
 
 static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
-                     int *results, uint64_t *ver)
+                     int *results, bool replace, uint64_t *ver)
 {
+    (void)replace;   /* shards_once_fn's: a load replaces nothing */
     if (!c || (n && (!shards || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct view *v = view_get(c), *pv = prev_get(c);
@@ -2504,25 +2516,7 @@ out:
 int kv__cluster_load(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n,
                      int *results)
 {
-    uint64_t t0 = kv__now_ms(), ver = 0;
-    size_t *idx;
-    int rc = load_once(c, ns, shards, n, results, &ver);
-    size_t k = rc == KV_OK ? retry_pick(c, t0, ver, results, n, &idx) : 0;
-    if (!k)
-        return rc;
-    kv_shard *sub = malloc(k * sizeof *sub);
-    int *res = malloc(k * sizeof *res);
-    if (sub && res) {
-        for (size_t j = 0; j < k; j++)
-            sub[j] = shards[idx[j]];
-        if (load_once(c, ns, sub, k, res, &ver) == KV_OK)
-            for (size_t j = 0; j < k; j++)
-                results[idx[j]] = res[j];
-    }
-    free(sub);
-    free(res);
-    free(idx);
-    return rc;
+    return shards_retry(c, load_once, ns, shards, n, results, false);
 }
 
 /*
