@@ -1464,6 +1464,28 @@ static int cbuf_need(struct cconn *k, size_t n)
     return KV_OK;
 }
 
+/* One answer on k: its header by deadline dl, its body into k->buf (its
+ * length in *rlen); the server's rc in *src. rpc's second half, and each
+ * further answer of a request answered by several frames. */
+static int rpc_answer(struct kv__shm_client *c, struct cconn *k, uint64_t dl, int *src,
+                      size_t *rlen)
+{
+    uint8_t h[8];
+    int rc = kv__sock_xfer1(k->fd, h, 8, 0, dl);
+    if (rc != KV_OK)
+        return rc;
+    uint32_t n = kv__get32(h);
+    if (n > FRAME_MAX)
+        return KV_EPROTO;
+    if ((rc = cbuf_need(k, n)) != KV_OK)
+        return rc;
+    if (n && (rc = kv__sock_xfer1(k->fd, k->buf, n, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
+        return rc;
+    *src = (int)kv__get32(h + 4);
+    *rlen = n;
+    return KV_OK;
+}
+
 /* One exchange: the request in k->buf[8 .. 8+len) (the header is filled
  * here), with fd riding on it; the response body into k->buf (its length
  * in *rlen, at most rmax). Returns the server's rc in *src. */
@@ -1476,20 +1498,10 @@ static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t le
     int rc = send_with_fd(k->fd, k->buf, 8 + len, fd, dl);
     if (rc != KV_OK)
         return rc;
-    uint8_t h[8];
-    if ((rc = kv__sock_xfer1(k->fd, h, 8, 0, dl)) != KV_OK)
-        return rc;
-    uint32_t n = kv__get32(h);
-    if (n > FRAME_MAX)
-        return KV_EPROTO;
-    if ((rc = cbuf_need(k, n)) != KV_OK)
-        return rc;
-    if (n && (rc = kv__sock_xfer1(k->fd, k->buf, n, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
-        return rc;
-    *src = (int)kv__get32(h + 4);
-    if (rlen)
+    size_t n;
+    if ((rc = rpc_answer(c, k, dl, src, &n)) == KV_OK && rlen)
         *rlen = n;
-    return KV_OK;
+    return rc;
 }
 
 /* Connects one more connection and runs the handshake; the first one
@@ -2248,25 +2260,6 @@ int kv__shm_many(struct kv__shm_client *c, int what, kv_pair *items, size_t n, i
 
 /* ---- the SSD tier's admin calls, client side ------------------------------ */
 
-/* One more answer on k, for a request answered by several frames (rpc's
- * second half; kept apart so that rpc's hot path stays as it is). */
-static int rpc_answer(struct kv__shm_client *c, struct cconn *k, int *src, size_t *rlen)
-{
-    uint8_t h[8];
-    int rc = kv__sock_xfer1(k->fd, h, 8, 0, deadline_for(c->timeout_ms, 0));
-    if (rc != KV_OK)
-        return rc;
-    uint32_t n = kv__get32(h);
-    if (n > FRAME_MAX)
-        return KV_EPROTO;
-    if ((rc = cbuf_need(k, n)) != KV_OK)
-        return rc;
-    if (n && (rc = kv__sock_xfer1(k->fd, k->buf, n, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
-        return rc;
-    *src = (int)kv__get32(h + 4);
-    *rlen = n;
-    return KV_OK;
-}
 
 static void get_entry(const uint8_t *p, kv_ssd_entry *e)
 {
@@ -2359,7 +2352,7 @@ int kv__shm_ssd_compact(struct kv__shm_client *c)
         rc = rpc(c, k, OP_SSD_COMPACT, 0, -1, 0, &src, &got);
     /* Keepalives until the answer; each wait is bounded by the timeout. */
     while (rc == KV_OK && src == SHM_MORE && got == 0)
-        rc = rpc_answer(c, k, &src, &got);
+        rc = rpc_answer(c, k, deadline_for(c->timeout_ms, 0), &src, &got);
     if (rc == KV_OK && (got != 0 || src == SHM_MORE))
         rc = KV_EPROTO;
     cconn_put(c, k, rc);
