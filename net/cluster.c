@@ -79,6 +79,7 @@ struct view {
     size_t n;                           /* owners */
     struct peer **owners;
     uint64_t *seeds;
+    uint8_t *leaving;                   /* owners flagged KV_MEMBER_LEAVING (may be NULL) */
 };
 
 /*
@@ -248,6 +249,7 @@ static void view_put(struct view *v)
     }
     free(v->owners);
     free(v->seeds);
+    free(v->leaving);
     free(v);
 }
 
@@ -310,7 +312,8 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     v->nmembers = n;
     v->owners = calloc(n ? n : 1, sizeof *v->owners);
     v->seeds = calloc(n ? n : 1, sizeof *v->seeds);
-    if (!v->owners || !v->seeds) {
+    v->leaving = calloc(n ? n : 1, 1);
+    if (!v->owners || !v->seeds || !v->leaving) {
         view_put(v);
         return KV_ENOMEM;
     }
@@ -331,6 +334,7 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         p->refs++;
         v->owners[v->n] = p;
         v->seeds[v->n] = p->seed;
+        v->leaving[v->n] = (m[i].flags & KV_MEMBER_LEAVING) != 0;
         v->n++;
     }
     struct view *old = c->view, *older = NULL;
@@ -1202,6 +1206,13 @@ static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
         if (view_index(s->to, s->from->owners[o[j]]) != SIZE_MAX)
             copier = s->from->owners[o[j]];
     if (s->ns == KV_NS_KEY && !self_owns && s->c->be->remove) {
+        /* Not to an owner that is leaving: it has handed off (or is handing
+         * off) already, so what we copy to it comes back to us through its
+         * forwarding, and our drop would then remove the only copy. Ours
+         * stays; the view without the leaver makes us its owner again. */
+        for (size_t i = 0; i < nw; i++)
+            if (s->to->leaving && s->to->leaving[w[i]])
+                return 0;
         *drop = 1;
         return 1;
     }
