@@ -1743,31 +1743,25 @@ static int publish_leaving(struct kv__cluster *c, unsigned timeout_ms)
 }
 
 /* Caller holds lvlock, leaving 1: op (a dump or a remove just served here)
- * goes to the id's owners in the view for leaving that are not its owners
- * now (those get the writer's own copy). Returns the first failure; for a
- * remove KV_ENOTFOUND when no next owner had it (or there is none). */
+ * goes to every owner of the id in the view for leaving. Not only to those
+ * that are not its owners now: the writer may route by another view than
+ * ours (a client behind, or one already past a leaver ours still shows),
+ * so an owner in both views may never have had the writer's own copy, and
+ * this one would go with us (an acknowledged put lost, two_members_leave_
+ * at_once). A second copy to an owner that has it costs a replica's write.
+ * Returns the first failure; for a remove KV_ENOTFOUND when no next owner
+ * had it (or there is none). */
 static int forward_once(struct kv__cluster *c, const struct kv__op *op, uint64_t *ver)
 {
-    struct view *to = view_less(c, 1), *from = view_less(c, 0);
-    if (!to || !from) {
-        view_put(from);
-        view_put(to);
+    struct view *to = view_less(c, 1);
+    if (!to)
         return KV_ENOMEM;
-    }
-    *ver = from->version;
-    size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX], own[KV_PLACE_MAX];
-    size_t no = kv__place(from->seeds, from->n, &op->id, c->replicas, o);
-    size_t nw = kv__place(to->seeds, to->n, &op->id, c->replicas, w), k = 0;
+    *ver = to->version;
+    size_t own[KV_PLACE_MAX];
+    size_t k = kv__place(to->seeds, to->n, &op->id, c->replicas, own);
     struct kv__op ops[KV_PLACE_MAX];
-    for (size_t i = 0; i < nw; i++) {
-        int owner_now = 0;
-        for (size_t j = 0; j < no && !owner_now; j++)
-            owner_now = from->owners[o[j]] == to->owners[w[i]];
-        if (owner_now)
-            continue;
-        ops[k] = *op;
-        own[k++] = w[i];
-    }
+    for (size_t i = 0; i < k; i++)
+        ops[i] = *op;
     int rc = k ? run_grouped(c, to, ops, own, k) : KV_OK, found = 0;
     for (size_t j = 0; rc == KV_OK && j < k; j++) {
         found |= ops[j].result == KV_OK;
@@ -1778,7 +1772,6 @@ static int forward_once(struct kv__cluster *c, const struct kv__op *op, uint64_t
         atomic_fetch_add(&c->forwarded, 1);
     if (rc == KV_OK && op->kind == KV_OP_REMOVE && !found)
         rc = KV_ENOTFOUND;
-    view_put(from);
     view_put(to);
     return rc;
 }
