@@ -88,8 +88,12 @@ static void batch_case(const uint8_t *in, size_t n)
         for (size_t i = 0; i < cnt; i++) {
             FZ_CHECK(a[i].kind >= KV_OP_LOOKUP && a[i].kind <= KV_OP_CLEAR);
             FZ_CHECK(a[i].ns < KV_NS_COUNT);
-            FZ_CHECK(!(a[i].flags & ~KV_WIRE_REPLACE) &&
-                     (!a[i].flags || a[i].kind == KV_OP_DUMP));
+            /* REPLACE on a dump; PREFIX on a CLEAR, exactly when it names a
+             * prefix length (index) */
+            FZ_CHECK(a[i].flags == 0 ||
+                     (a[i].flags == KV_WIRE_REPLACE && a[i].kind == KV_OP_DUMP) ||
+                     (a[i].flags == KV_WIRE_PREFIX && a[i].kind == KV_OP_CLEAR));
+            FZ_CHECK(a[i].kind != KV_OP_CLEAR || (a[i].flags == KV_WIRE_PREFIX) == (a[i].index != 0));
             FZ_CHECK((a[i].kind != KV_OP_LOAD && a[i].kind != KV_OP_DUMP) ||
                      a[i].len <= KV_VALUE_MAX);
         }
