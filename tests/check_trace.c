@@ -441,7 +441,10 @@ static void stop(pid_t pid)
 /* The replay as a pure client of a one-node cluster (kvmaster and kvnode
  * on loopback, started here): the node's DRAM holds the whole trace, so
  * the client sees the infinite cache's hits; it cannot say which tier of
- * the node served them, and has no DRAM tier of its own to model. */
+ * the node served them, and has no DRAM tier of its own to model. One job:
+ * with two, a request could look up before the dump of the one 50 ms ahead
+ * of it had finished over loopback tcp on a loaded machine, and miss what
+ * the model counts as a hit (seen once: 11 hits of 15). */
 START_TEST(pure_cluster_client)
 {
     char *dir = tu_mkdtemp();
@@ -473,7 +476,7 @@ START_TEST(pure_cluster_client)
     struct out r = run_kvctl(dir, 60, "--set", s_master, "--set", "cluster.token=tr4ce", "--set",
                              "cluster.enabled=true", "--set", "dram.capacity=0", "--set",
                              "cluster.protocol=tcp", "bench", "--scenario", "trace", "--trace",
-                             trace, "--value-size", "256KiB", "--numjobs", "2", "--trace-speed",
+                             trace, "--value-size", "256KiB", "--numjobs", "1", "--trace-speed",
                              "1", "--summary-json", "summary.json", NULL);
     stop(node);
     stop(master);
