@@ -78,6 +78,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: lookup IDS BATCH PASSES [KEY=VALUE ...]\n");
         return 2;
     }
+    setvbuf(stdout, NULL, _IOLBF, 0);   /* a pass's line as it ends (perf can follow) */
     size_t nids = strtoul(argv[1], NULL, 0), batch = strtoul(argv[2], NULL, 0);
     int passes = atoi(argv[3]);
     if (!nids || !batch || passes < 1 || passes > 1000)

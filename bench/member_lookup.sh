@@ -2,20 +2,25 @@
 # member_lookup.sh — lookups attached through a kvnode that is a cluster
 # member (issue 16), several builds alternated in one run.
 #
-#   ROUNDS=N PORTS=LO-HI bash bench/member_lookup.sh BUILD_DIR [BUILD_DIR...]
+#   ROUNDS=N PASSES=P IDS=I PORTS=LO-HI bash bench/member_lookup.sh BUILD_DIR...
 #
 # Each round, for each build in turn: a fresh kvmaster, kvnode A serving
-# store.name as a member, a second member kvnode B, then an attached
-#   kvctl --set store.name=X ... bench --scenario fill --value-size 64
-#         --nr-objects IDS --batch-size 1000
-# whose lookup phase (every id once, half of them owned by B) is the
-# figure. Alternating the builds inside one run is what makes two builds
-# comparable on a shared, noisy machine; the medians are printed last.
-# Everything it starts is stopped on exit.
+# store.name as a member, a second member kvnode B, then bench/lookup.c
+# (built here against that build's libkvengine.a) attached to A: it dumps
+# IDS blocks of 64 bytes (half of them owned by B) and makes P passes
+# looking every id up once, 1000 a call; the round's figures are the
+# medians of its passes, wall ids/s and CPU per id (the client thread plus
+# both kvnodes). With KVCTL=1 the round runs kvctl bench --scenario fill
+# (the command in /work/notes/s3/16.md) instead and reports its lookup
+# phase. Alternating the builds inside one run is what makes two builds
+# comparable on a shared, noisy machine; the medians over rounds are
+# printed last. Everything it starts is stopped on exit.
 set -u
 [ $# -ge 1 ] || { sed -n 2,14p "$0" >&2; exit 2; }
 ROUNDS=${ROUNDS:-5}
+PASSES=${PASSES:-5}
 IDS=${IDS:-262144}
+SRC=$(cd "$(dirname "$0")" && pwd)/lookup.c
 PORTS=${PORTS:-22500-22999}
 PORT_LO=${PORTS%-*}
 PORT_HI=${PORTS#*-}
@@ -83,38 +88,62 @@ one() {
         echo "member_lookup.sh: $n of 2 kvnodes joined" >&2
         echo fail; stop_all; return
     fi
-    "$B/kvctl" "${common[@]}" --set store.name=X --set store.dir="$d" --set pipeline=dram \
-        --set dram.capacity=512MiB --set cluster.enabled=true \
-        bench --scenario fill --value-size 64 --nr-objects "$IDS" --batch-size 1000 \
-        --summary-json "$d/sum.json" >"$d/bench.log" 2>&1
-    python3 - "$d/sum.json" <<'PY' 2>/dev/null || echo fail
+    if [ -n "${KVCTL:-}" ]; then
+        "$B/kvctl" "${common[@]}" --set store.name=X --set store.dir="$d" --set pipeline=dram \
+            --set dram.capacity=512MiB --set cluster.enabled=true \
+            bench --scenario fill --value-size 64 --nr-objects "$IDS" --batch-size 1000 \
+            --summary-json "$d/sum.json" >"$d/bench.log" 2>&1
+        python3 - "$d/sum.json" <<'PY' 2>/dev/null || echo fail
 import json, sys
 s = json.load(open(sys.argv[1]))
 for p in s["phases"]:
     if p["name"] == "lookup":
         print("%.0f %.0f" % (p["kvs_s"], p["lat_us"]["p50"]))
 PY
+    else
+        KV_BENCH_PIDS="${PIDS[1]},${PIDS[2]}" "$TMP/lookup$tag_b" "$IDS" 1000 "$PASSES" \
+            cluster.master="$master" cluster.protocol=tcp log.level=warn store.name=X \
+            store.dir="$d" pipeline=dram dram.capacity=512MiB cluster.enabled=true \
+            >"$d/bench.log" 2>&1
+        sed -n 's/^median of .*: \([0-9.]*\) M ids\/s, \([0-9]*\) ns CPU per id; 0 misses$/\1e6 \2/p' \
+            "$d/bench.log" | grep . || echo fail
+    fi
     stop_all
     [ -n "${KEEP:-}" ] || rm -rf "$d"
 }
 
-declare -A res
+k=0
+for B in "$@"; do
+    [ -n "${KVCTL:-}" ] && break
+    cc -std=gnu11 -O2 -D_GNU_SOURCE -I"$(dirname "$SRC")/../include" "$SRC" "$B/libkvengine.a" \
+        -o "$TMP/lookup$k" -lrocksdb -lyaml -llz4 -lxxhash -ljemalloc -lmicrohttpd -libverbs \
+        -lcurl -ljson-c -lcrypto -lpthread -lm ||
+        { echo "member_lookup.sh: cannot build $SRC against $B" >&2; exit 2; }
+    k=$((k + 1))
+done
+declare -A res cpu
+what="ids/s, p50 us per batch"
+[ -n "${KVCTL:-}" ] || what="ids/s, ns CPU per id (medians of $PASSES passes)"
 for r in $(seq "$ROUNDS"); do
     k=0
     for B in "$@"; do
+        tag_b=$k
         out=$(one "$B" "r${r}b$k")
-        echo "round $r $B: lookup ids/s, p50 us per batch: $out" >&2
+        echo "round $r $B: $what: $out"
         res[$k]="${res[$k]:-} ${out%% *}"
+        cpu[$k]="${cpu[$k]:-} ${out##* }"
         k=$((k + 1))
     done
 done
 k=0
 for B in "$@"; do
-    echo "$B: ${res[$k]}" | python3 -c '
+    echo "$B: ${res[$k]}:${cpu[$k]}" | python3 -c '
 import sys, statistics
-name, vals = sys.stdin.read().split(":", 1)
+name, vals, cpus = sys.stdin.read().rsplit(":", 2)
 v = [float(x) for x in vals.split() if x != "fail"]
-print("%s: median %.2f M ids/s over %d rounds (%s)" % (name, statistics.median(v) / 1e6 if v else 0,
-      len(v), " ".join("%.2f" % (x / 1e6) for x in v)))'
+c = [float(x) for x in cpus.split() if x != "fail"]
+print("%s: median %.2f M ids/s over %d rounds (%s); second column median %.0f" % (name,
+      statistics.median(v) / 1e6 if v else 0, len(v), " ".join("%.2f" % (x / 1e6) for x in v),
+      statistics.median(c) if c else 0))'
     k=$((k + 1))
 done

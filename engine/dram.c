@@ -367,17 +367,21 @@ bool kv__dram_remove(struct kv__dram *d, int ns, const kv_block_id *id)
  *   2. per shard, under its lock, read each of its ids' bucket heads and
  *      prefetch the entries they point to (both cache lines: a 48-byte
  *      entry may straddle two);
- *   3. under the same lock hold, walk and compare, and grant the lease by
- *      moving a hit block's stamp into the future: one store into the
- *      entry pass 2 brought in.
- * Bucket heads are read only under the lock (a grow frees the old array).
- * Each shard's lock is taken once per chunk instead of once per id. A
- * variant that took each lock twice (pass 2 for the whole chunk, then pass
- * 3), to have every entry prefetch of a chunk in flight at once, measured
- * the same CPU per id (bench/lookup.c; doc/perf.md): the buckets already
- * arrive together from pass 1, and the out-of-order core overlaps the
- * entries of neighbouring shards' runs. With more table shards than a
- * chunk has ids, grouping cannot pay and the ids keep their order.
+ *   3. per shard, under its lock again, walk and compare, and grant the
+ *      lease by moving a hit block's stamp into the future: one store into
+ *      the entry pass 2 brought in.
+ * Bucket heads are read only under the lock (a grow frees the old array);
+ * what pass 2 learns serves only as a prefetch address, and a prefetch
+ * never faults, so an entry freed between the passes costs a wasted
+ * prefetch, never a wrong answer: pass 3 finds again from the head.
+ * Grouping makes it two lock holds per shard per chunk instead of one per
+ * id. Taking each lock twice rather than once is what puts a whole chunk's
+ * entry prefetches in flight before the first compare: within one hold
+ * only one shard's few ids would be (256 over 64 shards is 4), and the
+ * compare stalled on the entry just prefetched. Measured through a cluster
+ * member (bench/member_lookup.sh, doc/perf.md) the two-hold form was
+ * faster in every round. With more table shards than a chunk has ids,
+ * grouping cannot pay and the ids keep their order.
  */
 #define LOOKUP_CHUNK 256
 
@@ -419,27 +423,30 @@ void kv__dram_lookup(struct kv__dram *d, int ns, const kv_block_id *ids, size_t 
             for (size_t i = 0; i < m; i++)
                 ord[cnt[sh[i]]++] = (uint16_t)i;
         }
-        /* Passes 2 and 3, one lock hold per shard's run of ord. */
-        for (size_t j = 0; j < m; ) {
-            struct kv__tshard *ts = kv__table_shard(t, hs[ord[j]]);
-            size_t end = j + 1;
-            while (end < m && kv__table_shard(t, hs[ord[end]]) == ts)
-                end++;
-            pthread_mutex_lock(&ts->lock);
-            for (size_t q = j; q < end; q++) {
-                struct kv__blk *b = ts->buckets[hs[ord[q]] & ts->mask];
-                if (b)
-                    entry_prefetch(b);
+        /* Passes 2 and 3: runs of ord with one shard share a lock hold. */
+        for (int pass = 2; pass <= 3; pass++) {
+            for (size_t j = 0; j < m; ) {
+                struct kv__tshard *ts = kv__table_shard(t, hs[ord[j]]);
+                size_t end = j + 1;
+                while (end < m && kv__table_shard(t, hs[ord[end]]) == ts)
+                    end++;
+                pthread_mutex_lock(&ts->lock);
+                for (; j < end; j++) {
+                    size_t i = ord[j];
+                    if (pass == 2) {
+                        struct kv__blk *b = ts->buckets[hs[i] & ts->mask];
+                        if (b)
+                            entry_prefetch(b);
+                        continue;
+                    }
+                    struct kv__blk *b = kv__blk_find(ts, hs[i], &id[i]);
+                    bool found = b && kv__blk_sref(b, 0);
+                    if (found)
+                        kv__blk_touch(b, lease_end);
+                    hit[base + i] = found;
+                }
+                pthread_mutex_unlock(&ts->lock);
             }
-            for (; j < end; j++) {
-                size_t i = ord[j];
-                struct kv__blk *b = kv__blk_find(ts, hs[i], &id[i]);
-                bool found = b && kv__blk_sref(b, 0);
-                if (found)
-                    kv__blk_touch(b, lease_end);
-                hit[base + i] = found;
-            }
-            pthread_mutex_unlock(&ts->lock);
         }
     }
 }
