@@ -353,34 +353,100 @@ bool kv__dram_remove(struct kv__dram *d, int ns, const kv_block_id *id)
 
 /*
  * Lookup is the hot path of prefix matching (thousands of ids per request),
- * so it is written for memory-level parallelism: the bucket of the id
- * PREFETCH_AHEAD places ahead is fetched while this one is examined, and the
- * lease is granted by moving the block's stamp into the future: one store
- * into the entry the lookup already has in cache.
+ * so it is written for memory-level parallelism. Each id costs two
+ * dependent cache misses, its bucket slot and then the entry the slot
+ * points to (entries are scattered by the allocator), and a lookup that
+ * waits for each in turn spends nearly all its time stalled: that was a
+ * third of a cluster member's CPU under attached lookups (doc/perf.md).
+ *
+ * How it works. A batch is taken in chunks of LOOKUP_CHUNK ids, in three
+ * passes:
+ *   1. hash every id, prefetch its bucket slot (the unlocked address-only
+ *      prefetch kv__bucket_prefetch allows), and group the ids by table
+ *      shard (a counting sort on the shard index);
+ *   2. per shard, under its lock, read each of its ids' bucket heads and
+ *      prefetch the entries they point to (both cache lines: a 48-byte
+ *      entry may straddle two);
+ *   3. per shard, under its lock again, walk and compare, and grant the
+ *      lease by moving a hit block's stamp into the future: one store into
+ *      the entry pass 2 brought in.
+ * Bucket heads are read only under the lock (a grow frees the old array);
+ * what pass 2 learns serves only as a prefetch address, and a prefetch
+ * never faults, so an entry freed between the passes costs a wasted
+ * prefetch, never a wrong answer: pass 3 finds again from the head.
+ * Grouping makes it two lock holds per shard per chunk instead of one per
+ * id. Taking each lock twice rather than once is what puts a whole chunk's
+ * entry prefetches in flight before the first compare: within one hold
+ * only one shard's few ids would be (256 over 64 shards is 4), and the
+ * compare stalled on the entry just prefetched. Measured through a cluster
+ * member (bench/member_lookup.sh, doc/perf.md) the two-hold form was
+ * faster in every round. With more table shards than a chunk has ids,
+ * grouping cannot pay and the ids keep their order.
  */
-#define PREFETCH_AHEAD 8
+#define LOOKUP_CHUNK 256
+
+static inline void entry_prefetch(const struct kv__blk *b)
+{
+    __builtin_prefetch(b);
+    __builtin_prefetch((const char *)b + sizeof *b - 1);
+}
 
 void kv__dram_lookup(struct kv__dram *d, int ns, const kv_block_id *ids, size_t n, uint8_t *hit)
 {
-    uint64_t hs[64];
+    uint64_t hs[LOOKUP_CHUNK];
+    uint16_t ord[LOOKUP_CHUNK];         /* chunk positions, grouped by shard */
+    uint16_t sh[LOOKUP_CHUNK];          /* each position's table shard (grouping only) */
+    uint16_t cnt[LOOKUP_CHUNK + 1];
     uint64_t lease_end = kv__dram_now(d) + d->lease_ns;
     struct kv__table *t = &d->tab[ns];
-    for (size_t base = 0; base < n; base += KV__ARRAY_LEN(hs)) {
-        size_t m = n - base < KV__ARRAY_LEN(hs) ? n - base : KV__ARRAY_LEN(hs);
+    bool group = t->n <= LOOKUP_CHUNK;
+    for (size_t base = 0; base < n; base += LOOKUP_CHUNK) {
+        const kv_block_id *id = ids + base;
+        size_t m = n - base < LOOKUP_CHUNK ? n - base : LOOKUP_CHUNK;
+        /* Pass 1. */
+        if (group)
+            memset(cnt, 0, (t->n + 1) * sizeof *cnt);
         for (size_t i = 0; i < m; i++) {
-            hs[i] = kv__id_hash(&ids[base + i]);
-            if (i < PREFETCH_AHEAD)
-                kv__bucket_prefetch(kv__table_shard(t, hs[i]), hs[i]);
+            hs[i] = kv__id_hash(&id[i]);
+            struct kv__tshard *ts = kv__table_shard(t, hs[i]);
+            kv__bucket_prefetch(ts, hs[i]);
+            if (group) {
+                sh[i] = (uint16_t)(ts - t->sh);
+                cnt[sh[i] + 1]++;
+            } else {
+                ord[i] = (uint16_t)i;
+            }
         }
-        for (size_t i = 0; i < m; i++) {
-            if (i + PREFETCH_AHEAD < m)
-                kv__bucket_prefetch(kv__table_shard(t, hs[i + PREFETCH_AHEAD]),
-                                    hs[i + PREFETCH_AHEAD]);
-            struct kv__at a = kv__dram_lock_find(d, ns, &ids[base + i], 0, hs[i]);
-            if (a.r)
-                kv__blk_touch(a.b, lease_end);
-            kv__dram_unlock(&a);
-            hit[base + i] = a.r != NULL;
+        if (group) {
+            for (uint32_t s = 0; s < t->n; s++)
+                cnt[s + 1] += cnt[s];
+            for (size_t i = 0; i < m; i++)
+                ord[cnt[sh[i]]++] = (uint16_t)i;
+        }
+        /* Passes 2 and 3: runs of ord with one shard share a lock hold. */
+        for (int pass = 2; pass <= 3; pass++) {
+            for (size_t j = 0; j < m; ) {
+                struct kv__tshard *ts = kv__table_shard(t, hs[ord[j]]);
+                size_t end = j + 1;
+                while (end < m && kv__table_shard(t, hs[ord[end]]) == ts)
+                    end++;
+                pthread_mutex_lock(&ts->lock);
+                for (; j < end; j++) {
+                    size_t i = ord[j];
+                    if (pass == 2) {
+                        struct kv__blk *b = ts->buckets[hs[i] & ts->mask];
+                        if (b)
+                            entry_prefetch(b);
+                        continue;
+                    }
+                    struct kv__blk *b = kv__blk_find(ts, hs[i], &id[i]);
+                    bool found = b && kv__blk_sref(b, 0);
+                    if (found)
+                        kv__blk_touch(b, lease_end);
+                    hit[base + i] = found;
+                }
+                pthread_mutex_unlock(&ts->lock);
+            }
         }
     }
 }

@@ -69,6 +69,7 @@ struct peer {
     struct kv__conn *pool[POOL_MAX];
     int npool;
     _Atomic uint64_t down_until_ms;
+    uint64_t mark;                      /* view_install's scratch (vlock) */
 };
 
 struct view {
@@ -120,6 +121,7 @@ struct kv__cluster {
     unsigned replicas;
 
     pthread_mutex_t vlock;
+    uint64_t vmark;                     /* view_install's last mark (vlock) */
     struct view *view;
     struct view *prev;                  /* the view before the last change */
     uint64_t prev_until_ms;             /* consulted for misses until then */
@@ -272,21 +274,58 @@ static void peer_drain(struct kv__cluster *c, struct peer *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-/* Caller holds vlock. */
-static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m)
+/* Orders peers by id. */
+static int peer_by_id(const void *a, const void *b)
 {
-    for (struct peer *p = c->peers; p; p = p->next)
-        if (strcmp(p->id, m->id) == 0) {
-            pthread_mutex_lock(&p->lock);
-            if (strcmp(p->addr, m->addr) != 0) {   /* restarted elsewhere */
-                while (p->npool)
-                    c->ops->close(p->pool[--p->npool]);
-                snprintf(p->addr, sizeof p->addr, "%s", m->addr);
-                atomic_store(&p->down_until_ms, 0);
-            }
-            pthread_mutex_unlock(&p->lock);
-            return p;
+    return strcmp((*(struct peer *const *)a)->id, (*(struct peer *const *)b)->id);
+}
+
+/* A member's place in its view, sorted by id (view_install). */
+struct mref {
+    const char *id;
+    size_t i;
+};
+
+static int mref_by_id(const void *a, const void *b)
+{
+    const struct mref *x = a, *y = b;
+    int d = strcmp(x->id, y->id);
+    return d ? d : (x->i > y->i) - (x->i < y->i);   /* equal ids keep their order */
+}
+
+/* A member record for peer p, which has its id: a member that restarted
+ * elsewhere gets its new address, and its old connections are closed.
+ * Caller holds vlock. */
+static void peer_update(struct kv__cluster *c, struct peer *p, const struct kv__member *m)
+{
+    pthread_mutex_lock(&p->lock);
+    if (strcmp(p->addr, m->addr) != 0) {
+        while (p->npool)
+            c->ops->close(p->pool[--p->npool]);
+        snprintf(p->addr, sizeof p->addr, "%s", m->addr);
+        atomic_store(&p->down_until_ms, 0);
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* The peer of member m: found in byid[0..np) (the peer table sorted by id)
+ * and updated, or made and added to the table. Caller holds vlock. */
+static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m,
+                              struct peer **byid, size_t np)
+{
+    size_t lo = 0, hi = np;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int d = strcmp(byid[mid]->id, m->id);
+        if (d == 0) {
+            peer_update(c, byid[mid], m);
+            return byid[mid];
         }
+        if (d < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     struct peer *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
@@ -300,6 +339,18 @@ static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m)
     return p;
 }
 
+/*
+ * Installs the view of members m[0..n). A view change is O(n log n) in
+ * members, not O(n^2): with thousands of members every join or leave of
+ * any one of them (clients included) is a view change on every member, and
+ * the per-member list walk plus the two owner-by-owner comparisons were
+ * what grew (bench_etcd; doc/perf.md). How: the members are sorted by id
+ * (an index array, so the view keeps their order) and the peer table is
+ * sorted once, so each member finds its peer by binary search, and a
+ * repeated id finds the one peer made for the first; the owners of the
+ * view being replaced carry a fresh mark, so "did this peer stay" and "are
+ * the owners the same" are one compare each.
+ */
 static int view_install(struct kv__cluster *c, uint64_t version, const struct kv__member *m,
                         size_t n)
 {
@@ -313,23 +364,56 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     v->owners = calloc(n ? n : 1, sizeof *v->owners);
     v->seeds = calloc(n ? n : 1, sizeof *v->seeds);
     v->leaving = calloc(n ? n : 1, 1);
-    if (!v->owners || !v->seeds || !v->leaving) {
+    struct mref *ord = malloc((n ? n : 1) * sizeof *ord);
+    struct peer **of = calloc(n ? n : 1, sizeof *of);    /* each member's peer */
+    if (!v->owners || !v->seeds || !v->leaving || !ord || !of) {
+        free(ord);
+        free(of);
         view_put(v);
         return KV_ENOMEM;
     }
+    size_t no = 0;
+    for (size_t i = 0; i < n; i++)
+        if (m[i].flags & KV_MEMBER_OWNER)
+            ord[no++] = (struct mref){ m[i].id, i };
+    if (no)   /* outside vlock: routing takes it for every call */
+        qsort(ord, no, sizeof *ord, mref_by_id);
     pthread_mutex_lock(&c->vlock);
+    size_t np = 0;
+    for (struct peer *p = c->peers; p; p = p->next)
+        np++;
+    struct peer **byid = malloc((np ? np : 1) * sizeof *byid);
+    if (!byid) {
+        pthread_mutex_unlock(&c->vlock);
+        free(ord);
+        free(of);
+        view_put(v);
+        return KV_ENOMEM;
+    }
+    np = 0;
+    for (struct peer *p = c->peers; p; p = p->next)
+        byid[np++] = p;
+    if (np)
+        qsort(byid, np, sizeof *byid, peer_by_id);
+    for (size_t k = 0; k < no; k++) {
+        size_t i = ord[k].i, h = k ? ord[k - 1].i : 0;
+        if (k && of[h] && strcmp(m[h].id, m[i].id) == 0) {
+            of[i] = of[h];
+            peer_update(c, of[i], &m[i]);
+        } else {
+            of[i] = peer_find(c, &m[i], byid, np);
+        }
+    }
+    uint64_t mark = ++c->vmark;
+    for (size_t j = 0; c->view && j < c->view->n; j++)
+        c->view->owners[j]->mark = mark;
     for (size_t i = 0; i < n; i++) {
-        if (!(m[i].flags & KV_MEMBER_OWNER))
-            continue;
-        struct peer *p = peer_find(c, &m[i]);
+        struct peer *p = of[i];
         if (!p)
             continue;
         /* A peer (re)entering the view gets a clean slate; one that stays
          * keeps its down mark (views change for every client that joins). */
-        int stayed = 0;
-        for (size_t j = 0; c->view && j < c->view->n && !stayed; j++)
-            stayed = c->view->owners[j] == p;
-        if (!stayed)
+        if (p->mark != mark)
             atomic_store(&p->down_until_ms, 0);
         p->refs++;
         v->owners[v->n] = p;
@@ -337,18 +421,17 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         v->leaving[v->n] = (m[i].flags & KV_MEMBER_LEAVING) != 0;
         v->n++;
     }
+    free(byid);
+    free(ord);
+    free(of);
     struct view *old = c->view, *older = NULL;
     c->view = v;
     /* The replaced view becomes the previous one (its reference moves) when
      * the owners changed; a change of clients only keeps the move window
      * of the last owner change going. */
     int same = old && old->n == v->n;
-    for (size_t i = 0; same && i < v->n; i++) {
-        int found = 0;
-        for (size_t j = 0; j < old->n && !found; j++)
-            found = old->owners[j] == v->owners[i];
-        same = found;
-    }
+    for (size_t i = 0; same && i < v->n; i++)
+        same = v->owners[i]->mark == mark;
     int rerep = old && !same && c->rr_started;
     uint64_t seq = 0;
     if (rerep) {   /* references for the re-replication job */

@@ -220,6 +220,42 @@ START_TEST(lookup_is_a_per_block_mask_on_shard_zero)
 }
 END_TEST
 
+/* kv__dram_lookup takes a batch in chunks of 256 ids grouped by table
+ * shard (engine/dram.c): every answer must still land on its own id, across
+ * chunk boundaries, with repeated ids, with one table shard, with many, and
+ * with more shards than a chunk has ids (no grouping). */
+START_TEST(batched_lookups_answer_each_id_in_place)
+{
+    static const unsigned shards[] = { 1, 7, 64, 300 };
+    enum { N = 1500 };
+    kv_block_id *ids = malloc(N * sizeof *ids);
+    uint8_t *hit = malloc(N), buf[64] = { 0 };
+    ck_assert_ptr_nonnull(ids);
+    ck_assert_ptr_nonnull(hit);
+    for (size_t k = 0; k < KV__ARRAY_LEN(shards); k++) {
+        kv_engine *e = tu_open_yamlf("pipeline: dram\ndram: { capacity: 64MiB, shards: %u }\n"
+                                     "io: { threads: 2 }\n", shards[k]);
+        /* Blocks 3i+1 are stored; ids are drawn from 0..999 in a scrambled
+         * order, so some repeat and hits and misses interleave. */
+        for (uint64_t i = 1; i < 1000; i += 3)
+            ck_assert_int_eq(tu_dump1(e, tu_id(i, 5), 0, buf, sizeof buf), KV_OK);
+        uint64_t want[N];
+        for (size_t i = 0; i < N; i++) {
+            want[i] = (i * 7919u + k) % 1000;
+            ids[i] = tu_id(want[i], 5);
+        }
+        memset(hit, 9, N);
+        ck_assert_int_eq(kv_lookup(e, ids, N, hit), KV_OK);
+        for (size_t i = 0; i < N; i++)
+            ck_assert_msg(hit[i] == (want[i] % 3 == 1), "shards %u: id %zu (block %llu): hit %u",
+                          shards[k], i, (unsigned long long)want[i], hit[i]);
+        kv_close(e);
+    }
+    free(ids);
+    free(hit);
+}
+END_TEST
+
 /* UCM's Posix store commits a block after its last shard: with
  * store.block_shards 4, shards 0..2 are a miss, the fourth makes the hit.
  * (Before store.block_shards, lookup said hit once shard 0 was in.) */
@@ -831,6 +867,7 @@ Suite *engine_suite(void)
     tcase_add_test(tc, loading_a_missing_shard_fails_and_leaves_it_untouched);
     tcase_add_test(tc, any_failed_shard_fails_the_task);
     tcase_add_test(tc, lookup_is_a_per_block_mask_on_shard_zero);
+    tcase_add_test(tc, batched_lookups_answer_each_id_in_place);
     tcase_add_test(tc, lookup_prefix_is_the_last_hit_of_the_leading_run);
     tcase_add_test(tc, a_block_hits_only_once_every_shard_is_stored);
     tcase_add_test(tc, block_shards_is_configured_and_checked);
