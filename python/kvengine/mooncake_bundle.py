@@ -1210,9 +1210,6 @@ class MooncakeBundleTransfer:
                                      % (name, list(t.shape), fspec["shape"]))
                 if rows is not None:
                     t = t[self._rows_of(name, tuple(t.shape), rows)]
-                if isinstance(dest, _TensorObjectBuffer):
-                    raise ValueError("member %r: a tensor_object_buffer destination needs a"
-                                     " member stored as tensor object bytes" % name)
                 return _into(name, t, dest)
             if rows is None or "shape" not in fspec:
                 raw = self._read(pspec)
@@ -1224,11 +1221,6 @@ class MooncakeBundleTransfer:
                 if rows is not None:
                     idx = self._rows_of(name, tuple(t.shape), rows)
                     t = t[idx]
-                if isinstance(dest, _TensorObjectBuffer):
-                    if dest.size < len(raw):
-                        raise ValueError("member %r needs %d bytes, the destination holds %d"
-                                         % (name, len(raw), dest.size))
-                    ctypes.memmove(dest.ptr, bytes(raw), len(raw))
                 return _into(name, t, dest)
             shape = tuple(fspec["shape"])
             idx = self._rows_of(name, shape, rows)
@@ -1572,8 +1564,17 @@ def _into(name, value, dest):
                                 tuple(value.shape)))
         dest.copy_(value)
         return dest
+    if isinstance(dest, (_TensorObjectBuffer, _RawDestination)) and _is_tensor(value):
+        # a tensor lands in caller memory as a Mooncake tensor object
+        data = _tensor_lib().serialize_tensor(value.contiguous())
+        if len(data) > dest.size:
+            raise ValueError("destination for %r holds %d bytes, the tensor object needs %d"
+                             % (name, dest.size, len(data)))
+        ctypes.memmove(dest.ptr, data, len(data))
+        return value if isinstance(dest, _TensorObjectBuffer) else dest
     if isinstance(dest, _TensorObjectBuffer):
-        return value  # the object bytes were copied in by the tensor reader
+        raise ValueError("destination for %r: a tensor_object_buffer takes tensor members only"
+                         % name)
     if isinstance(dest, _RawDestination):
         src = value.numpy() if _is_tensor(value) else np.ascontiguousarray(value)
         if src.dtype.hasobject:
