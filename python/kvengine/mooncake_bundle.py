@@ -70,7 +70,7 @@ STORAGE_GROUP_ID = "storage_group_id"
 _WRAPPED = "__mooncake_wrapped_object__"
 _SECTIONS = ("batch", "non_tensor_batch", "meta_info")
 _CODECS = ("ndarray", "typed_ragged", "ragged_tensor", "bytes_ragged", "utf8_ragged",
-           "json_ragged", "msgpack_ragged", "auto")
+           "json_ragged", "msgpack_ragged", "structured_recursive", "auto")
 
 
 # -- public value types ------------------------------------------------------
@@ -344,11 +344,13 @@ def _key_config(config):
 def _config_for_grouped_keys(config, key_count):
     """The config for a batch write of key_count keys: the one group id
     repeated per key."""
-    named, gid = _one_group(config)
+    named, _ = _one_group(config)
     if not named or key_count <= 0:
         return config
+    g = config.group_ids
+    ids = [g] if isinstance(g, str) else list(g)
     c = _copy_config(config)
-    c.group_ids = None if gid is None else [gid] * key_count
+    c.group_ids = ids * key_count if ids else None
     return c
 
 
@@ -398,11 +400,30 @@ class _Io:
             rc = self.store.put(key, data, config=config)
         _status(rc, "put", key)
 
-    def put_many(self, items, policy, config, written):
-        """items: [(key, bytes-like)], written max_inflight_put at a time;
-        each key is appended to written as its put is issued, so a failure
-        leaves nothing to clean up that written does not list."""
-        if policy.max_inflight_put > 1 and len(items) > 1 and policy.put_mode != "batch":
+    def put_many(self, items, policy, config, written, staged=False):
+        """items: [(key, bytes-like)]. Each key is appended to written as its
+        put is issued, so a failure leaves nothing to clean up that written
+        does not list. As Mooncake documents its policy: "copy" uses put
+        (max_inflight_put at a time); "auto" uses one batch_put_from from
+        the items' own memory when put_mode is "batch" or the transfer has a
+        buffer pool (staged), put otherwise; "zero_copy" only batch_put_from.
+        (kvengine's batch_put_from is one kv_put_many: a round per owner.)"""
+        if not items:
+            return
+        batch = self._has("batch_put_from") and policy.put_mode != "parallel" and (
+            policy.copy_mode == "zero_copy" or
+            (policy.copy_mode == "auto" and (staged or policy.put_mode == "batch")))
+        if policy.copy_mode == "zero_copy" and not batch:
+            raise RuntimeError("zero-copy put needs the store's batch_put_from (and"
+                               " put_mode other than parallel)")
+        if batch:
+            left = self._batch_put_from(items, config, written)
+            if not left:
+                return
+            if policy.copy_mode == "zero_copy":
+                raise RuntimeError("zero-copy put: batch_put_from failed for %r" % (left[0][0],))
+            items = left
+        if policy.max_inflight_put > 1 and len(items) > 1:
             with ThreadPoolExecutor(min(policy.max_inflight_put, len(items))) as pool:
                 futures = []
                 for k, v in items:
@@ -414,6 +435,28 @@ class _Io:
             for k, v in items:
                 written.append(k)
                 self.put(k, v, config)
+
+    def _batch_put_from(self, items, config, written):
+        """One batch_put_from of items; returns the items it did not store."""
+        arrays = [np.frombuffer(v, np.uint8) for _, v in items]
+        keys = [k for k, _ in items]
+        ptrs = [int(a.ctypes.data) for a in arrays]
+        sizes = [len(a) for a in arrays]
+        regs = []
+        if self._has("register_buffer") and self._has("unregister_buffer"):
+            regs = [p for p, n in zip(ptrs, sizes) if self.store.register_buffer(p, n) == 0]
+        written.extend(keys)
+        try:
+            c = _config_for_grouped_keys(config, len(keys))
+            res = self.store.batch_put_from(keys, ptrs, sizes) if c is None else \
+                self.store.batch_put_from(keys, ptrs, sizes, config=c)
+        finally:
+            for p in regs:
+                self.store.unregister_buffer(p)
+        res = list(res) if res is not None else []
+        if len(res) != len(items):
+            return list(items)
+        return [it for it, r in zip(items, res) if r != 0]
 
     def put_tensor(self, key, tensor, config):
         """True when the store stored it as a tensor object itself."""
@@ -451,31 +494,71 @@ class _Io:
                              % (key, have, size))
         return data
 
-    def get_range(self, key, size, offset, length):
-        """length bytes at offset of an object of size bytes."""
-        if length == 0:
-            return b""
-        if self._has("get_into_ranges") and self._has("register_buffer") and \
-                self._has("unregister_buffer"):
-            out = bytearray(length)
-            buf = (ctypes.c_char * length).from_buffer(out)
-            ptr = ctypes.addressof(buf)
-            if self.store.register_buffer(ptr, length) == 0:
-                try:
-                    got = self.store.get_into_ranges([ptr], [[key]], [[[0]]], [[[offset]]],
-                                                     [[[length]]])
-                finally:
-                    self.store.unregister_buffer(ptr)
-                    del buf
-                try:
-                    n = got[0][0][0]
-                except (TypeError, IndexError):
-                    n = -1
-                if n == length:
-                    return out
-            else:
+    def read_pieces(self, pieces, out):
+        """Copies pieces [(key, object size, offset in it, length, offset in
+        out)] into the bytearray out, in one store call where the store can:
+        batch_get_into when every piece is a whole object, get_into_ranges
+        otherwise (out registered for the call), whole-object gets else."""
+        pieces = [p for p in pieces if p[3] > 0]
+        if not pieces:
+            return
+        whole = all(off == 0 and n == size for _, size, off, n, _ in pieces)
+        fast = "batch_get_into" if whole and self._has("batch_get_into") else \
+            ("get_into_ranges" if self._has("get_into_ranges") else None)
+        if fast is not None and self._has("register_buffer") and self._has("unregister_buffer"):
+            buf = (ctypes.c_char * len(out)).from_buffer(out)
+            base = ctypes.addressof(buf)
+            try:
+                if self.store.register_buffer(base, len(out)) == 0:
+                    try:
+                        if self._read_fast(fast, base, pieces):
+                            return
+                    finally:
+                        self.store.unregister_buffer(base)
+            finally:
                 del buf
-        return memoryview(self.get(key, size))[offset:offset + length]
+        # the plain path, which also says precisely what is wrong (an object
+        # missing, or of another size than the manifest says)
+        got = {}
+        for key, size, off, n, dst in pieces:
+            if key not in got:
+                got[key] = self.get(key, size)
+            out[dst:dst + n] = memoryview(got[key])[off:off + n]
+
+    def _read_fast(self, fast, base, pieces):
+        if fast == "batch_get_into":
+            res = self.store.batch_get_into([p[0] for p in pieces],
+                                            [base + p[4] for p in pieces],
+                                            [p[3] for p in pieces])
+            res = list(res) if res is not None else []
+            return len(res) == len(pieces) and all(r == p[3] for r, p in zip(res, pieces))
+        keys, dsts, srcs, sizes = [], [], [], []
+        for key, _, off, n, dst in pieces:
+            if not keys or keys[-1] != key:
+                keys.append(key)
+                dsts.append([])
+                srcs.append([])
+                sizes.append([])
+            dsts[-1].append(dst)
+            srcs[-1].append(off)
+            sizes[-1].append(n)
+        res = self.store.get_into_ranges([base], [keys], [dsts], [srcs], [sizes])
+        try:
+            flat = [r for per_key in res[0] for r in per_key]
+        except (TypeError, IndexError):
+            flat = []
+        want = [n for per_key in sizes for n in per_key]
+        if len(flat) != len(want) or any(r != n for r, n in zip(flat, want)):
+            return False
+        # a range read cannot see an object's size: check it once per key
+        # where the store says (get_size), as the whole-object reads do
+        if self._has("get_size"):
+            for key, size in dict((p[0], p[1]) for p in pieces).items():
+                have = self.store.get_size(key)
+                if isinstance(have, int) and have >= 0 and have != size:
+                    raise ValueError("store object %r has %d bytes, its manifest says %d"
+                                     % (key, have, size))
+        return True
 
     def remove_all(self, keys):
         """Removes every key (forced: these are ours); a key already gone is
@@ -784,6 +867,126 @@ def _decode_column(path, codec, rows, payload, meta):
     raise ValueError("%s: unknown codec %r" % (path, codec))
 
 
+# -- structured_recursive: rows of nested dicts and lists, with tensors inside --------
+# The rows are walked as mooncake_structured's inference walks them: a node
+# per dict level (its keys) and per list of containers (its per-row
+# lengths; the items of every row form the next level's rows), a leaf per
+# column of values, encoded by the codecs above. Each level keeps, per row,
+# whether the value was absent (MISSING: the dict lacked the key) and
+# whether it held a container (else it was None), so decoding gives back
+# "key absent" and "key present, None" apart.
+
+def _is_null(v):
+    return v is None or v is _infer.MISSING
+
+
+def _recursive_fits(values):
+    present = [v for v in values if not _is_null(v)]
+    return bool(present) and (all(isinstance(v, dict) for v in present) or
+                              all(isinstance(v, list) for v in present))
+
+
+def _encode_recursive(path, values):
+    nodes, leaves, payload = [], [], {}
+
+    def flags(name, vals, test, dtype=np.bool_):
+        payload[name] = np.asarray([test(v) for v in vals], dtype=dtype)
+        return name
+
+    def walk(p, vals, depth):
+        if depth > _infer.MAX_DEPTH:
+            raise ValueError("%s: nested deeper than %d levels" % (p, _infer.MAX_DEPTH))
+        present = [v for v in vals if not _is_null(v)]
+        if present and all(isinstance(v, dict) for v in present):
+            keys = list(dict.fromkeys(k for v in present for k in v))
+            for k in keys:
+                if not isinstance(k, str) or not k or any(c in k for c in "./\\["):
+                    raise ValueError("%s: dict keys must be non-empty str and must not contain"
+                                     " '.', '/', '\\' or '[' (got %r)" % (p, k))
+            i = len(nodes)
+            node = {"id": i, "path": p, "node_type": "dict", "children": keys}
+            nodes.append(node)
+            node["missing_payload"] = flags("node.%d.missing" % i, vals, lambda v: v is _infer.MISSING)
+            node["row_mask_payload"] = flags("node.%d.row_mask" % i, vals,
+                                             lambda v: isinstance(v, dict))
+            for k in keys:
+                walk("%s.%s" % (p, k), [v.get(k, _infer.MISSING) if isinstance(v, dict) else v
+                                        for v in vals], depth + 1)
+            return
+        if present and all(isinstance(v, list) for v in present) and \
+                any(isinstance(x, (dict, list)) for v in present for x in v):
+            i = len(nodes)
+            node = {"id": i, "path": p, "node_type": "list", "children": []}
+            nodes.append(node)
+            node["missing_payload"] = flags("node.%d.missing" % i, vals, lambda v: v is _infer.MISSING)
+            node["row_mask_payload"] = flags("node.%d.row_mask" % i, vals,
+                                             lambda v: isinstance(v, list))
+            node["lengths_payload"] = flags("node.%d.lengths" % i, vals,
+                                            lambda v: len(v) if isinstance(v, list) else 0,
+                                            np.int64)
+            walk(p + "[0]", [x for v in vals if isinstance(v, list) for x in v], depth + 1)
+            return
+        i = len(leaves)
+        plain = [None if v is _infer.MISSING else v for v in vals]
+        codec, lp, meta = _encode_column(p, plain, _auto_codec(p, plain))
+        members = {}
+        for name, value in lp.items():
+            payload["leaf.%d.%s" % (i, name)] = value
+            members[name] = "leaf.%d.%s" % (i, name)
+        members["missing"] = flags("leaf.%d.missing" % i, vals, lambda v: v is _infer.MISSING)
+        leaves.append({"id": i, "path": p, "codec": codec, "rows": len(vals), "metadata": meta,
+                       "payload_members": members})
+    walk(path, list(values), 0)
+    return "structured_recursive", payload, {
+        "schema_source": "inferred_from_runtime_values", "structure_version": 1,
+        "root_path": path, "nodes": nodes, "leaves": leaves}
+
+
+def _decode_recursive(name, rows, payload, meta):
+    def get(member, what):
+        if member not in payload:
+            raise ValueError("%s: %s payload %r is missing" % (name, what, member))
+        return payload[member]
+    try:
+        by_path = {n["path"]: ("node", n) for n in meta["nodes"]}
+        by_path.update({lf["path"]: ("leaf", lf) for lf in meta["leaves"]})
+        root = meta["root_path"]
+    except (KeyError, TypeError) as e:
+        raise ValueError("%s: structured_recursive metadata is damaged" % name) from e
+
+    def column(p, count, depth):
+        if depth > _infer.MAX_DEPTH or p not in by_path:
+            raise ValueError("%s: structured_recursive metadata has no level %r" % (name, p))
+        kind, d = by_path[p]
+        if kind == "leaf":
+            lp = {k: get(v, "leaf") for k, v in d["payload_members"].items() if k != "missing"}
+            vals = _decode_column(p, d["codec"], int(d["rows"]), lp, d.get("metadata") or {})
+            miss = get(d["payload_members"]["missing"], "leaf")
+            if len(vals) != count or len(miss) != count:
+                raise ValueError("%s: level %r has %d rows, expected %d" % (name, p, len(vals), count))
+            return [_infer.MISSING if m else v for v, m in zip(vals, miss)]
+        miss = get(d["missing_payload"], "node")
+        mask = get(d["row_mask_payload"], "node")
+        if len(miss) != count or len(mask) != count:
+            raise ValueError("%s: level %r has %d rows, expected %d" % (name, p, len(miss), count))
+        if d["node_type"] == "dict":
+            kids = {k: column("%s.%s" % (p, k), count, depth + 1) for k in d["children"]}
+            return [_infer.MISSING if miss[r] else
+                    ({k: c[r] for k, c in kids.items() if c[r] is not _infer.MISSING}
+                     if mask[r] else None) for r in range(count)]
+        lengths = np.asarray(get(d["lengths_payload"], "node"), np.int64)
+        if len(lengths) != count or np.any(lengths < 0):
+            raise ValueError("%s: level %r has damaged lengths" % (name, p))
+        items = column(p + "[0]", int(lengths.sum()), depth + 1)
+        out, pos = [], 0
+        for r in range(count):
+            out.append(_infer.MISSING if miss[r] else
+                       (items[pos:pos + lengths[r]] if mask[r] else None))
+            pos += int(lengths[r])
+        return out
+    return [None if v is _infer.MISSING else v for v in column(root, rows, 0)]
+
+
 def _object_array(values):
     a = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
@@ -864,8 +1067,9 @@ class MooncakeBundleTransfer:
         chunk = _chunk_bytes(self.default_chunk_bytes if chunk_bytes is None else chunk_bytes)
         object_id = "%s/%s" % (partition, uuid.uuid4().hex)
         base = "%s/%s" % (self.key_prefix, object_id)
-        items, tensors, written = [], [], []
-        meta_spec = self._put_payload(base + "/meta", memoryview(meta).cast("B"), chunk, items)
+        items, meta_items, tensors, written = [], [], [], []
+        meta_spec = self._put_payload(base + "/meta", memoryview(meta).cast("B"), chunk,
+                                      meta_items)
         buffers = {}
         for name, value in members.items():
             _segment(name, "buffer name")
@@ -883,7 +1087,9 @@ class MooncakeBundleTransfer:
             for name, key, value in tensors:
                 written.append(key)
                 buffers[name] = self._put_tensor(key, value, policy, config)
-            self._io.put_many(items, policy, config, written)
+            self._io.put_many(items, policy, config, written, self.buffer_pool is not None)
+            # metadata and manifest are small: always the copy path
+            self._io.put_many(meta_items, BundleTransferPolicy(copy_mode="copy"), config, written)
             manifest = {"version": 1, "layout": "bundle", "object_id": object_id,
                         "meta": meta_spec, "buffers": buffers}
             if inherited is not None:
@@ -1016,27 +1222,37 @@ class MooncakeBundleTransfer:
             raise ValueError("bundle manifest_key %r does not match its object_id" % key)
         return m
 
-    def _read(self, spec):
-        """A payload's bytes, chunks joined."""
-        if spec["bytes"] == 0:
-            return b""
-        if len(spec["chunks"]) == 1:
-            c = spec["chunks"][0]
-            return self._io.get(c["key"], c["bytes"])
-        return b"".join(bytes(self._io.get(c["key"], c["bytes"])) for c in spec["chunks"])
-
-    def _read_range(self, spec, offset, length):
-        """length bytes at offset of a payload, across its chunks."""
-        if offset < 0 or offset + length > spec["bytes"]:
+    @staticmethod
+    def _pieces(spec, offset, length, dst, pieces):
+        """Appends the per-chunk pieces of bytes offset..offset+length of a
+        payload, landing at dst onwards."""
+        if offset < 0 or length < 0 or offset + length > spec["bytes"]:
             raise ValueError("range %d+%d is outside a payload of %d bytes"
                              % (offset, length, spec["bytes"]))
-        out, pos = [], 0
+        pos = 0
         for c in spec["chunks"]:
             lo, hi = max(offset, pos), min(offset + length, pos + c["bytes"])
             if lo < hi:
-                out.append(bytes(self._io.get_range(c["key"], c["bytes"], lo - pos, hi - lo)))
+                pieces.append((c["key"], c["bytes"], lo - pos, hi - lo, dst + lo - offset))
             pos += c["bytes"]
-        return b"".join(out)
+
+    def _read(self, spec):
+        """A payload's bytes (a bytearray), chunks joined."""
+        out = bytearray(spec["bytes"])
+        pieces = []
+        self._pieces(spec, 0, spec["bytes"], 0, pieces)
+        self._io.read_pieces(pieces, out)
+        return out
+
+    def _read_ranges(self, spec, ranges):
+        """The bytes of [(offset, length)] of a payload, back to back."""
+        out = bytearray(sum(n for _, n in ranges))
+        pieces, dst = [], 0
+        for off, n in ranges:
+            self._pieces(spec, off, n, dst, pieces)
+            dst += n
+        self._io.read_pieces(pieces, out)
+        return out
 
     def _bundle_keys(self, m):
         keys = [c["key"] for s in [m["meta"]] + list(m["buffers"].values()) for c in s["chunks"]]
@@ -1168,14 +1384,11 @@ class MooncakeBundleTransfer:
         return idx
 
     def _read_rows(self, spec, base, rowbytes, idx):
-        """The bytes of rows idx (each rowbytes long) of a payload starting at base."""
-        if not idx:
-            return b""
-        lo, hi = min(idx), max(idx) + 1
-        if idx == list(range(lo, hi)):
-            return self._read_range(spec, base + lo * rowbytes, (hi - lo) * rowbytes)
-        cover = self._read_range(spec, base + lo * rowbytes, (hi - lo) * rowbytes)
-        return b"".join(cover[(i - lo) * rowbytes:(i - lo + 1) * rowbytes] for i in idx)
+        """The bytes of rows idx (each rowbytes long) of a payload starting
+        at base: one range for a run of rows, one per row otherwise."""
+        if idx and idx == list(range(idx[0], idx[-1] + 1)):
+            return self._read_ranges(spec, [(base + idx[0] * rowbytes, len(idx) * rowbytes)])
+        return self._read_ranges(spec, [(base + i * rowbytes, rowbytes) for i in idx])
 
     def _read_member(self, name, pspec, fspec, rows, dest):
         enc = fspec.get("encoding", "bytes")
@@ -1189,7 +1402,7 @@ class MooncakeBundleTransfer:
                 raw, out_shape = self._read_rows(pspec, 0, rowbytes, idx), (len(idx),) + shape[1:]
             if len(raw) != int(np.prod(out_shape, dtype=np.int64)) * dtype.itemsize:
                 raise ValueError("member %r: its bytes do not match dtype and shape" % name)
-            arr = np.frombuffer(bytes(raw), dtype).reshape(out_shape)
+            arr = np.frombuffer(raw, dtype).reshape(out_shape)
             return _into(name, arr, dest)
         if enc == "torch_tensor":
             if _torch is None:
@@ -1229,7 +1442,7 @@ class MooncakeBundleTransfer:
             rowbytes = int(np.prod(shape[1:], dtype=np.int64)) * esize
             raw = self._read_rows(pspec, int(pspec.get("metadata_bytes", tl.METADATA_SIZE)),
                                   rowbytes, idx)
-            t = _torch.frombuffer(bytearray(raw), dtype=dtype) if raw else _torch.empty(0, dtype=dtype)
+            t = _torch.frombuffer(raw, dtype=dtype) if raw else _torch.empty(0, dtype=dtype)
             return _into(name, t.reshape((len(idx),) + shape[1:]), dest)
         if enc != "bytes":
             raise ValueError("member %r: unsupported structured field encoding %r" % (name, enc))
@@ -1237,7 +1450,7 @@ class MooncakeBundleTransfer:
         if rows is not None:
             raise ValueError("member %r holds bytes, which does not support slicing" % name)
         if dest is not None:
-            return _into(name, np.frombuffer(bytes(raw), np.uint8), dest)
+            return _into(name, np.frombuffer(raw, np.uint8), dest)
         return bytes(raw)
 
     @staticmethod
@@ -1301,6 +1514,9 @@ class MooncakeBundleTransfer:
             schema = (field_schemas or {}).get(name)
             if schema is not None and not isinstance(schema, FieldSchema):
                 raise TypeError("field_schemas[%r] must be a FieldSchema" % name)
+            if schema is not None and schema.metadata.get("section") not in (None,
+                                                                             "non_tensor_batch"):
+                schema = None     # a schema for a same-named field of another section
             if isinstance(value, (list, tuple)):
                 value = _object_array(list(value))
             if not isinstance(value, np.ndarray):
@@ -1311,14 +1527,28 @@ class MooncakeBundleTransfer:
                 if schema is not None and not schema.nullable and any(v is None for v in vals):
                     raise ValueError("non_tensor_batch field %r is not nullable but has None"
                                      % name)
-                codec = schema.codec if schema is not None and schema.codec != "auto" else \
-                    _auto_codec("non_tensor_batch." + name, vals)
+                path = "non_tensor_batch." + name
+                if schema is not None and schema.codec != "auto":
+                    codec = schema.codec
+                else:
+                    try:
+                        codec = _auto_codec(path, vals)
+                    except ValueError:
+                        if not _recursive_fits(vals):
+                            raise
+                        codec = "structured_recursive"
                 try:
-                    codec, payload, cmeta = _encode_column("non_tensor_batch." + name, vals,
-                                                           codec, schema.metadata if schema else None)
+                    if codec == "structured_recursive":
+                        codec, payload, cmeta = _encode_recursive(path, vals)
+                    else:
+                        codec, payload, cmeta = _encode_column(path, vals, codec,
+                                                               schema.metadata if schema else None)
                 except (TypeError, ValueError, AttributeError) as e:
                     raise type(e)("failed to encode non_tensor_batch field %r with codec %r: %s"
                                   % (name, codec, e)) from e
+                if pol.copy_mode == "zero_copy":
+                    raise RuntimeError("zero-copy put requires tensor-object buffers: field %r is"
+                                       " encoded by %s into staged copies" % (name, codec))
                 pm = {}
                 for pname, pval in payload.items():
                     members["%s.%s" % (member, pname)] = pval
@@ -1406,8 +1636,7 @@ class MooncakeBundleTransfer:
                 "non_tensor_fields": {}, "meta_info_keys": list(ref.meta_info)}
         for name, loc in ref.field_index.items():
             e = ref.encoded_non_tensor.get(name)
-            spec = {"codec": e["codec"], "rows": e["rows"], "metadata": e["metadata"]} \
-                if e is not None else dict(specs[loc.stage].get(loc.member, {"encoding": "bytes"}))
+            spec = dict(e) if e is not None else dict(specs[loc.stage].get(loc.member, {"encoding": "bytes"}))
             sec = "batch_fields" if loc.section == "batch" else "non_tensor_fields"
             view[sec][name] = {"stage": loc.stage, "member": loc.member, "spec": spec}
         return view
@@ -1486,8 +1715,12 @@ class MooncakeBundleTransfer:
                                              " manifest" % (name, member))
                         payload[pname] = self._read_member(member, m["buffers"][member],
                                                            specs.get(member, {}), None, None)
-                    vals = _decode_column(name, enc["codec"], int(enc["rows"]), payload,
-                                          enc.get("metadata") or {})
+                    if enc["codec"] == "structured_recursive":
+                        vals = _decode_recursive(name, int(enc["rows"]), payload,
+                                                 enc.get("metadata") or {})
+                    else:
+                        vals = _decode_column(name, enc["codec"], int(enc["rows"]), payload,
+                                              enc.get("metadata") or {})
                     if sel is not None:
                         vals = [vals[i] for i in sel]
                     value = _into(name, _object_array(vals), dests.get(name))
