@@ -33,10 +33,13 @@ add up, and every object read must have the size the manifest says. A
 damaged or forged manifest raises ValueError; it never makes the reader
 read, or cleanup remove, keys outside the bundle.
 
-What the drop-in leaves out (see the README): Mooncake's storage-group
-expansion of config.group_ids, its native fast-copy extension, nested
-(jagged) tensors, recursive codecs for rows that mix containers with
-tensors, and media (PIL) payloads.
+Rows of nested dicts and lists with tensors or arrays inside are encoded
+as "structured_recursive" (a node per container level, a leaf column per
+value path); that codec's payload layout is this module's own.
+
+What the drop-in leaves out (see the README): nested (jagged) tensors, the
+ragged_tensor_dict and media (PIL) codecs, Mooncake's native fast-copy
+extension and BufferPool-backed results.
 """
 
 import copy

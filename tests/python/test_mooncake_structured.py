@@ -580,3 +580,122 @@ def test_msgpack_rows_use_msgpacks_published_encoding():
         mb._mp_unpack(b"\xdb\x00\x00\x00\x09abc", 0)     # truncated str32
     with pytest.raises(TypeError):
         mb._mp_pack((1, 2), bytearray())                  # tuples are not msgpack arrays
+
+
+# -- nested rows, write paths, groups -----------------------------------------------------
+
+def same(a, b):
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        return torch.is_tensor(a) and torch.is_tensor(b) and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def test_nested_rows_with_tensors_keep_missing_keys_and_nulls_apart(transfer):
+    rows = [{"tok": torch.arange(2), "label": None, "imgs": [{"px": torch.ones(2, 2)}]},
+            {"label": 1, "imgs": []},
+            None,
+            {"tok": None, "label": 3, "imgs": [{"px": None}, {"px": torch.zeros(1, 2)}],
+             "meta": {"r": "x"}}]
+    ref = transfer.put_dataproto(Proto(non_tensor_batch={"s": objarr(rows)}))
+    assert ref.encoded_non_tensor["s"]["codec"] == "structured_recursive"
+    got = transfer.get_dataproto(ref)["non_tensor_batch"]["s"]
+    assert all(same(g, w) for g, w in zip(got, rows)), got
+    assert "tok" not in got[1] and "tok" in got[3] and got[3]["tok"] is None
+    assert "meta" not in got[0]
+    picked = transfer.get_dataproto(import_dataproto_ref(export_dataproto_ref(ref)),
+                                    rows=[3, 0])["non_tensor_batch"]["s"]
+    assert same(picked[0], rows[3]) and same(picked[1], rows[0])
+
+
+def test_damaged_recursive_metadata_is_refused(transfer):
+    ref = transfer.put_dataproto(Proto(non_tensor_batch={"s": objarr(
+        [{"t": torch.ones(1)}, {"t": torch.ones(2)}])}))
+    h = export_dataproto_ref(ref)
+    h["encoded_non_tensor"]["s"]["metadata"]["root_path"] = "elsewhere"
+    with pytest.raises(ValueError, match="no level"):
+        transfer.get_dataproto(h)
+
+
+class Recording:
+    """Passes every call to a store, recording what batch_put_from and put get."""
+
+    def __init__(self, inner):
+        self.inner, self.batches, self.configs = inner, [], []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def put(self, key, value, config=None):
+        self.configs.append(config)
+        return self.inner.put(key, value, config=config)
+
+    def batch_put_from(self, keys, ptrs, sizes, config=None):
+        self.batches.append(list(keys))
+        self.configs.append(config)
+        return self.inner.batch_put_from(keys, ptrs, sizes, config=config)
+
+
+def test_batch_and_zero_copy_writes(store):
+    rec = Recording(store)
+    t = MooncakeBundleTransfer(rec, key_prefix="w-%s" % uuid.uuid4().hex[:8])
+    arr = np.arange(40, dtype=np.int64)
+    ref = t.put_object({"a": arr}, chunk_bytes=64, policy=BundleTransferPolicy(put_mode="batch"))
+    assert len(rec.batches) == 1 and len(rec.batches[0]) == 5     # every chunk, one call
+    assert np.array_equal(t.get_object(ref)["a"], arr)
+    ref = t.put_object({"a": arr}, policy=BundleTransferPolicy(copy_mode="zero_copy"))
+    assert np.array_equal(t.get_object(ref)["a"], arr) and len(rec.batches) == 2
+    n = len(rec.batches)
+    t.put_object({"a": arr}, policy=BundleTransferPolicy(copy_mode="copy"))
+    assert len(rec.batches) == n
+    with pytest.raises(RuntimeError, match="zero-copy put requires tensor-object buffers"):
+        t.put_dataproto(Proto(non_tensor_batch={"u": np.asarray(["a"], dtype=object)}),
+                        policy=BundleTransferPolicy(copy_mode="zero_copy"))
+
+    class NoBatch:
+        put, get, remove = store.put, store.get, store.remove
+    with pytest.raises(RuntimeError, match="zero-copy put needs"):
+        MooncakeBundleTransfer(NoBatch()).put_object(
+            b"x", policy=BundleTransferPolicy(copy_mode="zero_copy"))
+
+
+def test_a_dataproto_writes_as_one_storage_group(store):
+    rec = Recording(store)
+    t = MooncakeBundleTransfer(rec, key_prefix="g-%s" % uuid.uuid4().hex[:8])
+    ref = t.put_dataproto(Proto(batch={"a": np.arange(4)}), chunk_bytes=8)
+    gid = ref._storage_group_id
+    assert gid.startswith("structured-")
+    assert export_dataproto_ref(ref)["storage_group_id"] == gid
+    seen = [c.group_ids for c in rec.configs]
+    assert seen and all(g == [gid] for g in seen)
+    rec.configs.clear()
+    ref2 = t.append_dataproto_fields(export_dataproto_ref(ref), Proto(batch={"b": np.arange(4)}),
+                                     stage="two")
+    assert ref2._storage_group_id == gid and all(c.group_ids == [gid] for c in rec.configs)
+    cfg = mc.ReplicateConfig()
+    cfg.group_ids = ["other"]
+    with pytest.raises(ValueError, match="conflicts"):
+        t.append_dataproto_fields(ref2, Proto(batch={"c": np.arange(4)}), stage="x", config=cfg)
+    cfg.group_ids = ["a", "b"]
+    with pytest.raises(ValueError, match="exactly one"):
+        t.put_dataproto(Proto(batch={"c": np.arange(4)}), config=cfg)
+    mine = mc.ReplicateConfig()
+    mine.group_ids = ["mine"]
+    assert t.put_dataproto(Proto(batch={"c": np.arange(4)}), config=mine)._storage_group_id \
+        == "mine"
+    assert mine.group_ids == ["mine"]                    # the caller's config is left alone
+    t.cleanup_dataproto(ref2)
+
+
+def test_a_range_read_checks_the_object_size(transfer, store):
+    ref = transfer.put_structured_object(StructuredObjectPayload({}, {"a": np.arange(8)}))
+    m = json.loads(json.dumps(ref.manifest))
+    m["buffers"]["a"]["bytes"] = m["buffers"]["a"]["chunks"][0]["bytes"] = 32
+    assert store.remove(ref.manifest_key, force=True) == 0
+    assert store.put(ref.manifest_key, json.dumps(m).encode()) == 0
+    with pytest.raises(ValueError, match="manifest says"):
+        transfer.materialize(transfer.read_spec({"manifest_key": ref.manifest_key})
+                             .slice_member("a", 0, 0, 2))
