@@ -403,24 +403,25 @@ class _Io:
             rc = self.store.put(key, data, config=config)
         _status(rc, "put", key)
 
-    def put_many(self, items, policy, config, written, staged=False):
+    def put_many(self, items, policy, config, written, pool=None):
         """items: [(key, bytes-like)]. Each key is appended to written as its
         put is issued, so a failure leaves nothing to clean up that written
         does not list. As Mooncake documents its policy: "copy" uses put
-        (max_inflight_put at a time); "auto" uses one batch_put_from from
-        the items' own memory when put_mode is "batch" or the transfer has a
-        buffer pool (staged), put otherwise; "zero_copy" only batch_put_from.
-        (kvengine's batch_put_from is one kv_put_many: a round per owner.)"""
+        (max_inflight_put at a time); "auto" stages the items in one lease
+        of the transfer's buffer pool and writes them with one
+        batch_put_from, put without a pool; "zero_copy" only batch_put_from,
+        from the items' own memory (registered for the call). kvengine's
+        batch_put_from is one kv_put_many: a round per owner."""
         if not items:
             return
+        staged = pool is not None and policy.copy_mode == "auto"
         batch = self._has("batch_put_from") and policy.put_mode != "parallel" and (
-            policy.copy_mode == "zero_copy" or
-            (policy.copy_mode == "auto" and (staged or policy.put_mode == "batch")))
+            policy.copy_mode == "zero_copy" or staged)
         if policy.copy_mode == "zero_copy" and not batch:
             raise RuntimeError("zero-copy put needs the store's batch_put_from (and"
                                " put_mode other than parallel)")
         if batch:
-            left = self._batch_put_from(items, config, written)
+            left = self._batch_put_from(items, config, written, pool if staged else None)
             if not left:
                 return
             if policy.copy_mode == "zero_copy":
@@ -439,15 +440,28 @@ class _Io:
                 written.append(k)
                 self.put(k, v, config)
 
-    def _batch_put_from(self, items, config, written):
-        """One batch_put_from of items; returns the items it did not store."""
-        arrays = [np.frombuffer(v, np.uint8) for _, v in items]
+    def _batch_put_from(self, items, config, written, pool):
+        """One batch_put_from of items (staged in a lease of pool when one
+        is given); returns the items it did not store."""
         keys = [k for k, _ in items]
-        ptrs = [int(a.ctypes.data) for a in arrays]
-        sizes = [len(a) for a in arrays]
-        regs = []
-        if self._has("register_buffer") and self._has("unregister_buffer"):
-            regs = [p for p, n in zip(ptrs, sizes) if self.store.register_buffer(p, n) == 0]
+        sizes = [len(memoryview(v).cast("B")) for _, v in items]
+        regs, lease = [], None
+        if pool is not None:
+            lease = pool.acquire(sum(sizes))
+            if lease.size < sum(sizes):
+                lease.release()
+                raise RuntimeError("the buffer pool gave %d bytes for %d" % (lease.size, sum(sizes)))
+            off, ptrs = 0, []
+            for (_, v), n in zip(items, sizes):
+                if n:
+                    ctypes.memmove(lease.ptr + off, int(np.frombuffer(v, np.uint8).ctypes.data), n)
+                ptrs.append(lease.ptr + off)
+                off += n
+        else:
+            arrays = [np.frombuffer(v, np.uint8) for _, v in items]
+            ptrs = [int(a.ctypes.data) for a in arrays]
+            if self._has("register_buffer") and self._has("unregister_buffer"):
+                regs = [p for p, n in zip(ptrs, sizes) if self.store.register_buffer(p, n) == 0]
         written.extend(keys)
         try:
             c = _config_for_grouped_keys(config, len(keys))
@@ -456,6 +470,8 @@ class _Io:
         finally:
             for p in regs:
                 self.store.unregister_buffer(p)
+            if lease is not None:
+                lease.release()
         res = list(res) if res is not None else []
         if len(res) != len(items):
             return list(items)
@@ -809,6 +825,14 @@ def _decode_column(path, codec, rows, payload, meta):
         for n in names:
             if n not in payload:
                 raise ValueError("%s: payload %r is missing" % (path, n))
+    if codec != "ndarray":
+        need("data", "offsets")
+        offsets = np.asarray(payload["offsets"], np.int64)
+        if len(offsets) != rows + 1:
+            raise ValueError("%s: offsets length %d does not match %d rows"
+                             % (path, len(offsets), rows))
+        if rows and (offsets[0] != 0 or np.any(np.diff(offsets) < 0)):
+            raise ValueError("%s: offsets are not ascending from 0" % path)
     need("nulls")
     nulls = np.asarray(payload["nulls"], np.bool_)
     if len(nulls) != rows:
@@ -816,11 +840,9 @@ def _decode_column(path, codec, rows, payload, meta):
     if codec == "ndarray":
         need("data")
         data = np.asarray(payload["data"])
+        if len(data) != rows:
+            raise ValueError("%s: %d values for %d rows" % (path, len(data), rows))
         return [None if nulls[r] else data[r].item() for r in range(rows)]
-    need("data", "offsets")
-    offsets = np.asarray(payload["offsets"], np.int64)
-    if len(offsets) != rows + 1 or (rows and (offsets[0] != 0 or np.any(np.diff(offsets) < 0))):
-        raise ValueError("%s: offsets do not match %d rows" % (path, rows))
     if codec in ("typed_ragged", "ragged_tensor"):
         need("shapes", "ndims")
         dtype = _np_dtype_of_torch(meta.get("dtype", "int64"))
@@ -990,6 +1012,53 @@ def _decode_recursive(name, rows, payload, meta):
     return [None if v is _infer.MISSING else v for v in column(root, rows, 0)]
 
 
+# Helpers under the names Mooncake's module gives them, over the codecs and
+# manifest format above (its tests and tools call them).
+
+def _encode_manifest(manifest):
+    return _json_bytes(manifest, "bundle manifest")
+
+
+def _decode_manifest(data):
+    return _json_dict(data, "bundle manifest")
+
+
+class _EncodedField:
+    """A non-tensor column as encoded: codec, rows, payload, metadata."""
+
+    __slots__ = ("codec", "rows", "payload", "metadata")
+
+    def __init__(self, codec, rows, payload, metadata):
+        self.codec, self.rows, self.payload, self.metadata = codec, rows, payload, metadata
+
+
+def _encode_with_schema(path, values, schema):
+    """A column encoded by schema.codec ("auto": inferred)."""
+    vals = list(values)
+    codec = schema.codec
+    if codec == "auto":
+        try:
+            codec = _auto_codec(path, vals)
+        except ValueError:
+            if not _recursive_fits(vals):
+                raise
+            codec = "structured_recursive"
+    if codec == "structured_recursive":
+        codec, payload, meta = _encode_recursive(path, vals)
+    else:
+        codec, payload, meta = _encode_column(path, vals, codec, schema.metadata)
+    return _EncodedField(codec, len(vals), payload, meta)
+
+
+def _encode_msgpack_ragged_values(path, values):
+    _, payload, meta = _encode_column(path, list(values), "msgpack_ragged")
+    return payload, meta
+
+
+def _decode_msgpack_ragged_values(payload, rows):
+    return _decode_column("msgpack_ragged", "msgpack_ragged", rows, payload, {})
+
+
 def _object_array(values):
     a = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
@@ -1090,7 +1159,7 @@ class MooncakeBundleTransfer:
             for name, key, value in tensors:
                 written.append(key)
                 buffers[name] = self._put_tensor(key, value, policy, config)
-            self._io.put_many(items, policy, config, written, self.buffer_pool is not None)
+            self._io.put_many(items, policy, config, written, self.buffer_pool)
             # metadata and manifest are small: always the copy path
             self._io.put_many(meta_items, BundleTransferPolicy(copy_mode="copy"), config, written)
             manifest = {"version": 1, "layout": "bundle", "object_id": object_id,
@@ -1123,7 +1192,7 @@ class MooncakeBundleTransfer:
     def _put_tensor(self, key, value, policy, config):
         if isinstance(value, _TensorObjectBuffer):
             self._io.put_from(key, value.ptr, value.size, config)
-            return {"key": key, "kind": "tensor", "bytes": value.size,
+            return {"key": key, "bytes": value.size,
                     "chunks": [{"key": key, "bytes": value.size}],
                     "metadata_bytes": _tensor_lib().METADATA_SIZE}
         t = value.detach()

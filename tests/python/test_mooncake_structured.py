@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kvengine.mooncake as mc
-from kvengine import mooncake_bundle as mb
+from kvengine import mooncake_bundle as mb, mooncake_tensor
 from mooncake.structured_object_store import (BundleTransferPolicy, FieldSchema,
                                               MooncakeBundleTransfer, MooncakeDataProtoRef,
                                               RemoteBundleRef, StructuredMemberSlice,
@@ -179,12 +179,12 @@ def test_materialize_into_destinations(transfer):
     got = transfer.materialize_into(transfer.read_spec(ref).select_members(["t"]),
                                     {"t": tensor_object_buffer(ctypes.addressof(tmem), size, tmem)})
     assert torch.equal(got.objects["t"], ten)
-    assert torch.equal(mc._deserialize_tensor(tmem.raw), ten)
+    assert torch.equal(mooncake_tensor.deserialize_tensor(tmem.raw), ten)
 
 
 def test_tensor_object_buffer_member_is_stored_as_is(transfer, store):
     ten = torch.arange(8, dtype=torch.float64).reshape(2, 4)
-    data = mc._serialize_tensor(ten)
+    data = mooncake_tensor.serialize_tensor(ten)
     mem = ctypes.create_string_buffer(data, len(data))
     ref = transfer.put_structured_object(StructuredObjectPayload(
         {}, {"t": tensor_object_buffer(ctypes.addressof(mem), len(data), mem, batch_size=2)}),
@@ -641,9 +641,10 @@ class Recording:
 
 def test_batch_and_zero_copy_writes(store):
     rec = Recording(store)
-    t = MooncakeBundleTransfer(rec, key_prefix="w-%s" % uuid.uuid4().hex[:8])
+    pool = mc.BufferPool(store)
+    t = MooncakeBundleTransfer(rec, key_prefix="w-%s" % uuid.uuid4().hex[:8], buffer_pool=pool)
     arr = np.arange(40, dtype=np.int64)
-    ref = t.put_object({"a": arr}, chunk_bytes=64, policy=BundleTransferPolicy(put_mode="batch"))
+    ref = t.put_object({"a": arr}, chunk_bytes=64)                 # staged in the pool
     assert len(rec.batches) == 1 and len(rec.batches[0]) == 5     # every chunk, one call
     assert np.array_equal(t.get_object(ref)["a"], arr)
     ref = t.put_object({"a": arr}, policy=BundleTransferPolicy(copy_mode="zero_copy"))
@@ -660,6 +661,7 @@ def test_batch_and_zero_copy_writes(store):
     with pytest.raises(RuntimeError, match="zero-copy put needs"):
         MooncakeBundleTransfer(NoBatch()).put_object(
             b"x", policy=BundleTransferPolicy(copy_mode="zero_copy"))
+    pool.close()
 
 
 def test_a_dataproto_writes_as_one_storage_group(store):

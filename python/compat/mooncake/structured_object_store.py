@@ -13,7 +13,9 @@ from kvengine.mooncake_bundle import (  # noqa: F401
     MooncakeBundleTransfer, MooncakeDataProtoRef, RemoteBundleRef, StructuredFieldLocation,
     StructuredMemberSlice, StructuredObjectPayload, StructuredObjectReadSpec,
     StructuredObjectResult, export_dataproto_ref, export_ref, import_dataproto_ref,
-    import_ref, is_dataproto_ref_handle, raw_destination, tensor_object_buffer)
+    import_ref, is_dataproto_ref_handle, raw_destination, tensor_object_buffer,
+    _config_for_grouped_keys, _decode_manifest, _decode_msgpack_ragged_values,
+    _encode_manifest, _encode_msgpack_ragged_values, _encode_with_schema)
 
 __all__ = ["MISSING", "CodecDecision", "LeafSpec", "NodeSpec", "infer_structure",
            "BundleTransferPolicy", "FieldSchema", "MooncakeBundleTransfer",
