@@ -1077,6 +1077,25 @@ def _tensor_lib():
     return mooncake_tensor
 
 
+def _check_field_spec(name, fs):
+    """A member's field spec as read from a store: believed once it parses."""
+    def ints(v):
+        return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                           and x >= 0 for x in v)
+    ok = isinstance(fs, dict) and isinstance(fs.get("encoding", "bytes"), str)
+    if ok and fs.get("encoding") == "ndarray":
+        try:
+            ok = not np.dtype(fs["dtype"]).hasobject and ints(fs["shape"])
+        except (KeyError, TypeError, ValueError):
+            ok = False
+    if ok and fs.get("encoding") == "torch_tensor" and "shape" in fs:
+        ok = ints(fs["shape"]) and isinstance(fs.get("dtype"), str) and \
+            _torch is not None and isinstance(getattr(_torch, fs["dtype"].replace("torch.", ""),
+                                                      None), _torch.dtype)
+    if not ok:
+        raise ValueError("structured field spec of member %r is damaged: %r" % (name, fs))
+
+
 def _member_spec(name, value):
     """(field spec, what to store) for one member."""
     if isinstance(value, _TensorObjectBuffer):
@@ -1400,6 +1419,8 @@ class MooncakeBundleTransfer:
         specs = meta.get(STRUCTURED_FIELD_SPECS_KEY, {})
         if not isinstance(specs, dict):
             raise ValueError("structured field specs must be a dict")
+        for name, fs in specs.items():
+            _check_field_spec(name, fs)
         return meta, specs
 
     def materialize_into(self, spec, destinations):
@@ -1787,12 +1808,20 @@ class MooncakeBundleTransfer:
                                              " manifest" % (name, member))
                         payload[pname] = self._read_member(member, m["buffers"][member],
                                                            specs.get(member, {}), None, None)
-                    if enc["codec"] == "structured_recursive":
-                        vals = _decode_recursive(name, int(enc["rows"]), payload,
-                                                 enc.get("metadata") or {})
-                    else:
-                        vals = _decode_column(name, enc["codec"], int(enc["rows"]), payload,
-                                              enc.get("metadata") or {})
+                    try:
+                        rows_n = enc["rows"]
+                        if isinstance(rows_n, bool) or not isinstance(rows_n, int) or \
+                                rows_n != ref.batch_size:
+                            raise ValueError("rows %r, the ref has %d" % (rows_n, ref.batch_size))
+                        if enc["codec"] == "structured_recursive":
+                            vals = _decode_recursive(name, rows_n, payload,
+                                                     enc.get("metadata") or {})
+                        else:
+                            vals = _decode_column(name, enc["codec"], rows_n, payload,
+                                                  enc.get("metadata") or {})
+                    except (TypeError, KeyError, IndexError, AttributeError, ValueError) as e:
+                        raise ValueError("DataProto field %r: its encoding is damaged: %s"
+                                         % (name, e)) from e
                     if sel is not None:
                         vals = [vals[i] for i in sel]
                     value = _into(name, _object_array(vals), dests.get(name))
@@ -2090,7 +2119,10 @@ def import_dataproto_ref(handle):
     enc = dict(_mapping(handle.get("encoded_non_tensor", {}), "encoded_non_tensor"))
     for n, e in enc.items():
         if n not in index or not isinstance(e, Mapping) or \
-                not isinstance(e.get("payload_members"), Mapping) or e.get("codec") not in _CODECS:
+                not isinstance(e.get("payload_members"), Mapping) or \
+                not all(isinstance(k, str) and isinstance(v, str)
+                        for k, v in e["payload_members"].items()) or \
+                not isinstance(e.get("metadata", {}), Mapping) or e.get("codec") not in _CODECS:
             raise ValueError("DataProto ref handle encoded_non_tensor[%r] is damaged" % (n,))
     return MooncakeDataProtoRef(batch_size=bs, stage_refs=stages, field_index=index,
                                 meta_info=dict(_mapping(handle.get("meta_info", {}), "meta_info")),

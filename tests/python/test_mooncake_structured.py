@@ -701,3 +701,30 @@ def test_a_range_read_checks_the_object_size(transfer, store):
     with pytest.raises(ValueError, match="manifest says"):
         transfer.materialize(transfer.read_spec({"manifest_key": ref.manifest_key})
                              .slice_member("a", 0, 0, 2))
+
+
+def test_damaged_field_specs_and_encodings_are_refused(transfer, store):
+    ref = transfer.put_structured_object(StructuredObjectPayload({}, {"a": np.arange(4)}))
+    meta_key = ref.manifest["meta"]["chunks"][0]["key"]
+    meta = json.loads(store.get(meta_key))
+    for bad in ({"encoding": "ndarray", "dtype": "no-such", "shape": [4]},
+                {"encoding": "ndarray", "dtype": "<i8", "shape": [-4]},
+                {"encoding": "ndarray", "dtype": "|O", "shape": [4]},
+                {"encoding": "torch_tensor", "dtype": "torch.nothing", "shape": [4]},
+                "ndarray"):
+        meta[mb.STRUCTURED_FIELD_SPECS_KEY]["a"] = bad
+        data = json.dumps(meta).encode()
+        m = json.loads(json.dumps(ref.manifest))
+        m["meta"]["bytes"] = m["meta"]["chunks"][0]["bytes"] = len(data)
+        assert store.remove(meta_key, force=True) == 0 and store.put(meta_key, data) == 0
+        with pytest.raises(ValueError, match="field spec of member 'a' is damaged"):
+            transfer.materialize(transfer.read_spec(RemoteBundleRef(ref.manifest_key, m)))
+    h = export_dataproto_ref(transfer.put_dataproto(sample()))
+    for field_name, damage in (("tokens", lambda e: e["metadata"].update(dtype="nope")),
+                               ("uid", lambda e: e.update(rows=99)),
+                               ("info", lambda e: e.update(codec="utf8_ragged")),
+                               ("tokens", lambda e: e["payload_members"].pop("shapes"))):
+        bad = json.loads(json.dumps(h))
+        damage(bad["encoded_non_tensor"][field_name])
+        with pytest.raises(ValueError, match="encoding is damaged"):
+            transfer.get_dataproto(bad, fields=[field_name])
