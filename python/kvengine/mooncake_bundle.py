@@ -515,7 +515,7 @@ class _Io:
 
     def read_pieces(self, pieces, out):
         """Copies pieces [(key, object size, offset in it, length, offset in
-        out)] into the bytearray out, in one store call where the store can:
+        out)] into out (a uint8 ndarray), in one store call where the store can:
         batch_get_into when every piece is a whole object, get_into_ranges
         otherwise (out registered for the call), whole-object gets else."""
         pieces = [p for p in pieces if p[3] > 0]
@@ -525,24 +525,20 @@ class _Io:
         fast = "batch_get_into" if whole and self._has("batch_get_into") else \
             ("get_into_ranges" if self._has("get_into_ranges") else None)
         if fast is not None and self._has("register_buffer") and self._has("unregister_buffer"):
-            buf = (ctypes.c_char * len(out)).from_buffer(out)
-            base = ctypes.addressof(buf)
-            try:
-                if self.store.register_buffer(base, len(out)) == 0:
-                    try:
-                        if self._read_fast(fast, base, pieces):
-                            return
-                    finally:
-                        self.store.unregister_buffer(base)
-            finally:
-                del buf
+            base = int(out.ctypes.data)
+            if self.store.register_buffer(base, len(out)) == 0:
+                try:
+                    if self._read_fast(fast, base, pieces):
+                        return
+                finally:
+                    self.store.unregister_buffer(base)
         # the plain path, which also says precisely what is wrong (an object
         # missing, or of another size than the manifest says)
         got = {}
         for key, size, off, n, dst in pieces:
             if key not in got:
                 got[key] = self.get(key, size)
-            out[dst:dst + n] = memoryview(got[key])[off:off + n]
+            out[dst:dst + n] = np.frombuffer(got[key], np.uint8, n, off)
 
     def _read_fast(self, fast, base, pieces):
         if fast == "batch_get_into":
@@ -1077,6 +1073,18 @@ def _tensor_lib():
     return mooncake_tensor
 
 
+def _tensor_object(t):
+    """A contiguous CPU tensor as Mooncake tensor object bytes, one copy."""
+    tl = _tensor_lib()
+    meta, ct = tl.tensor_meta(t)
+    n = ct.numel() * ct.element_size()
+    out = np.empty(len(meta) + n, np.uint8)
+    out[:len(meta)] = np.frombuffer(meta, np.uint8)
+    if n:
+        ctypes.memmove(int(out.ctypes.data) + len(meta), ct.data_ptr(), n)
+    return out
+
+
 def _check_field_spec(name, fs):
     """A member's field spec as read from a store: believed once it parses."""
     def ints(v):
@@ -1177,7 +1185,7 @@ class MooncakeBundleTransfer:
         try:
             for name, key, value in tensors:
                 written.append(key)
-                buffers[name] = self._put_tensor(key, value, policy, config)
+                buffers[name] = self._put_tensor(key, value, policy, config, chunk, items)
             self._io.put_many(items, policy, config, written, self.buffer_pool)
             # metadata and manifest are small: always the copy path
             self._io.put_many(meta_items, BundleTransferPolicy(copy_mode="copy"), config, written)
@@ -1208,7 +1216,11 @@ class MooncakeBundleTransfer:
             raise
         return RemoteBundleRef(manifest_key=mkey, manifest=manifest)
 
-    def _put_tensor(self, key, value, policy, config):
+    def _put_tensor(self, key, value, policy, config, chunk, items):
+        """A tensor member: through the store's put_tensor when it fits in
+        one chunk, else (or with copy_mode "copy") as the tensor object's
+        bytes, chunked like any payload (chunk_bytes bounds every object a
+        bundle writes; kvengine refuses objects past its client buffer)."""
         if isinstance(value, _TensorObjectBuffer):
             self._io.put_from(key, value.ptr, value.size, config)
             return {"key": key, "bytes": value.size,
@@ -1222,11 +1234,16 @@ class MooncakeBundleTransfer:
         total = meta_size + t.numel() * t.element_size()
         spec = {"key": key, "bytes": total, "chunks": [{"key": key, "bytes": total}],
                 "metadata_bytes": meta_size}
+        if total > chunk:
+            data = _tensor_object(t)
+            spec = self._put_payload(key, memoryview(data), chunk, items)
+            spec["metadata_bytes"] = meta_size
+            return spec
         if policy.copy_mode != "copy" and self._io.put_tensor(key, t, config):
             # stored by the store's tensor API: read back through get_tensor
             spec.update(kind="tensor", dtype=str(t.dtype), shape=list(t.shape))
             return spec
-        data = _tensor_lib().serialize_tensor(t.reshape(-1) if t.dim() == 0 else t)
+        data = _tensor_object(t.reshape(-1) if t.dim() == 0 else t)
         self._io.put(key, data, config)
         spec["bytes"] = spec["chunks"][0]["bytes"] = len(data)
         return spec
@@ -1328,8 +1345,9 @@ class MooncakeBundleTransfer:
             pos += c["bytes"]
 
     def _read(self, spec):
-        """A payload's bytes (a bytearray), chunks joined."""
-        out = bytearray(spec["bytes"])
+        """A payload's bytes (a uint8 ndarray: np.empty, so no page is
+        touched twice), chunks joined."""
+        out = np.empty(spec["bytes"], np.uint8)
         pieces = []
         self._pieces(spec, 0, spec["bytes"], 0, pieces)
         self._io.read_pieces(pieces, out)
@@ -1337,7 +1355,7 @@ class MooncakeBundleTransfer:
 
     def _read_ranges(self, spec, ranges):
         """The bytes of [(offset, length)] of a payload, back to back."""
-        out = bytearray(sum(n for _, n in ranges))
+        out = np.empty(sum(n for _, n in ranges), np.uint8)
         pieces, dst = [], 0
         for off, n in ranges:
             self._pieces(spec, off, n, dst, pieces)
@@ -1519,7 +1537,8 @@ class MooncakeBundleTransfer:
                 return _into(name, t, dest)
             if rows is None or "shape" not in fspec:
                 raw = self._read(pspec)
-                t = tl.deserialize_tensor(bytes(raw))
+                meta = tl.parse(raw)
+                t = None if meta is None else tl.to_tensor(_torch, raw, meta)  # over raw: no copy
                 if t is None:
                     raise ValueError("member %r: not a Mooncake tensor object" % name)
                 if "shape" in fspec:
@@ -1535,7 +1554,7 @@ class MooncakeBundleTransfer:
             rowbytes = int(np.prod(shape[1:], dtype=np.int64)) * esize
             raw = self._read_rows(pspec, int(pspec.get("metadata_bytes", tl.METADATA_SIZE)),
                                   rowbytes, idx)
-            t = _torch.frombuffer(raw, dtype=dtype) if raw else _torch.empty(0, dtype=dtype)
+            t = _torch.frombuffer(raw, dtype=dtype) if len(raw) else _torch.empty(0, dtype=dtype)
             return _into(name, t.reshape((len(idx),) + shape[1:]), dest)
         if enc != "bytes":
             raise ValueError("member %r: unsupported structured field encoding %r" % (name, enc))

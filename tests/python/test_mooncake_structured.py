@@ -152,6 +152,14 @@ def test_chunked_members_and_row_ranges_across_chunks(transfer, store):
     assert np.array_equal(transfer.materialize(transfer.read_spec(ref)).objects["a"], arr)
     got = transfer.materialize(transfer.read_spec(ref).slice_member("a", 0, 7, 201, 3))
     assert np.array_equal(got.objects["a"], arr[7:201:3])
+    # a tensor past chunk_bytes goes as its tensor object's bytes, chunked
+    ten = torch.arange(600, dtype=torch.float32).reshape(150, 4)
+    ref = transfer.put_structured_object(StructuredObjectPayload({}, {"t": ten}), chunk_bytes=512)
+    spec = ref.manifest["buffers"]["t"]
+    assert len(spec["chunks"]) > 1 and max(c["bytes"] for c in spec["chunks"]) <= 512
+    assert torch.equal(transfer.materialize(transfer.read_spec(ref)).objects["t"], ten)
+    got = transfer.materialize(transfer.read_spec(ref).slice_member("t", 0, 33, 140, 5))
+    assert torch.equal(got.objects["t"], ten[33:140:5])
 
 
 def test_materialize_into_destinations(transfer):
