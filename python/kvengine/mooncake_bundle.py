@@ -1519,6 +1519,22 @@ class MooncakeBundleTransfer:
             if _torch is None:
                 raise RuntimeError("member %r is a torch tensor and torch is not installed" % name)
             tl = _tensor_lib()
+            if isinstance(dest, _TensorObjectBuffer) and rows is None and \
+                    pspec.get("kind") != "tensor":
+                # the stored tensor object's bytes straight into the caller's
+                # memory (registered for the read), unparsed: the result is
+                # the destination (a member put as put_tensor gives a tensor
+                # over that memory instead, below)
+                n = pspec["bytes"]
+                if dest.size < n:
+                    raise ValueError("destination for %r holds %d bytes, the tensor object"
+                                     " needs %d" % (name, dest.size, n))
+                out = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(dest.ptr)) \
+                    if n else np.empty(0, np.uint8)
+                pieces = []
+                self._pieces(pspec, 0, n, 0, pieces)
+                self._io.read_pieces(pieces, out)
+                return dest
             if pspec.get("kind") == "tensor":
                 if not self._io._has("get_tensor"):
                     raise RuntimeError("member %r was stored with put_tensor and the store does"
@@ -1923,8 +1939,13 @@ def _into(name, value, dest):
         if len(data) > dest.size:
             raise ValueError("destination for %r holds %d bytes, the tensor object needs %d"
                              % (name, dest.size, len(data)))
-        ctypes.memmove(dest.ptr, data, len(data))
-        return value if isinstance(dest, _TensorObjectBuffer) else dest
+        ctypes.memmove(dest.ptr, int(np.frombuffer(data, np.uint8).ctypes.data), len(data))
+        if isinstance(dest, _RawDestination):
+            return dest
+        # a tensor over the caller's memory (its owner must outlive it)
+        tl = _tensor_lib()
+        mem = np.ctypeslib.as_array((ctypes.c_uint8 * len(data)).from_address(dest.ptr))
+        return tl.to_tensor(_torch, mem, tl.parse(mem))
     if isinstance(dest, _TensorObjectBuffer):
         raise ValueError("destination for %r: a tensor_object_buffer takes tensor members only"
                          % name)

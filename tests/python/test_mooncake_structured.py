@@ -184,10 +184,19 @@ def test_materialize_into_destinations(transfer):
     assert np.array_equal(got.objects["a"], arr) and bytes(mem.raw) == arr.tobytes()
     size = ref.manifest["buffers"]["t"]["bytes"]
     tmem = ctypes.create_string_buffer(size)
-    got = transfer.materialize_into(transfer.read_spec(ref).select_members(["t"]),
-                                    {"t": tensor_object_buffer(ctypes.addressof(tmem), size, tmem)})
-    assert torch.equal(got.objects["t"], ten)
+    dst = tensor_object_buffer(ctypes.addressof(tmem), size, tmem)
+    got = transfer.materialize_into(transfer.read_spec(ref).select_members(["t"]), {"t": dst})
+    assert torch.equal(got.objects["t"], ten)   # a tensor over the caller's memory
+    assert got.objects["t"].data_ptr() == ctypes.addressof(tmem) + mooncake_tensor.METADATA_SIZE
     assert torch.equal(mooncake_tensor.deserialize_tensor(tmem.raw), ten)
+    sl = transfer.materialize_into(transfer.read_spec(ref).slice_member("t", 0, 1, 3),
+                                   {"t": dst})
+    assert torch.equal(sl.objects["t"], ten[1:3]) and torch.equal(
+        mooncake_tensor.deserialize_tensor(tmem.raw[:mooncake_tensor.METADATA_SIZE + 32]),
+        ten[1:3])
+    with pytest.raises(ValueError, match="holds 8 bytes"):
+        transfer.materialize_into(transfer.read_spec(ref).select_members(["t"]),
+                                  {"t": tensor_object_buffer(ctypes.addressof(tmem), 8, tmem)})
 
 
 def test_tensor_object_buffer_member_is_stored_as_is(transfer, store):
@@ -199,6 +208,10 @@ def test_tensor_object_buffer_member_is_stored_as_is(transfer, store):
         policy=BundleTransferPolicy(copy_mode="zero_copy"))
     assert store.get(ref.manifest["buffers"]["t"]["key"]) == data
     assert torch.equal(transfer.materialize(transfer.read_spec(ref)).objects["t"], ten)
+    out = ctypes.create_string_buffer(len(data))
+    dst = tensor_object_buffer(ctypes.addressof(out), len(data), out)
+    assert transfer.materialize_into(transfer.read_spec(ref), {"t": dst}).objects["t"] is dst
+    assert out.raw == bytes(data)
     with pytest.raises(ValueError, match="tensor-object buffer"):
         transfer.put_structured_object(StructuredObjectPayload({}, {"t": ten}),
                                        policy=BundleTransferPolicy(copy_mode="zero_copy"))
