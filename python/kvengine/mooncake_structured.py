@@ -9,7 +9,7 @@ column. Mooncake's own tests import that inference (MISSING,
 _choose_leaf_codec, _escape_key, infer_structure) next to the store; this
 module provides it as they use it and as the wheel's documentation
 describes it. The storing half of that module (packing columns into store
-objects, handles, DataProto references) is not provided: see the README.
+objects, handles, DataProto references) is kvengine/mooncake_bundle.py.
 
 The rules, as written here:
 - A leaf's column holds one value per row: the row's value, None for a
