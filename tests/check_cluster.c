@@ -121,7 +121,9 @@ static void wait_owners(int want)
 {
     uint64_t t0 = tu_now_ms();
     int n = -1;
-    while (tu_now_ms() - t0 < 8000 && (n = view_owners(NULL, 0)) != want)
+    /* 15 s: a node opening RocksDB on a loaded 2-core machine took past 8 s
+     * to join once (the last read even timed out: "-109 owners") */
+    while (tu_now_ms() - t0 < 15000 && (n = view_owners(NULL, 0)) != want)
         usleep(20000);
     if (n != want) {   /* what the nodes said, for whoever reads the failure */
         char cmd[600];
