@@ -179,8 +179,12 @@ def test_replica_clear_of_one_segment(store, cluster):
     assert store.batch_replica_clear(["c"], "no-such-segment") == []
     assert store.batch_replica_clear(["c"], store.get_hostname()) == ["c"]
     assert store.is_exist("c") == 0
-    # A cluster member cannot drop only its copy: it says so.
-    cluster.start_node()
+    # In a cluster a segment is a member. A pure client (no segment)
+    # holds no replica, nor does a name that is no member: nothing cleared.
+    # The only owner holds every replica: clearing its segment clears the
+    # object (Mooncake's test_clear_with_segment_name_self, issue 18;
+    # both raised NotImplementedError before).
+    node = cluster.start_node()
     cluster.wait_owners(1)
     m = mc.MooncakeDistributedStore()
     assert m.setup("127.0.0.1", "", "0", "16MB", "tcp", "", cluster.master,
@@ -188,8 +192,17 @@ def test_replica_clear_of_one_segment(store, cluster):
     try:
         m.kv_lease_ttl_ms = 0
         assert m.put("c", b"v") == 0
+        assert m.batch_replica_clear(["c"], m.get_hostname()) == []
+        assert m.batch_replica_clear(["c"], "nonexistent_host:99999") == []
+        assert m.is_exist("c") == 1
+        assert m.batch_replica_clear(["c"], node) == ["c"]
+        assert m.is_exist("c") == 0
+        # With two owners one owner's copy cannot be dropped alone: it says so.
+        node2 = cluster.start_node()
+        cluster.wait_owners(2)
+        assert m.put("c", b"v") == 0
         with pytest.raises(NotImplementedError, match="one owner's copy"):
-            m.batch_replica_clear(["c"], m.get_hostname() or "node-1")
+            m.batch_replica_clear(["c"], node2)
         assert m.is_exist("c") == 1
         assert m.batch_replica_clear(["c"]) == ["c"]
     finally:
