@@ -163,6 +163,25 @@ print(p, f, s)
 EOF
 }
 
+# start_host_daemon NAME: a kvnode serving the host store NAME alone (no
+# cluster), in the place of the mooncake_client Mooncake's CI starts
+# before its dummy-client tests; waited for until it serves.
+start_host_daemon() {
+    local i
+    "$BUILD/kvnode" --set store.name="$1" --set cluster.enabled=false --set pipeline=dram \
+        --set dram.capacity=1GiB --set dram.hugepages=off --set log.level=info \
+        > "$SCRATCH/kvnode-$1.log" 2>&1 &
+    LAST_DAEMON=$!
+    MASTER_PIDS+=("$LAST_DAEMON")
+    for i in $(seq 200); do
+        grep -q "engine open" "$SCRATCH/kvnode-$1.log" && return 0
+        kill -0 "$LAST_DAEMON" 2>/dev/null || break
+        sleep 0.05
+    done
+    cat "$SCRATCH/kvnode-$1.log" >&2
+    return 1
+}
+
 # unittest_counts LOG: "passed failed skipped" from a unittest run's log.
 unittest_counts() {
     $PYTHON - "$1" <<'EOF'
@@ -246,6 +265,13 @@ for rel in "${MC_FILES[@]}"; do
         if port_free 50051 && start_master 50051; then hard=$LAST_MASTER
         else echo "note: 127.0.0.1:50051 is taken; $rel runs without a master there" >&2; fi
     fi
+    daemon=
+    # setup_dummy reaches a real client's store: Mooncake's CI runs
+    # mooncake_client at 127.0.0.1:50052 for these; the drop-in names the
+    # host store after that address.
+    if grep -q 'setup_dummy' "$MC/$rel" && grep -q '127.0.0.1:50052' "$MC/$rel"; then
+        start_host_daemon mooncake-127.0.0.1-50052 && daemon=$LAST_DAEMON
+    fi
     case $rel in
         */test_meta_server.py)          # a QPS script: argv is master host, threads
             run_script "$rel" "$MC/$(dirname "$rel")" "$(basename "$rel")" 127.0.0.1 2 ;;
@@ -255,6 +281,7 @@ for rel in "${MC_FILES[@]}"; do
             run_pytest "$rel" "$MC/$(dirname "$rel")" "$(basename "$rel")" ;;
     esac
     [ -n "$hard" ] && stop_master "$hard"
+    [ -n "$daemon" ] && stop_master "$daemon"
 done
 
 # ---- UCM --------------------------------------------------------------
