@@ -338,15 +338,44 @@ def _now_ms():
     return int(time.time() * 1000)
 
 
-_LEASE_HASH = hashlib.blake2b(digest_size=16, person=b"mooncake-lease")
+_M64 = (1 << 64) - 1
+_WORDS = struct.Struct("=QQ")
 
 
-def _lease_id(k, bucket):
-    """The block id of a read lease on engine key k expiring at bucket."""
-    h = _LEASE_HASH.copy()
-    h.update(k)
-    h.update(bucket.to_bytes(8, "little"))
-    return h.digest()
+def _lease_hi(k):
+    """The first word of every lease id of engine key k; the second is the
+    lease's bucket. One hash per key, not per bucket: a remove asks for
+    every bucket of the lease horizon (~250 ids), and hashing each was
+    ~250 us of Python per remove. Two keys' ids meet only when their first
+    words do (a 64-bit collision)."""
+    return _WORDS.unpack(hashlib.blake2b(k, digest_size=16, person=b"mooncake-lease").digest())[0]
+
+
+# Bucket numbers around now as native words, so that a horizon's ids are
+# two array slice assignments (building 250 words from ints each time cost
+# more than the lookup): (first bucket, array), replaced whole as time
+# moves on.
+_BUCKET_SPAN = 1 << 14
+_buckets = (0, array.array("Q"))
+
+
+def _bucket_words(b0, b1):
+    global _buckets
+    first, words = _buckets
+    if b0 < first or b1 > first + len(words):
+        first = b0
+        words = array.array("Q", range(b0, b0 + max(_BUCKET_SPAN, b1 - b0)))
+        _buckets = (first, words)
+    return words[b0 - first:b1 - first]
+
+
+def _lease_ids(k, b0, b1):
+    """The ids of k's read leases expiring at buckets b0..b1-1, back to back."""
+    m = b1 - b0
+    a = array.array("Q", bytes(16 * m))
+    a[0::2] = array.array("Q", [_lease_hi(k)]) * m
+    a[1::2] = _bucket_words(b0, b1)
+    return a.tobytes(), m
 
 
 def _pin_key(k, prefix=b""):
@@ -358,6 +387,7 @@ def _pin_key(k, prefix=b""):
 
 
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
+_SHARD_SIZE = ctypes.sizeof(_lib.kv_shard)
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
@@ -692,9 +722,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         bucket = max((now + ttl) // _LEASE_MS, now // _LEASE_MS + 1)
         fresh = now + ttl * 3 // 4
         val = struct.pack("<Q", bucket * _LEASE_MS)
-        shards = []
+        fresh_ks = []
         until = time.monotonic() + ttl / 1000.0
-        bb = bucket.to_bytes(8, "little")
         expiry = bucket * _LEASE_MS
         nsh = self._block_shards
         with self._llock:
@@ -706,25 +735,45 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 if wrote.get(k, 0) >= fresh:
                     continue
                 wrote[k] = expiry
-                h = _LEASE_HASH.copy()
-                h.update(k)
-                h.update(bb)
-                bid = h.digest()
-                if nsh == 1:
-                    shards.append((bid, 0, [val]))
-                else:
-                    shards += [(bid, i, [val]) for i in range(nsh)]
+                fresh_ks.append(k)
             if len(wrote) > 65536:
                 self._wrote = {x: t for x, t in wrote.items() if t > now}
             if len(leases) > 65536:
                 m = time.monotonic()
                 self._leases = {x: t for x, t in leases.items() if t > m}
-        if not shards:
+        if not fresh_ks:
+            return
+        # Packed here rather than through Engine.dump: every shard is the
+        # same 8-byte value, so one kv_iov serves them all.
+        sargs = []
+        for k in fresh_ks:
+            bid = _WORDS.pack(_lease_hi(k), bucket)
+            if nsh == 1:
+                sargs += (bid, 0, 0, 1)
+            else:
+                for i in range(nsh):
+                    sargs += (bid, i, 0, 1)
+        n = len(sargs) >> 2
+        mem = bytearray(16 + 8 + _SHARD_SIZE * n)
+        arr = ctypes.c_char.from_buffer(mem)
+        base = ctypes.addressof(arr)
+        mem[16:24] = val
+        _WORDS.pack_into(mem, 0, base + 16, 8)
+        sargs[2::4] = [base] * n
+        _engine._shards_struct(n).pack_into(mem, 24, *sargs)
+        task = ctypes.c_uint64()
+        eng2, h = self._enter()
+        if h is None:
             return
         try:
-            eng.dump(shards, wait=True)
-        except _engine.KvError as exc:     # a cache may refuse (ENOSPC): the lease is lost
-            log.debug("read lease not stored: %s", exc)
+            rc = _lib.kv_dump(h, base + 24, n, ctypes.byref(task))
+            if rc == 0:
+                rc = _lib.kv_wait(h, task.value, 0)
+        finally:
+            eng2._leave()
+        del arr
+        if rc:                 # a cache may refuse (ENOSPC): the lease is lost
+            log.debug("read lease not stored: %s", _engine.KvError(rc, "kv_dump"))
 
     def _leases_in_store(self, k):
         """True while any process holds a read lease or a soft pin on k."""
@@ -733,13 +782,17 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return False
         now = _now_ms()
         horizon = max(self.kv_lease_ttl_ms, 5000)
-        ids = [_lease_id(k, b) for b in range(now // _LEASE_MS + 1,
-                                              (now + horizon) // _LEASE_MS + 2)]
+        blob, m = _lease_ids(k, now // _LEASE_MS + 1, (now + horizon) // _LEASE_MS + 2)
+        hit = ctypes.create_string_buffer(m)
+        eng2, h = self._enter()
+        if h is None:
+            return False
         try:
-            if any(eng.lookup(ids)):
-                return True
-        except _engine.KvError:
-            pass
+            rc = _lib.kv_lookup(h, blob, m, hit)
+        finally:
+            eng2._leave()
+        if rc == 0 and hit.raw.count(0) != m:
+            return True
         pk = _pin_key(k, self._prefix)
         eng2, h = self._enter()
         if h is None:
@@ -1607,6 +1660,19 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         """1/0/-1 per key, from one kv_exists_many."""
         if self._eng is None or _lib.kv_exists_many is None:
             return [self.is_exist(k) for k in keys]
+        ks = self._fast_keys(keys) if _buffers.BYTES_OFFSET is not None else None
+        if ks is not None:
+            n = len(ks)
+            if n == 0:
+                return []
+            a = array.array("Q", bytes(32 * n))
+            off = _buffers.BYTES_OFFSET
+            a[0::4] = array.array("Q", [id(k) + off for k in ks])
+            a[1::4] = array.array("Q", map(len, ks))
+            res = self._run_pairs(_lib.kv_exists_many, a, n)
+            if res is None:
+                return [-1] * n
+            return [rc if rc in (0, 1) else -1 for rc in res] if min(res) < 0 else res
         out = [-1] * len(keys)
         ks = [(i, self._key(key)) for i, key in enumerate(keys)]
         ks = [(i, k) for i, k in ks if k is not None]

@@ -150,3 +150,10 @@ def test_modules_without_meaning_here_say_why():
     sys.modules.pop("mooncake.pg", None)
     with pytest.raises(NotImplementedError, match="torch.distributed backend"):
         importlib.import_module("mooncake.pg")
+
+
+def test_batch_is_exist_answers_per_key(store):
+    assert store.put("here", b"1") == 0
+    assert store.batch_is_exist(["here", "gone", "here"]) == [1, 0, 1]
+    assert store.batch_is_exist(["here", "", "x" * 300, b"here", "nul\0"]) == [1, -1, -1, 1, -1]
+    assert store.batch_is_exist([]) == []
