@@ -131,6 +131,36 @@ def to_mooncake(rc):
     return int(_MAP.get(rc, ErrorCode.INTERNAL_ERROR))
 
 
+class TaskType(enum.IntEnum):
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+class TaskStatus(enum.IntEnum):
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
+
+
+class QueryTaskResponse:
+    """Mooncake's answer to query_task. Nothing makes one here: copy and
+    move tasks raise NotImplementedError (kvengine places objects itself),
+    and the type exists so that code importing it loads."""
+
+    def __init__(self):
+        self.id = ""
+        self.type = TaskType.REPLICA_COPY
+        self.status = TaskStatus.PENDING
+        self.created_at_ms_epoch = 0
+        self.last_updated_at_ms_epoch = 0
+        self.assigned_client = ""
+        self.message = ""
+
+    def __repr__(self):
+        return "QueryTaskResponse(id=%s, type=%d, status=%d)" % (self.id, self.type, self.status)
+
+
 class SoftPinAction(enum.IntEnum):
     PRESERVE = 0
     ENABLE = 1
