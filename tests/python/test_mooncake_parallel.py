@@ -207,3 +207,43 @@ def test_replica_clear_of_one_segment(store, cluster):
         assert m.batch_replica_clear(["c"]) == ["c"]
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("other", [None, ("dp", 0, 2, None, None, None),
+                                   ("pp", 1, 2, None, None, 3),
+                                   ("ep", 0, 2, None, 5, None)])
+def test_a_shard_read_with_another_tp_size_is_cut_from_the_stored_layout(store, other):
+    # Mooncake's reshard on read: stored with tp 4, read as tp 2 (and tp 2
+    # read as tp 4). Before, a single-tp read returned stored rank r's
+    # shard of the other size, and a multi-axis one None.
+    full = torch.arange(8 * 12 * 6, dtype=torch.float32).view(8, 12, 6)
+
+    def par(rank, size):
+        axes = [_axis("tp", rank, size, split_dim=1)]
+        if other is not None:
+            k, r, n, sd, eid, sid = other
+            axes.append(_axis(k, r, n, split_dim=sd, expert_id=eid, stage_id=sid))
+        return _par(*axes)
+
+    key = "reshard-%s" % (other[0] if other else "tp")
+    for rank in range(4):
+        src = full.chunk(4, 1)[rank].contiguous() if other is None else full
+        assert store.put_tensor_with_parallelism(key, src, par(rank, 4)) == 0
+    for size in (2, 4, 3):
+        for rank in range(size):
+            got = store.get_tensor_with_parallelism(key, _target("shard", par(rank, size)))
+            assert torch.equal(got, full.chunk(size, 1)[rank]), (size, rank)
+    assert store.get_tensor_with_parallelism(key, _target("shard", par(0, 5))) is None
+    # The _into form reads the same bytes into the caller's buffer.
+    buf = (ctypes.c_ubyte * 8192)()
+    got = store.get_tensor_with_parallelism_into(key, ctypes.addressof(buf), 8192,
+                                                 _target("shard", par(1, 2)))
+    assert torch.equal(got, full.chunk(2, 1)[1])
+
+
+def test_axis_fields_mooncake_refuses(store):
+    t = torch.zeros(8, 8)
+    assert store.put_tensor_with_parallelism("bad", t, _par(_axis("dp", 0, 2, split_dim=0))) != 0
+    assert store.put_tensor_with_parallelism("bad", t, _par(_axis("ep", 0, 2))) != 0
+    assert store.put_tensor_with_parallelism("ok", t, _par(_axis("dp", 0, 2))) == 0
+    assert store.put_tensor_with_parallelism("ok", t, _par(_axis("ep", 0, 2, expert_id=1))) == 0
