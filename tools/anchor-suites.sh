@@ -25,7 +25,7 @@
 # second kvmaster there for their run only (when the port is free).
 set -u
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=${KVENGINE_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 MOONCAKE_MIRROR=${MOONCAKE_MIRROR:-/work/.mirror/kvcache-ai+Mooncake/repo}
 UCM_MIRROR=${UCM_MIRROR:-/work/.mirror/ModelEngine-Group+unified-cache-management/repo}
 BUILD=${BUILD:-$ROOT/build}
