@@ -317,6 +317,19 @@ def _pick_port(host):
     raise OSError(errno.EADDRINUSE, "no free port in %d..%d" % (_PORT_LO, _PORT_HI))
 
 
+def _addr_key(addr):
+    """host:port with the host resolved, so that a segment named
+    localhost:p and a member registered as 127.0.0.1:p compare equal."""
+    host, sep, port = str(addr).rpartition(":")
+    if not sep:
+        return str(addr)
+    try:
+        host = socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        pass
+    return "%s:%s" % (host, port)
+
+
 def _is_u64(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
 
@@ -1893,9 +1906,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             # replica: nothing to clear. The only owner holds every
             # replica: clearing its segment is clearing the object.
             own = self._cluster_settings.get("cluster.listen")
-            name = own if segment_name == self._hostname else segment_name
+            name = _addr_key(own if segment_name == self._hostname else segment_name)
             try:
-                owners = [m["addr"] for m in _engine.members(self._config_file, self._cluster_settings)[1]
+                owners = [_addr_key(m["addr"]) for m in
+                          _engine.members(self._config_file, self._cluster_settings)[1]
                           if m["owner"]]
             except _engine.KvError:
                 owners = None

@@ -247,3 +247,20 @@ def test_axis_fields_mooncake_refuses(store):
     assert store.put_tensor_with_parallelism("bad", t, _par(_axis("ep", 0, 2))) != 0
     assert store.put_tensor_with_parallelism("ok", t, _par(_axis("dp", 0, 2))) == 0
     assert store.put_tensor_with_parallelism("ok", t, _par(_axis("ep", 0, 2, expert_id=1))) == 0
+
+
+def test_replica_clear_of_its_own_segment_named_localhost(cluster):
+    # Mooncake's test_clear_with_segment_name_self: the only owner, set up
+    # as "localhost", clears with get_hostname() ("localhost:<port>") while
+    # its member record says 127.0.0.1:<port>. Before: nothing cleared.
+    s = mc.MooncakeDistributedStore()
+    assert s.setup("localhost", "", "16MB", "16MB", "tcp", "", cluster.master,
+                   kvengine_settings=dict(cluster.settings(), **QUIET)) == 0, s.last_error
+    try:
+        s.kv_lease_ttl_ms = 0
+        assert s.get_hostname().startswith("localhost:")
+        assert s.put("mine", b"v") == 0
+        assert s.batch_replica_clear(["mine"], s.get_hostname()) == ["mine"]
+        assert s.is_exist("mine") == 0
+    finally:
+        s.close()
