@@ -340,6 +340,55 @@ static struct peer *peer_find(struct kv__cluster *c, const struct kv__member *m,
 }
 
 /*
+ * A member that joins a cluster owns, in its first view, ids that the
+ * others stored before it came: until re-replication has copied them here
+ * its own reads of them would miss (issue 18: a second Mooncake member's
+ * reads just after setup() missed about half the keys the first had put).
+ * So its first view gets, as the previous view, the same owners without
+ * itself, with the move window a view change opens: misses ask those
+ * owners too, as after any change of owners. Caller holds vlock; out of
+ * memory, there is simply no window.
+ */
+static void join_window(struct kv__cluster *c, struct view *v)
+{
+    struct view *p = calloc(1, sizeof *p);
+    if (!p)
+        return;
+    p->c = c;
+    p->refs = 1;
+    p->version = v->version;
+    p->nmembers = v->nmembers;
+    p->owners = calloc(v->n ? v->n : 1, sizeof *p->owners);
+    p->seeds = calloc(v->n ? v->n : 1, sizeof *p->seeds);
+    p->leaving = calloc(v->n ? v->n : 1, 1);
+    if (!p->owners || !p->seeds || !p->leaving) {
+        free(p->owners);
+        free(p->seeds);
+        free(p->leaving);
+        free(p);
+        return;
+    }
+    for (size_t i = 0; i < v->n; i++) {
+        if (v->owners[i]->self)
+            continue;
+        v->owners[i]->refs++;
+        p->owners[p->n] = v->owners[i];
+        p->seeds[p->n] = v->seeds[i];
+        p->leaving[p->n] = v->leaving[i];
+        p->n++;
+    }
+    if (p->n == 0) {   /* the first owner: nothing was stored before it */
+        free(p->owners);
+        free(p->seeds);
+        free(p->leaving);
+        free(p);
+        return;
+    }
+    c->prev = p;
+    c->prev_until_ms = kv__now_ms() + MOVE_WINDOW_MS;
+}
+
+/*
  * Installs the view of members m[0..n). A view change is O(n log n) in
  * members, not O(n^2): with thousands of members every join or leave of
  * any one of them (clients included) is a view change on every member, and
@@ -426,6 +475,8 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     free(of);
     struct view *old = c->view, *older = NULL;
     c->view = v;
+    if (!old && c->be)
+        join_window(c, v);
     /* The replaced view becomes the previous one (its reference moves) when
      * the owners changed; a change of clients only keeps the move window
      * of the last owner change going. */
@@ -2442,12 +2493,18 @@ static int sizes_once(struct kv__cluster *c, int ns, const kv_block_id *ids, uin
     if (!c || (n && (!ids || !lens || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
     struct fan f;
-    if (fan_init(c, &f, n, false) != KV_OK)
+    if (fan_init(c, &f, n, true) != KV_OK)
         return KV_ENOMEM;
     *ver = f.v->version;
     for (size_t i = 0; i < n; i++) {
         struct kv__op op = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = ids[i] };
         results[i] = fan_add(c, &f, i, &op) ? KV_ENET : KV_ENOTFOUND;
+        /* During a move window the previous owners are asked too, after
+         * the current ones (a load reads them in that order): a value that
+         * has not been copied to its new owner yet is found (issue 18: a
+         * member's kv_get just after it joined missed what the others
+         * had stored before). */
+        fan_add_prev(c, &f, i, &op);
         lens[i] = 0;
     }
     int rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
@@ -3026,6 +3083,24 @@ static int size_once(struct kv__cluster *c, int ns, const kv_block_id *id, uint3
         res = j == 0 ? o.result : worse(res, o.result);
         if (o.result == KV_ENOTFOUND)
             res = KV_ENOTFOUND;
+    }
+    /* Not on a current owner: during a move window, on a previous one (as
+     * sizes_once and a load ask them). */
+    struct view *pv = rc == KV_OK && res != KV_OK ? prev_get(c) : NULL;
+    if (pv) {
+        size_t prev[KV_PLACE_MAX];
+        size_t e = prev_candidates(v, pv, id, c->replicas, cand, m, prev);
+        for (size_t j = 0; j < e && res != KV_OK; j++) {
+            if (peer_is_down(v->owners[prev[j]]))
+                continue;
+            struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
+            size_t own = prev[j];
+            if (run_grouped(c, v, &o, &own, 1) == KV_OK && o.result == KV_OK) {
+                *len = o.len;
+                res = KV_OK;
+            }
+        }
+        view_put(pv);
     }
     view_put(v);
     return rc ? rc : res;

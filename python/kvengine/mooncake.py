@@ -62,6 +62,7 @@ on a call that cannot be made at all, like a missing argument): a caller
 written for Mooncake tests return codes.
 """
 
+import array
 import ctypes
 import enum
 import errno
@@ -128,6 +129,36 @@ _MAP = {
 def to_mooncake(rc):
     """Mooncake's code for a kvengine return code."""
     return int(_MAP.get(rc, ErrorCode.INTERNAL_ERROR))
+
+
+class TaskType(enum.IntEnum):
+    REPLICA_COPY = 0
+    REPLICA_MOVE = 1
+
+
+class TaskStatus(enum.IntEnum):
+    PENDING = 0
+    PROCESSING = 1
+    SUCCESS = 2
+    FAILED = 3
+
+
+class QueryTaskResponse:
+    """Mooncake's answer to query_task. Nothing makes one here: copy and
+    move tasks raise NotImplementedError (kvengine places objects itself),
+    and the type exists so that code importing it loads."""
+
+    def __init__(self):
+        self.id = ""
+        self.type = TaskType.REPLICA_COPY
+        self.status = TaskStatus.PENDING
+        self.created_at_ms_epoch = 0
+        self.last_updated_at_ms_epoch = 0
+        self.assigned_client = ""
+        self.message = ""
+
+    def __repr__(self):
+        return "QueryTaskResponse(id=%s, type=%d, status=%d)" % (self.id, self.type, self.status)
 
 
 class SoftPinAction(enum.IntEnum):
@@ -286,6 +317,19 @@ def _pick_port(host):
     raise OSError(errno.EADDRINUSE, "no free port in %d..%d" % (_PORT_LO, _PORT_HI))
 
 
+def _addr_key(addr):
+    """host:port with the host resolved, so that a segment named
+    localhost:p and a member registered as 127.0.0.1:p compare equal."""
+    host, sep, port = str(addr).rpartition(":")
+    if not sep:
+        return str(addr)
+    try:
+        host = socket.gethostbyname(host)
+    except (OSError, UnicodeError):
+        pass
+    return "%s:%s" % (host, port)
+
+
 def _is_u64(v):
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX
 
@@ -325,6 +369,10 @@ def _tenant_prefix(tenant_id):
     return b"\0" + t + b"\0"
 
 
+# Mooncake's FileStorage directory when neither ssd_offload_path nor
+# $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH names one (it must exist there too).
+_OFFLOAD_DEFAULT = "/data/file_storage"
+
 _LEASE_MS = 20              # a read lease's expiry is rounded down to this
 _PIN_NS = b"\0\0mc-pin\0"   # no tenant prefix or user key starts with two NULs
 
@@ -333,15 +381,44 @@ def _now_ms():
     return int(time.time() * 1000)
 
 
-_LEASE_HASH = hashlib.blake2b(digest_size=16, person=b"mooncake-lease")
+_M64 = (1 << 64) - 1
+_WORDS = struct.Struct("=QQ")
 
 
-def _lease_id(k, bucket):
-    """The block id of a read lease on engine key k expiring at bucket."""
-    h = _LEASE_HASH.copy()
-    h.update(k)
-    h.update(bucket.to_bytes(8, "little"))
-    return h.digest()
+def _lease_hi(k):
+    """The first word of every lease id of engine key k; the second is the
+    lease's bucket. One hash per key, not per bucket: a remove asks for
+    every bucket of the lease horizon (~250 ids), and hashing each was
+    ~250 us of Python per remove. Two keys' ids meet only when their first
+    words do (a 64-bit collision)."""
+    return _WORDS.unpack(hashlib.blake2b(k, digest_size=16, person=b"mooncake-lease").digest())[0]
+
+
+# Bucket numbers around now as native words, so that a horizon's ids are
+# two array slice assignments (building 250 words from ints each time cost
+# more than the lookup): (first bucket, array), replaced whole as time
+# moves on.
+_BUCKET_SPAN = 1 << 14
+_buckets = (0, array.array("Q"))
+
+
+def _bucket_words(b0, b1):
+    global _buckets
+    first, words = _buckets
+    if b0 < first or b1 > first + len(words):
+        first = b0
+        words = array.array("Q", range(b0, b0 + max(_BUCKET_SPAN, b1 - b0)))
+        _buckets = (first, words)
+    return words[b0 - first:b1 - first]
+
+
+def _lease_ids(k, b0, b1):
+    """The ids of k's read leases expiring at buckets b0..b1-1, back to back."""
+    m = b1 - b0
+    a = array.array("Q", bytes(16 * m))
+    a[0::2] = array.array("Q", [_lease_hi(k)]) * m
+    a[1::2] = _bucket_words(b0, b1)
+    return a.tobytes(), m
 
 
 def _pin_key(k, prefix=b""):
@@ -353,6 +430,7 @@ def _pin_key(k, prefix=b""):
 
 
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
+_SHARD_SIZE = ctypes.sizeof(_lib.kv_shard)
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
@@ -439,9 +517,12 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             settings = {"pipeline": "dram", "dram.capacity": str(seg)}
             if enable_ssd_offload:
                 path = ssd_offload_path or os.environ.get("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "")
+                if not path and os.path.isdir(_OFFLOAD_DEFAULT):
+                    path = _OFFLOAD_DEFAULT      # Mooncake's FileStorage default
                 if not path:
                     return self._fail(_BAD, "setup: enable_ssd_offload needs ssd_offload_path "
-                                      "(or $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH)")
+                                      "(or $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH, or Mooncake's "
+                                      "default directory %s to exist)" % _OFFLOAD_DEFAULT)
                 settings.update({"pipeline": "dram|ssd", "ssd.path": str(path)})
             if enable_client_http_server:
                 # Mooncake's client HTTP server serves its metrics; kvengine's
@@ -684,9 +765,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         bucket = max((now + ttl) // _LEASE_MS, now // _LEASE_MS + 1)
         fresh = now + ttl * 3 // 4
         val = struct.pack("<Q", bucket * _LEASE_MS)
-        shards = []
+        fresh_ks = []
         until = time.monotonic() + ttl / 1000.0
-        bb = bucket.to_bytes(8, "little")
         expiry = bucket * _LEASE_MS
         nsh = self._block_shards
         with self._llock:
@@ -698,25 +778,45 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 if wrote.get(k, 0) >= fresh:
                     continue
                 wrote[k] = expiry
-                h = _LEASE_HASH.copy()
-                h.update(k)
-                h.update(bb)
-                bid = h.digest()
-                if nsh == 1:
-                    shards.append((bid, 0, [val]))
-                else:
-                    shards += [(bid, i, [val]) for i in range(nsh)]
+                fresh_ks.append(k)
             if len(wrote) > 65536:
                 self._wrote = {x: t for x, t in wrote.items() if t > now}
             if len(leases) > 65536:
                 m = time.monotonic()
                 self._leases = {x: t for x, t in leases.items() if t > m}
-        if not shards:
+        if not fresh_ks:
+            return
+        # Packed here rather than through Engine.dump: every shard is the
+        # same 8-byte value, so one kv_iov serves them all.
+        sargs = []
+        for k in fresh_ks:
+            bid = _WORDS.pack(_lease_hi(k), bucket)
+            if nsh == 1:
+                sargs += (bid, 0, 0, 1)
+            else:
+                for i in range(nsh):
+                    sargs += (bid, i, 0, 1)
+        n = len(sargs) >> 2
+        mem = bytearray(16 + 8 + _SHARD_SIZE * n)
+        arr = ctypes.c_char.from_buffer(mem)
+        base = ctypes.addressof(arr)
+        mem[16:24] = val
+        _WORDS.pack_into(mem, 0, base + 16, 8)
+        sargs[2::4] = [base] * n
+        _engine._shards_struct(n).pack_into(mem, 24, *sargs)
+        task = ctypes.c_uint64()
+        eng2, h = self._enter()
+        if h is None:
             return
         try:
-            eng.dump(shards, wait=True)
-        except _engine.KvError as exc:     # a cache may refuse (ENOSPC): the lease is lost
-            log.debug("read lease not stored: %s", exc)
+            rc = _lib.kv_dump(h, base + 24, n, ctypes.byref(task))
+            if rc == 0:
+                rc = _lib.kv_wait(h, task.value, 0)
+        finally:
+            eng2._leave()
+        del arr
+        if rc:                 # a cache may refuse (ENOSPC): the lease is lost
+            log.debug("read lease not stored: %s", _engine.KvError(rc, "kv_dump"))
 
     def _leases_in_store(self, k):
         """True while any process holds a read lease or a soft pin on k."""
@@ -725,13 +825,17 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return False
         now = _now_ms()
         horizon = max(self.kv_lease_ttl_ms, 5000)
-        ids = [_lease_id(k, b) for b in range(now // _LEASE_MS + 1,
-                                              (now + horizon) // _LEASE_MS + 2)]
+        blob, m = _lease_ids(k, now // _LEASE_MS + 1, (now + horizon) // _LEASE_MS + 2)
+        hit = ctypes.create_string_buffer(m)
+        eng2, h = self._enter()
+        if h is None:
+            return False
         try:
-            if any(eng.lookup(ids)):
-                return True
-        except _engine.KvError:
-            pass
+            rc = _lib.kv_lookup(h, blob, m, hit)
+        finally:
+            eng2._leave()
+        if rc == 0 and hit.raw.count(0) != m:
+            return True
         pk = _pin_key(k, self._prefix)
         eng2, h = self._enter()
         if h is None:
@@ -1063,6 +1167,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return [_NOT_SET_UP] * n
         if _lib.kv_put_many is None:
             return [self.put_from(keys[i], buffer_ptrs[i], sizes[i], config) for i in range(n)]
+        fast = self._fast_put(keys, buffer_ptrs, sizes, config)
+        if fast is not None:
+            return fast
         out = [_BAD] * n
         idx = []
         items = []
@@ -1093,6 +1200,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return [_NOT_SET_UP] * n
         if _lib.kv_get_many is None:
             return [self.get_into(keys[i], buffer_ptrs[i], sizes[i]) for i in range(n)]
+        fast = self._fast_get(keys, buffer_ptrs, sizes)
+        if fast is not None:
+            return fast
         out = [_BAD] * n
         idx = []
         items = []
@@ -1466,6 +1576,114 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     # -- existence, size, removal --------------------------------------------------
 
+    # The batch calls' fast path. A batch of str keys and int pointers is
+    # checked and packed with whole-list builtins (map, min/max, array
+    # slices, one join) instead of per-key Python calls: at 4 KiB that
+    # per-key work was most of a batch's cost (python -m kvengine.bench
+    # --io-api zcopy). Anything the fast checks do not clear (a bytes key,
+    # a NUL, an empty or long key, a pointer out of range) takes the
+    # per-key path, which gives each key its own answer.
+
+    def _fast_keys(self, keys):
+        """The engine keys of a list of str keys, every one valid, or None
+        (then the caller checks key by key)."""
+        try:
+            ks = list(map(str.encode, keys))
+        except (TypeError, UnicodeError):
+            return None
+        if not ks:
+            return ks
+        p = self._prefix
+        if min(map(len, ks)) == 0 or max(map(len, ks)) > _lib.KV_KEY_MAX - len(p) or \
+                b"\0" in b"".join(ks):
+            return None
+        return [p + k for k in ks] if p else ks
+
+    @staticmethod
+    def _fast_pairs(ks, ptrs, sizes):
+        """The kv_pair array (an array('Q'), 4 words a pair) of keys ks and
+        the buffers ptrs/sizes, or None when a pointer or size is not a
+        64-bit int or a non-empty buffer is at address 0. The keys' bytes
+        must outlive the call that reads the array."""
+        n = len(ks)
+        try:
+            ap = array.array("Q", ptrs)
+            az = array.array("Q", sizes)
+        except (TypeError, OverflowError):
+            return None
+        if n and min(ap) == 0 and any(z and not q for q, z in zip(ap, az)):
+            return None
+        off = _buffers.BYTES_OFFSET
+        a = array.array("Q", bytes(32 * n))
+        a[0::4] = array.array("Q", [id(k) + off for k in ks])
+        a[1::4] = array.array("Q", map(len, ks))
+        a[2::4] = ap
+        a[3::4] = az
+        return a
+
+    def _run_pairs(self, fn, a, n):
+        """fn (kv_put_many / kv_get_many) over the packed array a: the list
+        of return codes, or None when the store is not set up."""
+        res = array.array("i", bytes(4 * n))
+        eng, h = self._enter()
+        if h is None:
+            return None
+        try:
+            rc = fn(h, a.buffer_info()[0], n, res.buffer_info()[0])
+        finally:
+            eng._leave()
+        return [rc] * n if rc else res.tolist()
+
+    def _fast_put(self, keys, buffer_ptrs, sizes, config):
+        """batch_put_from's fast path: its answer, or None to take the slow one."""
+        if _lib.kv_put_many is None or _buffers.BYTES_OFFSET is None:
+            return None
+        ks = self._fast_keys(keys)
+        if ks is None:
+            return None
+        a = self._fast_pairs(ks, buffer_ptrs, sizes)
+        if a is None:
+            return None
+        n = len(ks)
+        res = self._run_pairs(_lib.kv_put_many, a, n)
+        if res is None:
+            return [_NOT_SET_UP] * n
+        ok = ks if not any(res) else [k for k, rc in zip(ks, res) if rc == 0]
+        if self._keys is not None:
+            self._keys.update(ok)
+        if self.kv_lease_ttl_ms > 0:
+            for k in ok:
+                self._lease(k)
+        if config is not None and self._pinning(config) is not None:
+            for k in ok:
+                self._pin(k, config)
+        if ok is ks:
+            return [0] * n
+        return [0 if rc == 0 else to_mooncake(rc) for rc in res]
+
+    def _fast_get(self, keys, buffer_ptrs, sizes):
+        """batch_get_into's fast path: its answer, or None to take the slow one."""
+        if _lib.kv_get_many is None or _buffers.BYTES_OFFSET is None:
+            return None
+        ks = self._fast_keys(keys)
+        if ks is None:
+            return None
+        a = self._fast_pairs(ks, buffer_ptrs, sizes)
+        if a is None:
+            return None
+        n = len(ks)
+        res = self._run_pairs(_lib.kv_get_many, a, n)
+        if res is None:
+            return [_NOT_SET_UP] * n
+        lens = a[3::4].tolist()
+        if not any(res):
+            if self.kv_lease_ttl_ms > 0:
+                self._share_leases(ks)
+            return lens
+        if self.kv_lease_ttl_ms > 0:
+            self._share_leases([k for k, rc in zip(ks, res) if rc == 0])
+        return [ln if rc == 0 else to_mooncake(rc) for rc, ln in zip(res, lens)]
+
     def is_exist(self, key):
         """1 present, 0 absent, -1 error."""
         k = self._key(key)
@@ -1485,6 +1703,19 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         """1/0/-1 per key, from one kv_exists_many."""
         if self._eng is None or _lib.kv_exists_many is None:
             return [self.is_exist(k) for k in keys]
+        ks = self._fast_keys(keys) if _buffers.BYTES_OFFSET is not None else None
+        if ks is not None:
+            n = len(ks)
+            if n == 0:
+                return []
+            a = array.array("Q", bytes(32 * n))
+            off = _buffers.BYTES_OFFSET
+            a[0::4] = array.array("Q", [id(k) + off for k in ks])
+            a[1::4] = array.array("Q", map(len, ks))
+            res = self._run_pairs(_lib.kv_exists_many, a, n)
+            if res is None:
+                return [-1] * n
+            return [rc if rc in (0, 1) else -1 for rc in res] if min(res) < 0 else res
         out = [-1] * len(keys)
         ks = [(i, self._key(key)) for i, key in enumerate(keys)]
         ks = [(i, k) for i, k in ks if k is not None]
@@ -1669,6 +1900,23 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         break what the caller relies on: reads from the other replicas."""
         if self._eng is None:
             return []
+        if segment_name and self._cluster_settings is not None and not self.dummy:
+            # A segment is a member (its address; this store's own name
+            # stands for its own address). One that owns nothing holds no
+            # replica: nothing to clear. The only owner holds every
+            # replica: clearing its segment is clearing the object.
+            own = self._cluster_settings.get("cluster.listen")
+            name = _addr_key(own if segment_name == self._hostname else segment_name)
+            try:
+                owners = [_addr_key(m["addr"]) for m in
+                          _engine.members(self._config_file, self._cluster_settings)[1]
+                          if m["owner"]]
+            except _engine.KvError:
+                owners = None
+            if owners is not None and name not in owners:
+                return []
+            if owners == [name]:
+                segment_name = ""
         if segment_name:
             if self._cluster_settings is not None or self.dummy:
                 raise NotImplementedError(

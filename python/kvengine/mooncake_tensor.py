@@ -441,7 +441,8 @@ def _axes(parallelism):
     """parallelism's axes in Mooncake's canonical order (dp, tp, ep, pp) as
     dicts, [] for none, or None for what is not a valid shard identity
     (an unknown kind, a kind twice, more than 4 axes, a rank outside
-    0..size-1, a split_dim or id that is not an int)."""
+    0..size-1, a split_dim or id that is not an int, a dp axis with a
+    split_dim, an ep axis without its expert_id)."""
     if parallelism is None:
         return []
     out = []
@@ -454,6 +455,11 @@ def _axes(parallelism):
                 not 0 <= d["rank"] < d["size"] or \
                 any(d[f] is not None and not _int(d[f]) for f in ("split_dim", "expert_id",
                                                                    "stage_id")):
+            return None
+        # Mooncake's axis rules: dp names a replica, never a split of the
+        # tensor; ep names an expert, so it carries its expert_id.
+        if (kind == "dp" and d["split_dim"] is not None) or \
+                (kind == "ep" and d["expert_id"] is None):
             return None
         out.append(d)
     if len(out) > MAX_AXES or len({d["kind"] for d in out}) != len(out):
@@ -545,9 +551,10 @@ class ParallelismCalls:
     else every single-axis TP shard joined; with a parallelism holding a
     tp axis: that identity's tp shards for every tp rank, the other axes
     fixed, joined along the tp split dim). A full read with no tp axis, or
-    a shard set with one missing, is None. Remapping between layouts
-    (another tp size, tp to ep) is not done: Mooncake's planner leaves most
-    of it undone too."""
+    a shard set with one missing, is None. A shard read with another tp
+    size than the one stored is cut from the stored shards joined
+    (reshard on read, uniform slices only); remapping between kinds (tp
+    to ep) is not done: Mooncake's planner leaves most of it undone too."""
 
     def _put_par(self, key, tensor, parallelism, config, writer_partition):
         if parallelism is not None and writer_partition is not None:
@@ -683,8 +690,42 @@ class ParallelismCalls:
                 return ("axes", axes) if axes else None
             if not tp:
                 return None
-            return "one", tp_key(key, tp[0])
+            return "tpshard", tp
         return None
+
+    @staticmethod
+    def _slice(full, rank, size, dim):
+        """Rank's uniform slice of full along dim, or None when full does
+        not split evenly (Mooncake serves uniform slices only)."""
+        if full is None or not 0 <= dim < full.dim() or full.shape[dim] % size:
+            return None
+        step = full.shape[dim] // size
+        return full.narrow(dim, rank * step, step).contiguous()
+
+    def _tp_shard(self, key, tp):
+        """A single-axis tp shard (rank, size, split_dim): the stored shard
+        when its layout is that one; else (another tp size stored, or
+        none) the slice of the full tensor, the key's own or its stored tp
+        shards joined: Mooncake's reshard on read."""
+        rank, size, dim = tp
+        v = self.get_buffer(tp_key(key, rank))
+        meta = parse(v) if v else None
+        if meta is not None:
+            if meta.layout != SHARD:
+                return to_tensor(_torch(), bytearray(v), meta)
+            if len(meta.axes) == 1 and meta.axes[0][0] == AXIS_TP and \
+                    meta.axes[0][3] == size and meta.axes[0][4] == dim:
+                return to_tensor(_torch(), bytearray(v), meta)
+        return self._slice(self._full(key), rank, size, dim)
+
+    def _stored_tp_size(self, key, axes, tp):
+        """The tp size this identity (the other axes as given) is stored
+        with, looking for rank 0 of each size up to 64 in one batch; None."""
+        sizes = [n for n in range(1, 65) if n != tp["size"]]
+        names = [parallel_key(key, [dict(d, rank=0, size=n) if d is tp else d for d in axes])
+                 for n in sizes]
+        found = self.batch_is_exist(names)
+        return next((n for n, f in zip(sizes, found) if f == 1), None)
 
     def _shard_axes(self, key, axes):
         """The shard axes name: stored under its name with matching
@@ -700,11 +741,14 @@ class ParallelismCalls:
         if tp is None:
             return None
         full = self.get_tensor(key)
-        if full is None or not 0 <= tp["split_dim"] < full.dim() or \
-                full.shape[tp["split_dim"]] % tp["size"]:
-            return None
-        step = full.shape[tp["split_dim"]] // tp["size"]
-        return full.narrow(tp["split_dim"], tp["rank"] * step, step).contiguous()
+        if full is None:
+            # Stored with another tp size: join that layout, cut this one.
+            n = self._stored_tp_size(key, axes, tp)
+            if n is None:
+                return None
+            full = self._full_axes(key, [dict(d, rank=0, size=n) if d is tp else d
+                                         for d in axes])
+        return self._slice(full, tp["rank"], tp["size"], tp["split_dim"])
 
     def _full_axes(self, key, axes):
         """The full tensor of the identity's tp shards (every tp rank, the
@@ -731,6 +775,8 @@ class ParallelismCalls:
     def _read_target(self, key, t):
         if t[0] == "one":
             return self.get_tensor(t[1])
+        if t[0] == "tpshard":
+            return self._tp_shard(key, t[1])
         if t[0] == "axes":
             return self._shard_axes(key, t[1])
         if t[0] == "fullaxes":
@@ -768,7 +814,7 @@ class ParallelismCalls:
         return [self.get_tensor_with_parallelism(k, t) for k, t in zip(keys, targets)]
 
     def get_tensor_with_parallelism_into(self, key, buffer_ptr, size, target=None):
-        """As get_tensor_into, for as_stored and single-tp shard targets;
+        """As get_tensor_into, for as_stored targets;
         any other target reads its tensor (a full tensor, a shard of
         several axes), writes it into the buffer as a tensor object and
         returns a tensor over the buffer (written as a full tensor object)."""

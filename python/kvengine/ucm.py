@@ -24,9 +24,11 @@ Key design choices:
 """
 
 import ctypes
+import os
 import threading
 
-from .engine import Engine, KvError
+from . import _lib
+from .engine import Engine, KvError, make_config
 
 try:   # UCM's stores return numpy arrays from lookup; numpy is optional here
     import numpy as _np
@@ -137,14 +139,48 @@ _CONCURRENCY = ("posix_data_trans_concurrency", "data_trans_concurrency",
 _IGNORED = ("posix_io_engine", "io_engine", "cpu_affinity_cores", "posix_gc_enable",
             "posix_gc_recycle_percent", "posix_gc_concurrency", "posix_gc_check_interval_sec",
             "posix_gc_trigger_threshold_ratio", "posix_gc_max_recycle_count_per_shard",
+            "share_buffer_enable", "waiting_queue_depth", "running_queue_depth",
+            "cache_buffer_capacity_gb",
             "posix_gc_shard_sample_ratio", "data_dir_shard_bytes", "store_pipeline",
             "role", "local_rank_size", "kv_block_size", "io_size")
+
+
+# UCM's store_pipeline names: a Cache layer (host memory) over a backend.
+# Cache|Empty is the cache alone (kvengine's DRAM tier, nothing on SSD);
+# Posix is files (the SSD tier); Cache|Posix both. The others keep data
+# where kvengine cannot (3FS) or keep none (Empty, Fake: a store that
+# drops every dump), so they are refused by name.
+_PIPELINES = {"Cache|Empty": "dram", "Cache": "dram", "Posix": "ssd",
+              "Cache|Posix": "dram|ssd"}
+
+
+def _pipeline(config):
+    """kvengine's pipeline for config's store_pipeline (None when absent)."""
+    name = config.get("store_pipeline")
+    if name is None:
+        return None
+    if name not in _PIPELINES:
+        raise UcmError("store_pipeline %r: kvengine.ucm maps %s; %s" % (
+            name, ", ".join(sorted(_PIPELINES)),
+            "3FS is not a kvengine tier" if "Ds3fs" in str(name) else
+            "a store that keeps nothing (Empty, Fake) is not one kvengine provides"))
+    return _PIPELINES[name]
 
 
 def _config_settings(config):
     """(engine settings, sizes, device_id, wait timeout ms) from a UCM
     config; UcmError names the key that cannot be mapped."""
     settings = {}
+    pipe = _pipeline(config)
+    if pipe == "dram":
+        settings["pipeline"] = "dram"
+        gb = config.get("cache_buffer_capacity_gb")
+        if gb is not None:
+            if isinstance(gb, bool) or not isinstance(gb, (int, float)) or gb <= 0:
+                raise UcmError("cache_buffer_capacity_gb: a positive size in GiB, got %r" % (gb,))
+            settings["dram.capacity"] = str(int(gb * (1 << 30)))
+    elif pipe is not None and "storage_backends" not in config:
+        raise UcmError("store_pipeline %r needs storage_backends" % config["store_pipeline"])
     if "storage_backends" in config:
         b = config["storage_backends"]
         paths = [b] if isinstance(b, str) else list(b) if isinstance(b, (list, tuple)) else None
@@ -154,6 +190,15 @@ def _config_settings(config):
             raise UcmError("storage_backends: kvengine's SSD tier is one directory (ssd.path); "
                            "got %d (%s)" % (len(paths), ", ".join(paths)))
         settings["ssd.path"] = paths[0]
+        if pipe in ("ssd", "dram|ssd"):
+            settings["pipeline"] = pipe
+        # UCM's scripts name a directory below the working directory
+        # (./build/data) that need not exist yet: made, as a store's own
+        # directory is.
+        try:
+            os.makedirs(paths[0], exist_ok=True)
+        except OSError as exc:
+            raise UcmError("storage_backends: cannot make %s: %s" % (paths[0], exc.strerror))
     dev = config.get("device_id", -1)
     if isinstance(dev, bool) or not isinstance(dev, int) or dev < -1:
         raise UcmError("device_id: -1 (the scheduler's store) or a device number, got %r" % (dev,))
@@ -164,6 +209,10 @@ def _config_settings(config):
             raise UcmError("%s: a size in bytes, got %r" % (k, v))
         sizes[k] = v
     t, sh, bl = sizes["tensor_size"], sizes["shard_size"], sizes["block_size"]
+    if sh == 0 and bl and "shard_size" not in config:
+        # UCM's whole-block stores (UcmPcStoreV1, callers passing
+        # shard_index=[]) give no shard_size: a block is one shard.
+        sh = bl
     if dev >= 0 and "tensor_size_list" not in config:
         # UCM's rule: a block is whole shards, a shard whole tensors.
         if t == 0 or sh < t or bl < sh or sh % t or bl % sh:
@@ -192,7 +241,16 @@ def _config_settings(config):
     if uid is not None:
         if not isinstance(uid, str) or not uid:
             raise UcmError("unique_id: a non-empty str, got %r" % (uid,))
-        settings["store.name"] = uid
+        if "ssd.path" in settings:
+            # With storage_backends the directory names the store, as UCM's
+            # Posix backend is shared by directory whatever unique_id a
+            # process has (its scripts give the scheduler and the worker
+            # different ones); a second name for the same directory would
+            # make the store refuse the second opener. unique_id is still
+            # checked as a store name would be.
+            _lib.kv_config_free(make_config(None, {"store.name": uid}))
+        else:
+            settings["store.name"] = uid
     if dev == -1 and "ssd.path" in settings:
         # The scheduler's store (lookups) holds no DRAM of its own: it reads
         # the SSD tier, and with the host store shares the workers' store.
@@ -213,7 +271,9 @@ class KvEngineStore(UcmKVStoreBaseV1):
       load_data / dump_data; block_size / shard_size: store.block_shards, the
       shards a block has before lookup calls it present;
     - timeout_ms: io.timeout_ms, and the limit of wait();
-    - unique_id: store.name (processes naming it share one store);
+    - unique_id: store.name (processes naming it share one store); with
+      storage_backends the directory names the store instead, and
+      unique_id is only checked;
     - posix_data_trans_concurrency: io.threads; it and the other
       concurrency keys must be positive;
     - io_direct: accepted (a bool), not applied: the value log writes
@@ -227,7 +287,8 @@ class KvEngineStore(UcmKVStoreBaseV1):
         if not isinstance(config, dict):
             raise UcmError("config is a dict, got %s" % type(config).__name__)
         if not any(k in config for k in ("storage_backends", "kvengine_config",
-                                          "kvengine_settings")):
+                                          "kvengine_settings")) and \
+                _pipeline(config) != "dram":
             raise UcmError("config names no store: give storage_backends (UCM's) or "
                            "kvengine_config / kvengine_settings")
         super().__init__(config)

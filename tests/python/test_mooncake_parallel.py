@@ -179,8 +179,12 @@ def test_replica_clear_of_one_segment(store, cluster):
     assert store.batch_replica_clear(["c"], "no-such-segment") == []
     assert store.batch_replica_clear(["c"], store.get_hostname()) == ["c"]
     assert store.is_exist("c") == 0
-    # A cluster member cannot drop only its copy: it says so.
-    cluster.start_node()
+    # In a cluster a segment is a member. A pure client (no segment)
+    # holds no replica, nor does a name that is no member: nothing cleared.
+    # The only owner holds every replica: clearing its segment clears the
+    # object (Mooncake's test_clear_with_segment_name_self, issue 18;
+    # both raised NotImplementedError before).
+    node = cluster.start_node()
     cluster.wait_owners(1)
     m = mc.MooncakeDistributedStore()
     assert m.setup("127.0.0.1", "", "0", "16MB", "tcp", "", cluster.master,
@@ -188,9 +192,75 @@ def test_replica_clear_of_one_segment(store, cluster):
     try:
         m.kv_lease_ttl_ms = 0
         assert m.put("c", b"v") == 0
+        assert m.batch_replica_clear(["c"], m.get_hostname()) == []
+        assert m.batch_replica_clear(["c"], "nonexistent_host:99999") == []
+        assert m.is_exist("c") == 1
+        assert m.batch_replica_clear(["c"], node) == ["c"]
+        assert m.is_exist("c") == 0
+        # With two owners one owner's copy cannot be dropped alone: it says so.
+        node2 = cluster.start_node()
+        cluster.wait_owners(2)
+        assert m.put("c", b"v") == 0
         with pytest.raises(NotImplementedError, match="one owner's copy"):
-            m.batch_replica_clear(["c"], m.get_hostname() or "node-1")
+            m.batch_replica_clear(["c"], node2)
         assert m.is_exist("c") == 1
         assert m.batch_replica_clear(["c"]) == ["c"]
     finally:
         m.close()
+
+
+@pytest.mark.parametrize("other", [None, ("dp", 0, 2, None, None, None),
+                                   ("pp", 1, 2, None, None, 3),
+                                   ("ep", 0, 2, None, 5, None)])
+def test_a_shard_read_with_another_tp_size_is_cut_from_the_stored_layout(store, other):
+    # Mooncake's reshard on read: stored with tp 4, read as tp 2 (and tp 2
+    # read as tp 4). Before, a single-tp read returned stored rank r's
+    # shard of the other size, and a multi-axis one None.
+    full = torch.arange(8 * 12 * 6, dtype=torch.float32).view(8, 12, 6)
+
+    def par(rank, size):
+        axes = [_axis("tp", rank, size, split_dim=1)]
+        if other is not None:
+            k, r, n, sd, eid, sid = other
+            axes.append(_axis(k, r, n, split_dim=sd, expert_id=eid, stage_id=sid))
+        return _par(*axes)
+
+    key = "reshard-%s" % (other[0] if other else "tp")
+    for rank in range(4):
+        src = full.chunk(4, 1)[rank].contiguous() if other is None else full
+        assert store.put_tensor_with_parallelism(key, src, par(rank, 4)) == 0
+    for size in (2, 4, 3):
+        for rank in range(size):
+            got = store.get_tensor_with_parallelism(key, _target("shard", par(rank, size)))
+            assert torch.equal(got, full.chunk(size, 1)[rank]), (size, rank)
+    assert store.get_tensor_with_parallelism(key, _target("shard", par(0, 5))) is None
+    # The _into form reads the same bytes into the caller's buffer.
+    buf = (ctypes.c_ubyte * 8192)()
+    got = store.get_tensor_with_parallelism_into(key, ctypes.addressof(buf), 8192,
+                                                 _target("shard", par(1, 2)))
+    assert torch.equal(got, full.chunk(2, 1)[1])
+
+
+def test_axis_fields_mooncake_refuses(store):
+    t = torch.zeros(8, 8)
+    assert store.put_tensor_with_parallelism("bad", t, _par(_axis("dp", 0, 2, split_dim=0))) != 0
+    assert store.put_tensor_with_parallelism("bad", t, _par(_axis("ep", 0, 2))) != 0
+    assert store.put_tensor_with_parallelism("ok", t, _par(_axis("dp", 0, 2))) == 0
+    assert store.put_tensor_with_parallelism("ok", t, _par(_axis("ep", 0, 2, expert_id=1))) == 0
+
+
+def test_replica_clear_of_its_own_segment_named_localhost(cluster):
+    # Mooncake's test_clear_with_segment_name_self: the only owner, set up
+    # as "localhost", clears with get_hostname() ("localhost:<port>") while
+    # its member record says 127.0.0.1:<port>. Before: nothing cleared.
+    s = mc.MooncakeDistributedStore()
+    assert s.setup("localhost", "", "16MB", "16MB", "tcp", "", cluster.master,
+                   kvengine_settings=dict(cluster.settings(), **QUIET)) == 0, s.last_error
+    try:
+        s.kv_lease_ttl_ms = 0
+        assert s.get_hostname().startswith("localhost:")
+        assert s.put("mine", b"v") == 0
+        assert s.batch_replica_clear(["mine"], s.get_hostname()) == ["mine"]
+        assert s.is_exist("mine") == 0
+    finally:
+        s.close()

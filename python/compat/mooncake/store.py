@@ -1,7 +1,8 @@
 """mooncake.store — kvengine.mooncake under Mooncake's module name."""
 from kvengine.mooncake import (BufferHandle, BufferLease, BufferLeaseView,  # noqa: F401
                                BufferPool, Descriptor, ErrorCode, MemoryDescriptor,
-                               MooncakeDistributedStore, ParallelAxis, ReadTarget,
+                               MooncakeDistributedStore, ParallelAxis, QueryTaskResponse,
+                               ReadTarget, TaskStatus, TaskType,
                                RegisteredBufferLease, TensorParallelism,
                                RegisteredBufferLeaseView, RegisteredBufferPool,
                                ReplicaDescriptor, ReplicaStatus, ReplicateConfig,
@@ -11,4 +12,5 @@ from kvengine.mooncake import (BufferHandle, BufferLease, BufferLeaseView,  # no
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "SoftPinAction", "BufferHandle",
            "ErrorCode", "BufferPool", "RegisteredBufferPool", "BufferLease", "BufferLeaseView",
            "RegisteredBufferLease", "RegisteredBufferLeaseView", "ReplicaDescriptor",
-           "ReplicaStatus", "ParallelAxis", "TensorParallelism", "ReadTarget", "MemoryDescriptor", "Descriptor", "bind_to_numa_node"]
+           "ReplicaStatus", "ParallelAxis", "TensorParallelism", "ReadTarget", "MemoryDescriptor", "Descriptor", "bind_to_numa_node",
+           "QueryTaskResponse", "TaskStatus", "TaskType"]
