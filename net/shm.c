@@ -515,6 +515,14 @@ static bool board_reap(struct sconn *c)
     return ended;
 }
 
+/* A quiet connection with pins out: end those copied, and wait longer
+ * (up to HOLD_MAX_MS) while none are. */
+static void quiet_reap(struct sconn *c)
+{
+    c->hold_ms = board_reap(c) ? HOLD_MS
+               : c->hold_ms * 2 > HOLD_MAX_MS ? HOLD_MAX_MS : c->hold_ms * 2;
+}
+
 static void sconn_free(struct sconn *c)
 {
     for (uint32_t i = 0; c->pins && i < PINS_MAX; i++)
@@ -869,16 +877,26 @@ static int do_map(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, in
 /* ---- the SSD tier's admin calls ---------------------------------------------- */
 
 /* Blocks until c->fd has a frame to read (or its end): KV_OK; KV_ECLOSED
- * when the server stops first. No deadline: an idle client is no fault. */
+ * when the server stops first. No deadline: an idle client is no fault.
+ * While it waits it ends the pins the client marks done, as the quiet
+ * connection loop does (sconn_main): a walk waits on its client's cb for
+ * as long as that takes, and the client's copies made before it must not
+ * hold their blocks all that time. */
 static int wait_request(struct sconn *c)
 {
     for (;;) {
         struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { c->srv->stop_pipe[0], POLLIN, 0 } };
-        if (poll(p, 2, -1) < 0) {
+        int k = poll(p, 2, c->nheld ? (int)c->hold_ms : -1);
+        if (k < 0) {
             if (errno == EINTR)
                 continue;
             return KV_ENET;
         }
+        if (k == 0) {
+            quiet_reap(c);
+            continue;
+        }
+        c->hold_ms = HOLD_MS;
         if (p[1].revents || atomic_load(&c->srv->stopping))
             return KV_ECLOSED;
         return KV_OK;
@@ -927,8 +945,11 @@ static int walk_flush(struct swalk *w)
         close(fd);
     if (rc == KV_OK && (kv__get32(h) != 1 || kv__get32(h + 4) != OP_SSD_NEXT || h[8] > 1))
         rc = KV_EPROTO;
-    if (rc == KV_OK)
+    if (rc == KV_OK) {
         atomic_fetch_add(&c->srv->requests, 1);   /* a round trip, as any request */
+        if (c->nheld)
+            board_reap(c);   /* and, as before any request, the copies marked done end */
+    }
     if (rc != KV_OK) {
         w->err = rc;
         return 1;
@@ -1176,9 +1197,8 @@ static void *sconn_main(void *arg)
                 continue;
             break;
         }
-        if (k == 0) {   /* quiet with pins out: end those copied; wait longer while none are */
-            c->hold_ms = board_reap(c) ? HOLD_MS
-                       : c->hold_ms * 2 > HOLD_MAX_MS ? HOLD_MAX_MS : c->hold_ms * 2;
+        if (k == 0) {
+            quiet_reap(c);
             continue;
         }
         c->hold_ms = HOLD_MS;
