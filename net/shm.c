@@ -1524,6 +1524,30 @@ static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t le
     return rc;
 }
 
+/* The store's segment, read-only, at a 2 MiB aligned address: where the
+ * server made its pages huge (engine/segment.c, collapse) a fault then maps
+ * a whole 2 MiB page with one entry instead of 16 small ones, which only an
+ * address that agrees with the file offset modulo 2 MiB allows. Our RSS
+ * still grows only by what we read, 2 MiB at a time. MAP_FAILED on error. */
+static void *map_segment(int fd, size_t len)
+{
+    const size_t huge = (size_t)2 << 20;
+    uint8_t *r = mmap(NULL, len + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED)
+        return MAP_FAILED;
+    uint8_t *at = (uint8_t *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *p = mmap(at, len, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        munmap(r, len + huge);
+        return MAP_FAILED;
+    }
+    if (at > r)
+        munmap(r, (size_t)(at - r));   /* the slack around it: only [at, at+len) stays */
+    if (r + len + huge > at + len)
+        munmap(at + len, (size_t)(r + len + huge - (at + len)));
+    return p;
+}
+
 /* Connects one more connection and runs the handshake; the first one
  * (c->seg NULL) maps the segment. */
 static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, size_t errlen)
@@ -1621,7 +1645,7 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
             goto fail;
         }
         if (!c->seg) {
-            void *p = mmap(NULL, (size_t)seg_len, PROT_READ, MAP_SHARED, sfd, 0);
+            void *p = map_segment(sfd, (size_t)seg_len);
             if (p == MAP_FAILED) {
                 close(sfd);
                 rc = KV_ENOMEM;
