@@ -1506,9 +1506,61 @@ static int rpc_answer(struct kv__shm_client *c, struct cconn *k, uint64_t dl, in
     return KV_OK;
 }
 
+/*
+ * The one answer of a request answered by one frame, in as few system
+ * calls as it allows: one read of its header and as much body as k->buf
+ * holds (after a wait when it is not there yet), then the rest, if any.
+ * rpc_answer reads the header, then the body: a round trip cost one read
+ * more, every time. The server sends nothing we did not ask for, so
+ * anything past the frame is a broken server: KV_EPROTO, and the
+ * connection goes.
+ */
+static int rpc_answer1(struct kv__shm_client *c, struct cconn *k, uint64_t dl, int *src,
+                       size_t *rlen)
+{
+    uint8_t h[8];
+    size_t got = 0;
+    for (;;) {
+        struct iovec v[2] = { { h, 8 }, { k->buf, k->cap } };
+        ssize_t r = readv(k->fd, v, 2);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = kv__sock_wait(k->fd, POLLIN, dl);
+            if (rc != KV_OK)
+                return rc;
+            continue;
+        }
+        if (r <= 0)
+            return KV_ENET;
+        got = (size_t)r;
+        break;
+    }
+    int rc;
+    if (got < 8) {   /* a header cut short: the rest of it, then the body as ever */
+        if ((rc = kv__sock_xfer1(k->fd, h + got, 8 - got, 0, dl)) != KV_OK)
+            return rc;
+        got = 8;
+    }
+    uint32_t n = kv__get32(h);
+    got -= 8;   /* body bytes in k->buf */
+    if (n > FRAME_MAX || got > n)
+        return KV_EPROTO;
+    if ((rc = cbuf_need(k, n)) != KV_OK)   /* realloc keeps what came */
+        return rc;
+    if (n > got &&
+        (rc = kv__sock_xfer1(k->fd, k->buf + got, n - got, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
+        return rc;
+    *src = (int)kv__get32(h + 4);
+    *rlen = n;
+    return KV_OK;
+}
+
 /* One exchange: the request in k->buf[8 .. 8+len) (the header is filled
  * here), with fd riding on it; the response body into k->buf (its length
- * in *rlen, at most rmax). Returns the server's rc in *src. */
+ * in *rlen, at most rmax). Returns the server's rc in *src. A compaction's
+ * answer may follow keepalives (frames the server sends unasked), so it is
+ * read frame by frame. */
 static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t len, int fd,
                uint64_t data_bytes, int *src, size_t *rlen)
 {
@@ -1519,7 +1571,8 @@ static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t le
     if (rc != KV_OK)
         return rc;
     size_t n;
-    if ((rc = rpc_answer(c, k, dl, src, &n)) == KV_OK && rlen)
+    rc = op == OP_SSD_COMPACT ? rpc_answer(c, k, dl, src, &n) : rpc_answer1(c, k, dl, src, &n);
+    if (rc == KV_OK && rlen)
         *rlen = n;
     return rc;
 }
@@ -1652,6 +1705,14 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
                 kv__errf(err, errlen, "cannot map the store's segment: %s", strerror(errno));
                 goto fail;
             }
+            /* Our unmap (kv_close, a reconnect) then leaves the store's
+             * pages where they are on the LRU: without it, tearing down
+             * the entries of a segment we read marks each page accessed
+             * (folio_mark_accessed, under the LRU lock), a fifth of an
+             * attached load's samples and ~0.1 s per 512 MiB read at
+             * close (doc/perf.md). Nothing else reads the hint: shmem
+             * faults do no readahead, and fault-around ignores it. */
+            madvise(p, (size_t)seg_len, MADV_RANDOM);
             c->seg = p;
             c->seg_len = (size_t)seg_len;
             c->seg_dev = st.st_dev;
