@@ -515,6 +515,14 @@ static bool board_reap(struct sconn *c)
     return ended;
 }
 
+/* A quiet connection with pins out: end those copied, and wait longer
+ * (up to HOLD_MAX_MS) while none are. */
+static void quiet_reap(struct sconn *c)
+{
+    c->hold_ms = board_reap(c) ? HOLD_MS
+               : c->hold_ms * 2 > HOLD_MAX_MS ? HOLD_MAX_MS : c->hold_ms * 2;
+}
+
 static void sconn_free(struct sconn *c)
 {
     for (uint32_t i = 0; c->pins && i < PINS_MAX; i++)
@@ -869,16 +877,26 @@ static int do_map(struct sconn *c, uint32_t op, const uint8_t *b, size_t len, in
 /* ---- the SSD tier's admin calls ---------------------------------------------- */
 
 /* Blocks until c->fd has a frame to read (or its end): KV_OK; KV_ECLOSED
- * when the server stops first. No deadline: an idle client is no fault. */
+ * when the server stops first. No deadline: an idle client is no fault.
+ * While it waits it ends the pins the client marks done, as the quiet
+ * connection loop does (sconn_main): a walk waits on its client's cb for
+ * as long as that takes, and the client's copies made before it must not
+ * hold their blocks all that time. */
 static int wait_request(struct sconn *c)
 {
     for (;;) {
         struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { c->srv->stop_pipe[0], POLLIN, 0 } };
-        if (poll(p, 2, -1) < 0) {
+        int k = poll(p, 2, c->nheld ? (int)c->hold_ms : -1);
+        if (k < 0) {
             if (errno == EINTR)
                 continue;
             return KV_ENET;
         }
+        if (k == 0) {
+            quiet_reap(c);
+            continue;
+        }
+        c->hold_ms = HOLD_MS;
         if (p[1].revents || atomic_load(&c->srv->stopping))
             return KV_ECLOSED;
         return KV_OK;
@@ -927,8 +945,11 @@ static int walk_flush(struct swalk *w)
         close(fd);
     if (rc == KV_OK && (kv__get32(h) != 1 || kv__get32(h + 4) != OP_SSD_NEXT || h[8] > 1))
         rc = KV_EPROTO;
-    if (rc == KV_OK)
+    if (rc == KV_OK) {
         atomic_fetch_add(&c->srv->requests, 1);   /* a round trip, as any request */
+        if (c->nheld)
+            board_reap(c);   /* and, as before any request, the copies marked done end */
+    }
     if (rc != KV_OK) {
         w->err = rc;
         return 1;
@@ -1176,9 +1197,8 @@ static void *sconn_main(void *arg)
                 continue;
             break;
         }
-        if (k == 0) {   /* quiet with pins out: end those copied; wait longer while none are */
-            c->hold_ms = board_reap(c) ? HOLD_MS
-                       : c->hold_ms * 2 > HOLD_MAX_MS ? HOLD_MAX_MS : c->hold_ms * 2;
+        if (k == 0) {
+            quiet_reap(c);
             continue;
         }
         c->hold_ms = HOLD_MS;
@@ -1486,9 +1506,61 @@ static int rpc_answer(struct kv__shm_client *c, struct cconn *k, uint64_t dl, in
     return KV_OK;
 }
 
+/*
+ * The one answer of a request answered by one frame, in as few system
+ * calls as it allows: one read of its header and as much body as k->buf
+ * holds (after a wait when it is not there yet), then the rest, if any.
+ * rpc_answer reads the header, then the body: a round trip cost one read
+ * more, every time. The server sends nothing we did not ask for, so
+ * anything past the frame is a broken server: KV_EPROTO, and the
+ * connection goes.
+ */
+static int rpc_answer1(struct kv__shm_client *c, struct cconn *k, uint64_t dl, int *src,
+                       size_t *rlen)
+{
+    uint8_t h[8];
+    size_t got = 0;
+    for (;;) {
+        struct iovec v[2] = { { h, 8 }, { k->buf, k->cap } };
+        ssize_t r = readv(k->fd, v, 2);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = kv__sock_wait(k->fd, POLLIN, dl);
+            if (rc != KV_OK)
+                return rc;
+            continue;
+        }
+        if (r <= 0)
+            return KV_ENET;
+        got = (size_t)r;
+        break;
+    }
+    int rc;
+    if (got < 8) {   /* a header cut short: the rest of it, then the body as ever */
+        if ((rc = kv__sock_xfer1(k->fd, h + got, 8 - got, 0, dl)) != KV_OK)
+            return rc;
+        got = 8;
+    }
+    uint32_t n = kv__get32(h);
+    got -= 8;   /* body bytes in k->buf */
+    if (n > FRAME_MAX || got > n)
+        return KV_EPROTO;
+    if ((rc = cbuf_need(k, n)) != KV_OK)   /* realloc keeps what came */
+        return rc;
+    if (n > got &&
+        (rc = kv__sock_xfer1(k->fd, k->buf + got, n - got, 0, deadline_for(c->timeout_ms, n))) != KV_OK)
+        return rc;
+    *src = (int)kv__get32(h + 4);
+    *rlen = n;
+    return KV_OK;
+}
+
 /* One exchange: the request in k->buf[8 .. 8+len) (the header is filled
  * here), with fd riding on it; the response body into k->buf (its length
- * in *rlen, at most rmax). Returns the server's rc in *src. */
+ * in *rlen, at most rmax). Returns the server's rc in *src. A compaction's
+ * answer may follow keepalives (frames the server sends unasked), so it is
+ * read frame by frame. */
 static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t len, int fd,
                uint64_t data_bytes, int *src, size_t *rlen)
 {
@@ -1499,9 +1571,34 @@ static int rpc(struct kv__shm_client *c, struct cconn *k, uint32_t op, size_t le
     if (rc != KV_OK)
         return rc;
     size_t n;
-    if ((rc = rpc_answer(c, k, dl, src, &n)) == KV_OK && rlen)
+    rc = op == OP_SSD_COMPACT ? rpc_answer(c, k, dl, src, &n) : rpc_answer1(c, k, dl, src, &n);
+    if (rc == KV_OK && rlen)
         *rlen = n;
     return rc;
+}
+
+/* The store's segment, read-only, at a 2 MiB aligned address: where the
+ * server made its pages huge (engine/segment.c, collapse) a fault then maps
+ * a whole 2 MiB page with one entry instead of 16 small ones, which only an
+ * address that agrees with the file offset modulo 2 MiB allows. Our RSS
+ * still grows only by what we read, 2 MiB at a time. MAP_FAILED on error. */
+static void *map_segment(int fd, size_t len)
+{
+    const size_t huge = (size_t)2 << 20;
+    uint8_t *r = mmap(NULL, len + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED)
+        return MAP_FAILED;
+    uint8_t *at = (uint8_t *)(((uintptr_t)r + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *p = mmap(at, len, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        munmap(r, len + huge);
+        return MAP_FAILED;
+    }
+    if (at > r)
+        munmap(r, (size_t)(at - r));   /* the slack around it: only [at, at+len) stays */
+    if (r + len + huge > at + len)
+        munmap(at + len, (size_t)(r + len + huge - (at + len)));
+    return p;
 }
 
 /* Connects one more connection and runs the handshake; the first one
@@ -1601,13 +1698,21 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
             goto fail;
         }
         if (!c->seg) {
-            void *p = mmap(NULL, (size_t)seg_len, PROT_READ, MAP_SHARED, sfd, 0);
+            void *p = map_segment(sfd, (size_t)seg_len);
             if (p == MAP_FAILED) {
                 close(sfd);
                 rc = KV_ENOMEM;
                 kv__errf(err, errlen, "cannot map the store's segment: %s", strerror(errno));
                 goto fail;
             }
+            /* Our unmap (kv_close, a reconnect) then leaves the store's
+             * pages where they are on the LRU: without it, tearing down
+             * the entries of a segment we read marks each page accessed
+             * (folio_mark_accessed, under the LRU lock), a fifth of an
+             * attached load's samples and ~0.1 s per 512 MiB read at
+             * close (doc/perf.md). Nothing else reads the hint: shmem
+             * faults do no readahead, and fault-around ignores it. */
+            madvise(p, (size_t)seg_len, MADV_RANDOM);
             c->seg = p;
             c->seg_len = (size_t)seg_len;
             c->seg_dev = st.st_dev;
