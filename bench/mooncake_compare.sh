@@ -39,7 +39,7 @@
 # Environment: ROUNDS (3), SCENARIOS (all nine), IO_APIS ("plain zcopy"),
 # SYSTEMS ("mooncake kvmaster embedded"), VALUE_SIZE (65536), NR_OBJECTS
 # (1024), WRITE_OBJECTS (2048), BATCH (4), NUMJOBS (1), RUNTIME (2 s, the
-# time-based phases), SEGMENT (512 MiB), LOCAL_BUF (128 MiB), RUN_TIMEOUT
+# time-based phases), SEGMENT (384 MiB), LOCAL_BUF (128 MiB), RUN_TIMEOUT
 # (90 s a run), PORTS (25000-25999), OUT (a directory for the summaries and
 # logs; default a temp dir that is removed), TOPOLOGY (local | remote).
 # Every process it starts is stopped on exit, however it exits.
@@ -73,7 +73,7 @@ WRITE_OBJECTS=${WRITE_OBJECTS:-2048}
 BATCH=${BATCH:-4}
 NUMJOBS=${NUMJOBS:-1}
 RUNTIME=${RUNTIME:-2}
-SEGMENT=${SEGMENT:-$((512 << 20))}
+SEGMENT=${SEGMENT:-$((384 << 20))}
 LOCAL_BUF=${LOCAL_BUF:-$((128 << 20))}
 RUN_TIMEOUT=${RUN_TIMEOUT:-90}
 PORTS=${PORTS:-25000-25999}
@@ -190,13 +190,16 @@ replay_file() {
 run_one() {
     local sys=$1 sc=$2 api=$3 r=$4
     local tag="$sys-$sc-$api-r$r" log="$OUT/$sys-$sc-$api-r$r.log" json="$OUT/$sys-$sc-$api-r$r.json"
-    local master="" meta="http://127.0.0.1:1/metadata" seg=$SEGMENT pp env=() holder_seg
+    local master="" meta="http://127.0.0.1:1/metadata" seg=$SEGMENT pp env=()
     local extra=()
     case "$sc" in
         verify_write) extra=(--verify --pattern 0xab) ;;
         read_perf) extra=(--prepare-mode auto --runtime "$RUNTIME" --verify --pattern 0xee) ;;
         mixed_rw) extra=(--prepare-mode auto --runtime "$RUNTIME" --write-objects "$WRITE_OBJECTS" --rwmixread 70 --verify --pattern 0x5a) ;;
-        write_perf) extra=(--runtime "$RUNTIME" --write-objects "$WRITE_OBJECTS") ;;
+        # write_perf's deadline starts before the store is set up (the
+        # benchmark makes its sessions inside the phase), so a short runtime
+        # can end before the first write; WRITE_OBJECTS ends it instead.
+        write_perf) extra=(--runtime "$((RUNTIME + 30))" --write-objects "$WRITE_OBJECTS") ;;
         fill) extra=(--write-objects "$WRITE_OBJECTS") ;;
         replay) replay_file; extra=(--replay-file "$REPLAY" --key-prefix replay) ;;
     esac
