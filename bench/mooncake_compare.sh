@@ -51,11 +51,18 @@ MC=$(cd "$1" 2>/dev/null && pwd) || { echo "mooncake_compare.sh: $1: no such dir
 KB=$(cd "${2:-build}" 2>/dev/null && pwd) || { echo "mooncake_compare.sh: ${2:-build}: no such directory" >&2; exit 2; }
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
+SYSTEMS=${SYSTEMS:-"mooncake kvmaster embedded"}
 MASTER_BIN=$MC/mooncake-store/src/mooncake_master
 STORE_SO=$(ls "$MC"/mooncake-integration/store*.so 2>/dev/null | head -n1 || true)
-[ -x "$MASTER_BIN" ] || { echo "mooncake_compare.sh: $MASTER_BIN missing: not a Mooncake build (ninja mooncake_master store)" >&2; exit 2; }
-[ -n "$STORE_SO" ] || { echo "mooncake_compare.sh: $MC/mooncake-integration/store*.so missing: build the store module (ninja store)" >&2; exit 2; }
+case " $SYSTEMS " in *" mooncake "*)
+    [ -x "$MASTER_BIN" ] || { echo "mooncake_compare.sh: $MASTER_BIN missing: not a Mooncake build (ninja mooncake_master store)" >&2; exit 2; }
+    [ -n "$STORE_SO" ] || { echo "mooncake_compare.sh: $MC/mooncake-integration/store*.so missing: build the store module (ninja store)" >&2; exit 2; } ;;
+esac
+# Without mooncake in SYSTEMS (kvengine's side alone) a build that is not
+# finished, or Mooncake's source tree itself, is enough: only the benchmark
+# is needed.
 SRC=${MOONCAKE_SRC:-$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$MC/CMakeCache.txt" 2>/dev/null || true)}
+[ -n "$SRC" ] || SRC=$MC
 BENCH=$SRC/mooncake-store/benchmarks/store_kv_bench.py
 [ -f "$BENCH" ] || { echo "mooncake_compare.sh: $BENCH missing (set MOONCAKE_SRC to Mooncake's source tree)" >&2; exit 2; }
 [ -d "$SRC/mooncake-wheel/mooncake" ] || { echo "mooncake_compare.sh: $SRC/mooncake-wheel/mooncake missing" >&2; exit 2; }
@@ -66,7 +73,6 @@ done
 ROUNDS=${ROUNDS:-3}
 SCENARIOS=${SCENARIOS:-"verify_write fill write_perf read_perf mixed_rw metadata_smoke mixed_metadata remove_perf replay"}
 IO_APIS=${IO_APIS:-"plain zcopy"}
-SYSTEMS=${SYSTEMS:-"mooncake kvmaster embedded"}
 VALUE_SIZE=${VALUE_SIZE:-65536}
 NR_OBJECTS=${NR_OBJECTS:-1024}
 WRITE_OBJECTS=${WRITE_OBJECTS:-2048}
@@ -105,7 +111,7 @@ trap 'exit 130' INT TERM
 # where `import mooncake.store` finds them (the build is not installed).
 mkdir -p "$TMP/mcpkg/mooncake"
 cp "$SRC"/mooncake-wheel/mooncake/*.py "$TMP/mcpkg/mooncake/"
-ln -s "$STORE_SO" "$TMP/mcpkg/mooncake/$(basename "$STORE_SO")"
+[ -z "$STORE_SO" ] || ln -s "$STORE_SO" "$TMP/mcpkg/mooncake/$(basename "$STORE_SO")"
 cat >"$TMP/mcshim.py" <<'EOF'
 """Real mooncake.store plus isExist (= is_exist), which the benchmark calls."""
 from mooncake.store import *  # noqa: F401,F403
