@@ -67,7 +67,7 @@ static int copy_value(const uint8_t *stored, uint64_t slen, const void *key, siz
     if (*vlen > cap)
         return KV_ENOBUFS;
     if (*vlen)
-        memcpy(buf, stored + 1 + klen, *vlen);
+        kv__copy(buf, stored + 1 + klen, *vlen);
     return KV_OK;
 }
 

@@ -2109,7 +2109,7 @@ int kv__shm_put(struct kv__shm_client *c, const void *key, size_t klen, const vo
     if (!inline_val && !inreg) {
         if ((rc = stage_need(c, k, vlen, true)) != KV_OK)
             goto out;
-        memcpy(k->stage, val, vlen);
+        kv__copy(k->stage, val, vlen);
         put_loc(loc, LOC_STAGE, 0, 0);
     } else if (inline_val) {
         put_loc(loc, LOC_INLINE, 0, 0);
@@ -2170,7 +2170,7 @@ int kv__shm_get(struct kv__shm_client *c, const void *key, size_t klen, void *bu
         if (inline_val && v)
             memcpy(buf, k->buf + 8, v);
         else if (!inline_val && !inreg && v)
-            memcpy(buf, k->stage, v);
+            kv__copy(buf, k->stage, v);
     }
 out:
     cconn_put(c, k, rc);
@@ -2303,7 +2303,7 @@ int kv__shm_many(struct kv__shm_client *c, int what, kv_pair *items, size_t n, i
             kv__put64(b + at, it->len);
             at += 8;
             if (what == 0 && it->len) {
-                memcpy(b + at, it->val, it->len);
+                kv__copy(b + at, it->val, it->len);
                 at += it->len;
             }
         }

@@ -141,12 +141,40 @@ START_TEST(a_segment_larger_than_memory_is_refused)
 }
 END_TEST
 
+/* kv__copy copies exactly what memcpy does, on both of its paths: every
+ * length around the 4 KiB switch and the 64-byte pieces, at every relative
+ * offset of the slow window and around it, never writing past the end. */
+START_TEST(copy_equals_memcpy_at_every_offset)
+{
+    const size_t cap = 70000 + 256;
+    uint8_t *src = aligned_alloc(4096, cap), *dst = aligned_alloc(4096, cap),
+            *ref = aligned_alloc(4096, cap);
+    ck_assert(src && dst && ref);
+    for (size_t i = 0; i < cap; i++)
+        src[i] = (uint8_t)(i * 131 + 7);
+    const size_t lens[] = { 0, 1, 63, 64, 65, 4095, 4096, 4097, 4160, 65536, 65536 + 21, 70000 };
+    for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+        for (size_t off = 0; off <= 70; off++) {
+            size_t n = lens[l];
+            memset(dst, 0xee, cap);
+            memset(ref, 0xee, cap);
+            memcpy(ref + off, src + 3, n);
+            kv__copy(dst + off, src + 3, n);
+            ck_assert_msg(memcmp(dst, ref, cap) == 0, "len %zu off %zu", n, off);
+        }
+    free(src);
+    free(dst);
+    free(ref);
+}
+END_TEST
+
 Suite *alloc_suite(void)
 {
     Suite *s = suite_create("alloc");
     TCase *tc = tcase_create("alloc");
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, equal_values_use_the_whole_segment);
+    tcase_add_test(tc, copy_equals_memcpy_at_every_offset);
     tcase_add_test(tc, freed_memory_is_reused_by_other_sizes);
     tcase_add_test(tc, values_do_not_overlap);
     tcase_add_test(tc, segment_of_zero_maps_nothing_and_huge_off_works);
