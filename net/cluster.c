@@ -3084,6 +3084,7 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->handed_off = atomic_load(&c->handed_off);
     out->forwarded = atomic_load(&c->forwarded);
     out->refused_not_owner = atomic_load(&c->refused_not_owner);
+    out->leaving = (uint64_t)atomic_load(&c->leaving);
     pthread_mutex_lock(&c->vlock);
     for (struct peer *p = c->peers; p; p = p->next)
         out->peers++;

@@ -2144,7 +2144,16 @@ static void relay_stop(struct relay *r)
 
 /* A member in this process serving a heap store (so that the test can read
  * its view and counters): replica_num 1, T 3 s. */
+static struct kv__cluster *start_heap_member_r(struct kv__backend *be, unsigned r,
+                                               const char *master);
 static struct kv__cluster *start_heap_member(struct kv__backend *be)
+{
+    return start_heap_member_r(be, 1, NULL);
+}
+/* replica_num r; master: its membership store's address instead of the
+ * fixture's (a relay), or NULL. */
+static struct kv__cluster *start_heap_member_r(struct kv__backend *be, unsigned r,
+                                               const char *master)
 {
     struct kv_config cfg;
     kv__config_defaults(&cfg);
@@ -2153,7 +2162,12 @@ static struct kv__cluster *start_heap_member(struct kv__backend *be)
     snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
     cfg.cluster.protocol = KV_PROTO_TCP;
     cfg.cluster.node_ttl_ms = TTL_MS;
+    cfg.cluster.replica_num = r;
     cfg.io.timeout_ms = 3000;
+    if (master && use_etcd())
+        snprintf(cfg.cluster.etcd_endpoints, sizeof cfg.cluster.etcd_endpoints, "%s", master);
+    else if (master)
+        snprintf(cfg.cluster.master, sizeof cfg.cluster.master, "%s", master);
     struct kv__cluster *c;
     char err[256] = "";
     ck_assert_msg(kv__cluster_start_backend(be, &cfg, &c, err, sizeof err) == KV_OK, "%s", err);
@@ -2178,6 +2192,40 @@ static void wait_member_rereplicated(struct kv__cluster *c)
         kv__cluster_counters(c, &k);
     } while ((k.rereplicate_behind || k.rereplicate_pending) && tu_now_ms() - t0 < 10000);
     ck_assert_uint_eq(k.rereplicate_behind, 0);
+}
+
+/* A pure client (replica_num r) whose membership store is at addr (a
+ * relay); the fixture closes it. */
+static kv_engine *open_client_via(const char *addr, unsigned r)
+{
+    kv_config *cfg;
+    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
+    char v[64];
+    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", "0"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.master", addr), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.token", TOKEN), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", "tcp"), KV_OK);
+    snprintf(v, sizeof v, "%d", TTL_MS);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", v), KV_OK);
+    snprintf(v, sizeof v, "%u", r);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.replica_num", v), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", "3000"), KV_OK);
+    if (use_etcd()) {
+        ck_assert_int_eq(kv_config_set(cfg, "cluster.metadata", "etcd"), KV_OK);
+        ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_endpoints", addr), KV_OK);
+        ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_prefix", ETCD_PREFIX), KV_OK);
+    }
+    kv_engine *c = NULL;
+    ck_assert_int_eq(kv_open(cfg, &c), KV_OK);
+    kv_config_free(cfg);
+    for (int i = 0; i < 4; i++)
+        if (!engines[i]) {
+            engines[i] = c;
+            break;
+        }
+    return c;
 }
 
 /* Unstalls the relay once the member has refused a write (or after 5 s:
@@ -2228,27 +2276,7 @@ static void writer_behind_a_join(int blocks)
     wait_member_owners(a, 2);
     struct relay r;
     relay_start(&r, use_etcd() ? etcd.endpoints : master_addr);
-    kv_config *cfg;
-    ck_assert_int_eq(kv_config_new(&cfg), KV_OK);
-    char v[64];
-    ck_assert_int_eq(kv_config_set(cfg, "pipeline", "dram"), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "dram.capacity", "0"), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "cluster.master", r.addr), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "cluster.token", TOKEN), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", "tcp"), KV_OK);
-    snprintf(v, sizeof v, "%d", TTL_MS);
-    ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", v), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "io.timeout_ms", "3000"), KV_OK);
-    if (use_etcd()) {
-        ck_assert_int_eq(kv_config_set(cfg, "cluster.metadata", "etcd"), KV_OK);
-        ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_endpoints", r.addr), KV_OK);
-        ck_assert_int_eq(kv_config_set(cfg, "cluster.etcd_prefix", ETCD_PREFIX), KV_OK);
-    }
-    kv_engine *c = NULL;
-    ck_assert_int_eq(kv_open(cfg, &c), KV_OK);
-    kv_config_free(cfg);
-    engines[0] = c;
+    kv_engine *c = open_client_via(r.addr, 1);
     wait_sees_owners(c, 2);
 
     atomic_store(&r.stalled, 1);
@@ -2349,6 +2377,101 @@ START_TEST(writer_behind_a_join_dumps)
 }
 END_TEST
 
+/* A member's graceful leave on a thread (kv__cluster_stop frees it). */
+static void *stop_main(void *arg)
+{
+    kv__cluster_stop(arg);
+    return NULL;
+}
+
+/* Waits until c's leave is forwarding writes (c must have next owners, or
+ * its stop would free it under us). */
+static void wait_member_forwarding(struct kv__cluster *c)
+{
+    struct kv__cluster_counters k;
+    uint64_t t0 = tu_now_ms();
+    do {
+        usleep(500);
+        kv__cluster_counters(c, &k);
+    } while (k.leaving == 0 && tu_now_ms() - t0 < 10000);
+    ck_assert_uint_eq(k.leaving, 1);
+}
+
+/* Shards of block b of s held by be. */
+static int held_shards(struct kv__backend *be, const struct tu_set *s, size_t b)
+{
+    int k = 0;
+    for (size_t i = 2 * b; i < 2 * b + 2; i++) {
+        uint64_t len;
+        k += be->size(be->ctx, KV_NS_BLOCK, &s->dump[i].block, s->dump[i].index, &len) == KV_OK;
+    }
+    return k;
+}
+
+/*
+ * A leaver forwards a write to every owner in the view it leaves for
+ * (commit a81a402), made deterministic. replica_num 2; members L and Y, a
+ * client W whose membership traffic a relay stalls at view {L, Y}; X
+ * joins (view F = {L, X, Y}), then L leaves, and while it forwards W
+ * dumps blocks to L and Y, the owners in its view. For a block whose
+ * owners in F are {X, Y} or {L, X}, X is an owner in both F and the view
+ * L leaves for ({X, Y}), yet W never sent it a copy: L must. Afterwards
+ * both X and Y, the only two members, hold every block W was told was
+ * stored. With a81a402 reverted (forwarding only to the next owners that
+ * were not owners in F), X lacked about two thirds of them.
+ */
+START_TEST(leaver_forwards_to_every_next_owner)
+{
+    struct kv__backend *lbe = kv__memstore_new(32u << 20), *ybe = kv__memstore_new(32u << 20),
+                       *xbe = kv__memstore_new(32u << 20);
+    struct kv__cluster *l = start_heap_member_r(lbe, 2, NULL), *y = start_heap_member_r(ybe, 2, NULL);
+    wait_owners(2);
+    wait_member_owners(l, 2);
+    wait_member_owners(y, 2);
+    struct relay r;
+    relay_start(&r, use_etcd() ? etcd.endpoints : master_addr);
+    kv_engine *w = open_client_via(r.addr, 2);
+    wait_sees_owners(w, 2);
+    atomic_store(&r.stalled, 1);
+    struct kv__cluster *x = start_heap_member_r(xbe, 2, NULL);
+    wait_owners(3);
+    wait_member_owners(l, 3);
+    wait_member_owners(y, 3);
+    wait_member_owners(x, 3);
+    wait_member_rereplicated(l);
+    wait_member_rereplicated(y);
+    ck_assert_int_eq(engine_owners(w), 2);   /* still behind */
+
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, stop_main, l), 0);
+    wait_member_forwarding(l);
+    enum { B = 48 };
+    struct tu_set s = tu_set_new(2 * B, 4096, 47);
+    size_t acked = 0;
+    while (acked < B && tu_task(w, 1, s.dump + 2 * acked, 2) == KV_OK)
+        acked++;   /* past L's grace a dump fails: W cannot fetch a view */
+    pthread_join(th, NULL);
+    kv__memstore_free(lbe);
+    wait_member_owners(x, 2);
+    wait_member_owners(y, 2);
+    int on_x = 0, on_y = 0;
+    for (size_t b = 0; b < acked; b++) {
+        on_x += held_shards(xbe, &s, b) == 2;
+        on_y += held_shards(ybe, &s, b) == 2;
+    }
+    ck_assert_msg(acked >= 8, "only %zu blocks were stored while L forwarded", acked);
+    ck_assert_msg(on_x == (int)acked && on_y == (int)acked,
+                  "of %zu acknowledged blocks, X holds %d and Y %d (replica_num 2, two members)",
+                  acked, on_x, on_y);
+    tu_set_free(&s);
+    relay_stop(&r);
+    kv__cluster_stop(x);
+    kv__cluster_stop(y);
+    kv__memstore_free(xbe);
+    kv__memstore_free(ybe);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -2389,6 +2512,7 @@ Suite *cluster_suite(void)
     tcase_set_timeout(views, 30);
     tcase_add_test(views, writer_behind_a_join_puts);
     tcase_add_test(views, writer_behind_a_join_dumps);
+    tcase_add_test(views, leaver_forwards_to_every_next_owner);
     suite_add_tcase(s, views);
     /* 200 joins and leaves: longer than one test of the loopback case */
     TCase *churn = tcase_create("churn");
