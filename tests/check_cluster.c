@@ -2042,6 +2042,7 @@ struct relay {
     char target[256];
     char addr[64];
     atomic_int stalled, stop;
+    atomic_uint rounds;                 /* poll rounds begun (relay_stall) */
     int fd[RELAY_PAIRS][2];             /* [client side, store side]; -1 unused */
     pthread_t th;
 };
@@ -2072,6 +2073,7 @@ static void *relay_main(void *arg)
     struct relay *r = arg;
     char buf[16384];
     while (!atomic_load(&r->stop)) {
+        atomic_fetch_add(&r->rounds, 1);
         struct pollfd p[1 + 2 * RELAY_PAIRS];
         int np = 0, who[1 + 2 * RELAY_PAIRS];
         p[np] = (struct pollfd){ .fd = r->lfd, .events = POLLIN };
@@ -2096,7 +2098,7 @@ static void *relay_main(void *arg)
                 r->fd[slot][1] = sfd;
             }
         }
-        for (int k = 1; k < np; k++) {
+        for (int k = 1; k < np && !atomic_load(&r->stalled); k++) {
             int i = who[k] / 2, s = who[k] % 2;
             if (!(p[k].revents & (POLLIN | POLLHUP | POLLERR)) || r->fd[i][0] < 0)
                 continue;
@@ -2134,6 +2136,16 @@ static void relay_start(struct relay *r, const char *target)
     ck_assert_int_eq(getsockname(r->lfd, (struct sockaddr *)&a, &al), 0);
     snprintf(r->addr, sizeof r->addr, "127.0.0.1:%u", (unsigned)ntohs(a.sin_port));
     ck_assert_int_eq(pthread_create(&r->th, NULL, relay_main, r), 0);
+}
+
+/* Stalls r, and returns once no byte can move any more: a poll begun
+ * before the stall (on the pairs' sockets) has ended. */
+static void relay_stall(struct relay *r)
+{
+    atomic_store(&r->stalled, 1);
+    unsigned at = atomic_load(&r->rounds);
+    while (atomic_load(&r->rounds) - at < 2)
+        usleep(1000);
 }
 
 static void relay_stop(struct relay *r)
@@ -2279,7 +2291,7 @@ static void writer_behind_a_join(int blocks)
     kv_engine *c = open_client_via(r.addr, 1);
     wait_sees_owners(c, 2);
 
-    atomic_store(&r.stalled, 1);
+    relay_stall(&r);
     int xi = start_node("64MiB", 1);
     wait_owners(3);
     wait_member_owners(a, 3);
@@ -2432,7 +2444,7 @@ START_TEST(leaver_forwards_to_every_next_owner)
     relay_start(&r, use_etcd() ? etcd.endpoints : master_addr);
     kv_engine *w = open_client_via(r.addr, 2);
     wait_sees_owners(w, 2);
-    atomic_store(&r.stalled, 1);
+    relay_stall(&r);
     struct kv__cluster *x = start_heap_member_r(xbe, 2, NULL);
     wait_owners(3);
     wait_member_owners(l, 3);
