@@ -1992,7 +1992,16 @@ static int sv_admit(void *ctx, int ns, const kv_block_id *id, uint64_t sender, u
     (void)ns;
     if (!sender || (flags & KV_BATCH_INTERNAL) || atomic_load(&c->leaving))
         return KV_OK;
-    struct view *v = view_get(c);
+    /* Not view_get: the listener serves before the first view is in
+     * (start), and a member with no view yet knows no better than its
+     * sender (a kvnode restarted at its address crashed here). */
+    pthread_mutex_lock(&c->vlock);
+    struct view *v = c->view;
+    if (v)
+        atomic_fetch_add(&v->refs, 1);
+    pthread_mutex_unlock(&c->vlock);
+    if (!v)
+        return KV_OK;
     uint64_t ver = v->version;
     int mine = 1;
     if (sender < ver) {
