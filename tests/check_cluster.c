@@ -2172,7 +2172,7 @@ static struct kv__cluster *start_heap_member_r(struct kv__backend *be, unsigned 
     meta_config(&cfg);
     snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "127.0.0.1:0");
     snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
-    cfg.cluster.protocol = KV_PROTO_TCP;
+    cfg.cluster.protocol = strcmp(protocol(), "rdma") == 0 ? KV_PROTO_RDMA : KV_PROTO_TCP;
     cfg.cluster.node_ttl_ms = TTL_MS;
     cfg.cluster.replica_num = r;
     cfg.io.timeout_ms = 3000;
@@ -2218,7 +2218,7 @@ static kv_engine *open_client_via(const char *addr, unsigned r)
     ck_assert_int_eq(kv_config_set(cfg, "cluster.enabled", "true"), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.master", addr), KV_OK);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.token", TOKEN), KV_OK);
-    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", "tcp"), KV_OK);
+    ck_assert_int_eq(kv_config_set(cfg, "cluster.protocol", protocol()), KV_OK);
     snprintf(v, sizeof v, "%d", TTL_MS);
     ck_assert_int_eq(kv_config_set(cfg, "cluster.node_ttl_ms", v), KV_OK);
     snprintf(v, sizeof v, "%u", r);
