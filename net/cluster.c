@@ -143,6 +143,9 @@ struct kv__cluster {
     unsigned call_ms;                   /* T, one remote call's deadline (cluster.h) */
 
     _Atomic uint64_t remote_ops, remote_errors, failovers, moved;
+    /* Writes refused as not ours in a view newer than their sender's
+     * (sv_admit), and the last view whose first refusal was logged. */
+    _Atomic uint64_t refused_not_owner, refused_logged;
 
     /* Re-replication (its section below): one job at a time, from the
      * view before an owner change to the view after it. */
@@ -1499,7 +1502,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             for (uint8_t t = 0; t < it->ntargets; t++) {
                 ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = it->ns, .index = it->index,
                                           .id = it->id, .iov = &iov[nb], .iovcnt = 1,
-                                          .replace = h->handoff && it->ns == KV_NS_KEY };
+                                          .replace = h->handoff && it->ns == KV_NS_KEY,
+                                          .view = to->version, .internal = 1 };
                 owner[k] = it->targets[t];
                 of[k] = i;
                 k++;
@@ -1676,23 +1680,43 @@ static int owner_failed(int r)
 
 /* For a call begun at t0 on view version ver, one of whose items failed
  * as above: fetches the view and says whether it is another one now. */
+static int view_moved_wait(struct kv__cluster *c, uint64_t t0, uint64_t ver, int closed);
+
 static int view_moved(struct kv__cluster *c, uint64_t t0, uint64_t ver)
 {
-    uint64_t spent = kv__now_ms() - t0;
-    if (spent >= c->call_ms)
-        return 0;
-    /* A fetch begun since the call began is fresh enough: a member is out
-     * of the view for two heartbeats before it stops serving (its grace),
-     * and it answers KV_ECLOSED, not a closed port, until then. */
-    pthread_mutex_lock(&c->hblock);
-    int fresh = c->hb_began_ms >= t0;
-    pthread_mutex_unlock(&c->hblock);
-    if (!fresh)
-        view_refresh(c, (unsigned)(c->call_ms - spent));
-    struct view *v = view_get(c);
-    int moved = v->version != ver;
-    view_put(v);
-    return moved;
+    return view_moved_wait(c, t0, ver, 0);
+}
+
+/* closed: an item was answered KV_ECLOSED. That member is alive and says
+ * a newer view than ours exists (it left, or owns nothing of ours in its
+ * view: sv_admit), so the view will move: the fetches go on, a round
+ * REFRESH_GAP_MS apart at most, until it has or T is spent. One fetch is
+ * not enough where the view comes from a cache (etcd's watch, whose
+ * events may land just after a fetch that read the cache). */
+static int view_moved_wait(struct kv__cluster *c, uint64_t t0, uint64_t ver, int closed)
+{
+    for (int round = 0;; round++) {
+        uint64_t spent = kv__now_ms() - t0;
+        if (spent >= c->call_ms)
+            return 0;
+        /* A fetch begun since the call began is fresh enough: a member is
+         * out of the view for two heartbeats before it stops serving (its
+         * grace), and it answers KV_ECLOSED, not a closed port, until then. */
+        pthread_mutex_lock(&c->hblock);
+        int fresh = round == 0 && c->hb_began_ms >= t0, stopping = c->stopping;
+        pthread_mutex_unlock(&c->hblock);
+        if (stopping && round > 0)
+            return 0;   /* no more fetches will come */
+        if (!fresh)
+            view_refresh(c, (unsigned)(c->call_ms - spent));
+        struct view *v = view_get(c);
+        int moved = v->version != ver;
+        view_put(v);
+        if (moved || !closed)
+            return moved;
+        /* the next view_refresh waits for a round begun after it asked:
+         * rounds start REFRESH_GAP_MS apart at most, shared by callers */
+    }
 }
 
 /* The items of results[0..n) to run once more (their indexes in *idx,
@@ -1701,10 +1725,13 @@ static size_t retry_pick(struct kv__cluster *c, uint64_t t0, uint64_t ver, const
                          size_t n, size_t **idx)
 {
     size_t k = 0;
+    int closed = 0;
     *idx = NULL;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         k += owner_failed(results[i]);
-    if (!k || !view_moved(c, t0, ver) || !(*idx = malloc(k * sizeof **idx)))
+        closed |= results[i] == KV_ECLOSED;
+    }
+    if (!k || !view_moved_wait(c, t0, ver, closed) || !(*idx = malloc(k * sizeof **idx)))
         return 0;
     k = 0;
     for (size_t i = 0; i < n; i++)
@@ -1894,8 +1921,11 @@ static int forward_once(struct kv__cluster *c, const struct kv__op *op, uint64_t
     size_t own[KV_PLACE_MAX];
     size_t k = kv__place(to->seeds, to->n, &op->id, c->replicas, own);
     struct kv__op ops[KV_PLACE_MAX];
-    for (size_t i = 0; i < k; i++)
+    for (size_t i = 0; i < k; i++) {
         ops[i] = *op;
+        ops[i].view = to->version;
+        ops[i].internal = 1;   /* the next owner takes it, whatever its view */
+    }
     int rc = k ? run_grouped(c, to, ops, own, k) : KV_OK, found = 0;
     for (size_t j = 0; rc == KV_OK && j < k; j++) {
         found |= ops[j].result == KV_OK;
@@ -1916,7 +1946,7 @@ static int leave_forward(struct kv__cluster *c, const struct kv__op *op)
 {
     uint64_t t0 = kv__now_ms(), ver;
     int rc = forward_once(c, op, &ver);
-    if (owner_failed(rc) && view_moved(c, t0, ver))
+    if (owner_failed(rc) && view_moved_wait(c, t0, ver, rc == KV_ECLOSED))
         rc = forward_once(c, op, &ver);
     return rc;
 }
@@ -2068,6 +2098,65 @@ static int sv_match(void *ctx, const kv_block_id *id, uint32_t plen, const kv_bl
     return SV_BE(ctx)->match(SV_BE(ctx)->ctx, id, plen, hash);
 }
 
+/*
+ * Writes for keys not ours. A caller routes by the view it has, which may
+ * be a heartbeat behind ours: after a join, it sends us a key that the
+ * newcomer owns in our view. Stored here, that copy is a stray: a reader
+ * with the current view asks the newcomer, and our re-replication never
+ * visits it (we owned it in neither view it moves between), so the write
+ * was acknowledged and reads as absent once the move window ends (issue
+ * 18; 34 of 200 puts in the test). So a dump whose sender routed by an
+ * older view than ours, of an id we do not own in ours, is refused with
+ * KV_ECLOSED ("not an owner": what a leaver past its grace already says)
+ * before anything is stored or replaced; the caller fetches the view and
+ * runs it on the owners there (shards_retry), within its deadline.
+ *
+ * Only an older sender is refused. One with a newer view knows better: we
+ * take the write, and become its owner when our view catches up; refusing
+ * it would bounce the write between two members with different views
+ * until the deadline. Internal copies (re-replication, hand-off, a
+ * leaver's forwarding) go where their sender's plan says and are never
+ * refused; nor is anything while we leave (leave_write forwards it), nor a
+ * sender with no view (0: a tool or a harness). Removes are not checked: a
+ * caller's replace drops previous owners' copies on purpose.
+ */
+static int sv_admit(void *ctx, int ns, const kv_block_id *id, uint64_t sender, uint32_t flags)
+{
+    struct kv__cluster *c = ctx;
+    (void)ns;
+    if (!sender || (flags & KV_BATCH_INTERNAL) || atomic_load(&c->leaving))
+        return KV_OK;
+    /* Not view_get: the listener serves before the first view is in
+     * (start), and a member with no view yet knows no better than its
+     * sender (a kvnode restarted at its address crashed here). */
+    pthread_mutex_lock(&c->vlock);
+    struct view *v = c->view;
+    if (v)
+        atomic_fetch_add(&v->refs, 1);
+    pthread_mutex_unlock(&c->vlock);
+    if (!v)
+        return KV_OK;
+    uint64_t ver = v->version;
+    int mine = 1;
+    if (sender < ver) {
+        size_t own[KV_PLACE_MAX];
+        size_t k = kv__place(v->seeds, v->n, id, c->replicas, own);
+        mine = 0;
+        for (size_t i = 0; i < k && !mine; i++)
+            mine = v->owners[own[i]]->self;
+    }
+    view_put(v);
+    if (mine)
+        return KV_OK;
+    atomic_fetch_add(&c->refused_not_owner, 1);
+    uint64_t seen = atomic_load(&c->refused_logged);
+    if (seen < ver && atomic_compare_exchange_strong(&c->refused_logged, &seen, ver))
+        KV_INFO("cluster: refusing writes routed by view %llu: not an owner in view %llu "
+                "(KV_ECLOSED: the caller refreshes its view and retries on the owners)",
+                (unsigned long long)sender, (unsigned long long)ver);
+    return KV_ECLOSED;
+}
+
 static void serve_be_init(struct kv__cluster *c)
 {
     const struct kv__backend *b = c->be;
@@ -2080,6 +2169,7 @@ static void serve_be_init(struct kv__cluster *c)
         .dump = b->dump ? sv_dump : NULL, .scan = b->scan ? sv_scan : NULL,
         .remove = b->remove ? sv_remove : NULL,
         .match = b->match ? sv_match : NULL,
+        .admit = sv_admit,
     };
 }
 
@@ -2303,7 +2393,8 @@ static int write_once(struct kv__cluster *c, int ns, const kv_shard *shards, siz
     for (size_t i = 0; rc == KV_OK && i < n; i++) {
         struct kv__op op = { .kind = KV_OP_DUMP, .ns = (uint8_t)ns, .index = shards[i].index,
                              .id = shards[i].block, .iov = shards[i].iov,
-                             .iovcnt = shards[i].iovcnt, .replace = replace };
+                             .iovcnt = shards[i].iovcnt, .replace = replace,
+                             .view = f.v->version };
         size_t before = f.k, m = fan_add(c, &f, i, &op);
         results[i] = m ? KV_ENET : KV_ENOSPC;   /* no owner at all: no room */
         best[i] = replace && f.k - before < m ? KV_ENET : 1;   /* 1: nothing seen yet */
@@ -2635,9 +2726,12 @@ static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size
             for (size_t j = 0; j < ncur[i]; j++) {
                 if (peer_is_down(v->owners[cand[i][j]]))
                     continue;
+                /* routed by our view: an owner in a newer one refuses a
+                 * copy that would be a stray there (sv_admit) */
                 ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = (uint8_t)ns,
                                           .index = shards[i].index, .id = shards[i].block,
-                                          .iov = shards[i].iov, .iovcnt = shards[i].iovcnt };
+                                          .iov = shards[i].iov, .iovcnt = shards[i].iovcnt,
+                                          .view = v->version };
                 owner[k++] = cand[i][j];
             }
         }
@@ -3156,6 +3250,8 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->rereplicate_behind = atomic_load(&c->rr_wanted) - atomic_load(&c->rr_done);
     out->handed_off = atomic_load(&c->handed_off);
     out->forwarded = atomic_load(&c->forwarded);
+    out->refused_not_owner = atomic_load(&c->refused_not_owner);
+    out->leaving = (uint64_t)atomic_load(&c->leaving);
     pthread_mutex_lock(&c->vlock);
     for (struct peer *p = c->peers; p; p = p->next)
         out->peers++;

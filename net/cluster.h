@@ -140,6 +140,12 @@ struct kv__cluster_counters {
     /* graceful leave (kv__cluster_stop): shards handed to their next
      * owners, and writes served while leaving that were forwarded there */
     uint64_t handed_off, forwarded;
+    /* writes refused because this member owns the key in a view newer than
+     * the sender's (the sender refreshes and retries on the owners) */
+    uint64_t refused_not_owner;
+    /* where a graceful leave is: 0 not leaving, 1 forwarding writes to the
+     * next owners, 2 left (writes refused); for tests */
+    uint64_t leaving;
 };
 void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *out);
 

@@ -60,15 +60,18 @@ int kv__hdr_decode(const uint8_t *in, uint64_t max_data, struct kv__hdr *h)
     return KV_OK;
 }
 
-size_t kv__batch_body_len(size_t n) { return 4 + n * KV_PROTO_REQ_ITEM; }
+size_t kv__batch_body_len(size_t n) { return KV_PROTO_BATCH_HDR + n * KV_PROTO_REQ_ITEM; }
 size_t kv__batch_r_body_len(size_t n) { return 4 + n * KV_PROTO_RESP_ITEM; }
 
 int kv__batch_count(const uint8_t *body, size_t len, size_t item_len, size_t *n)
 {
     if (len < 4)
         return KV_EPROTO;
+    size_t hdr = item_len == KV_PROTO_REQ_ITEM ? KV_PROTO_BATCH_HDR : 4;
+    if (len < hdr)
+        return KV_EPROTO;
     uint32_t cnt = kv__get32(body);
-    if (cnt > KV_PROTO_BATCH_MAX || len != 4 + (size_t)cnt * item_len)
+    if (cnt > KV_PROTO_BATCH_MAX || len != hdr + (size_t)cnt * item_len)
         return KV_EPROTO;
     *n = cnt;
     return KV_OK;
@@ -81,7 +84,9 @@ void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *
                                         .flags = ops[i].replace ? KV_WIRE_REPLACE
                                                : ops[i].kind == KV_OP_CLEAR && ops[i].index
                                                ? KV_WIRE_PREFIX : 0,
-                                        .index = ops[i].index, .id = ops[i].id };
+                                        .index = ops[i].index, .id = ops[i].id,
+                                        .view = ops[0].view,
+                                        .bflags = ops[0].internal ? KV_BATCH_INTERNAL : 0 };
         if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
             out[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
     }
@@ -92,7 +97,9 @@ int kv__batch_encode(const struct kv__wire_req *it, size_t n, uint8_t *out, size
     if (n > KV_PROTO_BATCH_MAX || cap < kv__batch_body_len(n))
         return KV_ENOBUFS;
     kv__put32(out, (uint32_t)n);
-    uint8_t *p = out + 4;
+    kv__put32(out + 4, n ? it[0].bflags : 0);
+    kv__put64(out + 8, n ? it[0].view : 0);
+    uint8_t *p = out + KV_PROTO_BATCH_HDR;
     for (size_t i = 0; i < n; i++, p += KV_PROTO_REQ_ITEM) {
         p[0] = it[i].kind;
         p[1] = it[i].ns;
@@ -109,7 +116,11 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
     size_t cnt;
     if (kv__batch_count(body, len, KV_PROTO_REQ_ITEM, &cnt) != KV_OK || cnt > *n)
         return KV_EPROTO;
-    const uint8_t *p = body + 4;
+    uint32_t bflags = kv__get32(body + 4);
+    uint64_t view = kv__get64(body + 8);
+    if (bflags & ~KV_BATCH_INTERNAL)
+        return KV_EPROTO;
+    const uint8_t *p = body + KV_PROTO_BATCH_HDR;
     for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
         if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_CLEAR || p[1] >= KV_NS_COUNT)
             return KV_EPROTO;
@@ -124,7 +135,7 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
                 return KV_EPROTO;
         }
     }
-    p = body + 4;
+    p = body + KV_PROTO_BATCH_HDR;
     for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
         out[i].kind = p[0];
         out[i].ns = p[1];
@@ -132,6 +143,8 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
         out[i].index = kv__get32(p + 4);
         memcpy(out[i].id.bytes, p + 8, KV_BLOCK_ID_LEN);
         out[i].len = kv__get64(p + 24);
+        out[i].view = view;
+        out[i].bflags = bflags;
     }
     *n = cnt;
     return KV_OK;

@@ -22,9 +22,17 @@
  * and 2 stay unused).
  *
  * Bodies:
- *   BATCH      count u32, then count items of 32 bytes:
- *              kind u8 | ns u8 | pad u16 | index u32 | id[16] | len u64
+ *   BATCH      count u32 | flags u32 | view u64, then count items of 32 bytes:
+ *              kind u8 | ns u8 | flags u16 | index u32 | id[16] | len u64
  *              (dump: value length, all in data; load: expected length)
+ *              view: the version of the membership view the sender routed
+ *              the batch by (0: none, a tool or a harness); flags:
+ *              KV_BATCH_INTERNAL for a member's own copies (re-replication,
+ *              hand-off, a leaver's forwarding), no other bit. A member
+ *              that is no owner of a dump's id in its own view, newer than
+ *              the sender's, refuses it with KV_ECLOSED and stores nothing
+ *              (cluster.c, "writes for keys not ours"); internal ones are
+ *              never refused. Version 3 added the 12 bytes after count.
  *   BATCH_R    count u32, then count results of 48 bytes:
  *              status i32 | hit u8 pad[3] | len u64 | addr u64 | rkey u32 |
  *              pad u32 | handle u64 | sum u64
@@ -55,11 +63,13 @@
 #include "transport.h"
 
 #define KV_PROTO_MAGIC    0x454e564bu   /* "KVNE" little-endian */
-#define KV_PROTO_VERSION  2           /* 2: challenge-response, signed members, sums */
+#define KV_PROTO_VERSION  3           /* 2: challenge-response, signed members, sums;
+                                         * 3: a BATCH carries its sender's view */
 #define KV_PROTO_HDR_LEN  32
 #define KV_PROTO_BODY_MAX (4u << 20)    /* descriptors, never values */
 #define KV_PROTO_BATCH_MAX 65536u       /* items per batch frame */
 #define KV_PROTO_REQ_ITEM 32
+#define KV_PROTO_BATCH_HDR 16           /* a BATCH body before its items */
 #define KV_PROTO_RESP_ITEM 48
 #define KV_PROTO_ID_MAX   128           /* node id / address / token bytes */
 #define KV_PROTO_SUM_LEN  8             /* a load's checksum on tcp */
@@ -105,12 +115,19 @@ int  kv__hdr_decode(const uint8_t *in, uint64_t max_data, struct kv__hdr *h);
                                  * does not know it refuses the frame rather
                                  * than clearing every key */
 
+/* BATCH flags (the u32 after count). */
+#define KV_BATCH_INTERNAL 1u    /* a member's own copy: never refused as "not owner" */
+
 struct kv__wire_req {
     uint8_t kind, ns;
     uint16_t flags;             /* KV_WIRE_*; only a dump carries one */
     uint32_t index;
     kv_block_id id;
     uint64_t len;
+    /* The batch's own fields, the same in each of its items: encoded from
+     * the first item, decoded into every one. */
+    uint64_t view;              /* the sender's view version; 0: none */
+    uint32_t bflags;            /* KV_BATCH_* */
 };
 struct kv__wire_resp {
     int32_t status;
@@ -126,14 +143,17 @@ struct kv__wire_resp {
  * KV_EPROTO. *n is in: capacity of out, out: the count. */
 size_t kv__batch_body_len(size_t n);
 size_t kv__batch_r_body_len(size_t n);
-/* The wire requests for ops[0..n): kind, namespace, shard, id, and the
- * byte count of a dump or load. */
+/* The wire requests for ops[0..n): kind, namespace, shard, id, the byte
+ * count of a dump or load, and the batch's view and flags (from ops[0]:
+ * cluster.c builds each batch from one call's view). */
 void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *out);
 int kv__batch_encode(const struct kv__wire_req *items, size_t n, uint8_t *out, size_t cap);
 int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, size_t *n);
 int kv__batch_r_encode(const struct kv__wire_resp *items, size_t n, uint8_t *out, size_t cap);
 int kv__batch_r_decode(const uint8_t *body, size_t len, struct kv__wire_resp *out, size_t *n);
-/* The count of a batch body, checked against its length; KV_EPROTO. */
+/* The count of a batch body, checked against its length; KV_EPROTO. A
+ * body of request items (item_len KV_PROTO_REQ_ITEM) has the BATCH header
+ * of KV_PROTO_BATCH_HDR bytes before them, the others a u32 count. */
 int kv__batch_count(const uint8_t *body, size_t len, size_t item_len, size_t *n);
 
 /* A member of the view. */

@@ -361,7 +361,12 @@ void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int
     struct kv__backend *be = s->be;
     memset(d, 0, sizeof *d);
     d->len = q->len;
-    int rc = KV_OK;
+    int rc = be->admit ? be->admit(be->ctx, q->ns, &q->id, q->view, q->bflags) : KV_OK;
+    if (rc != KV_OK) {   /* not ours to store: nothing is, not even the removal */
+        d->how = KV__DUMP_DRAIN;
+        d->status = rc;
+        return;
+    }
     if (q->flags & KV_WIRE_REPLACE) {
         /* A put: the old value goes first. A racing put may still land
          * between this and the commit; then one whole value wins. */

@@ -81,6 +81,11 @@ struct kv__backend {
     /* The store's figures (tiers' capacity, used bytes, blocks, plain keys)
      * into out, zeroed first, for the member's record. NULL = none. */
     void (*stats)(void *ctx, kv_stats *out);
+    /* May a dump of id sent by a caller that routed by view version view
+     * (0: none; flags KV_BATCH_* of proto.h) be stored here? KV_OK, or the
+     * item's refusal (cluster.c: KV_ECLOSED, not an owner in a newer view).
+     * Asked before anything is stored or replaced. NULL = always. */
+    int  (*admit)(void *ctx, int ns, const kv_block_id *id, uint64_t view, uint32_t flags);
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 
@@ -122,6 +127,10 @@ struct kv__op {
     const kv_iov *iov;          /* load / dump only; owned by the caller */
     uint32_t iovcnt;
     uint8_t replace;            /* dump: replace, not skip, a stored value */
+    /* The batch's (proto.h BATCH): the view version the caller routed by
+     * (0: none) and whether this is a member's own copy (internal). */
+    uint64_t view;
+    uint8_t internal;
     /* results, written by batch() */
     int result;                 /* KV_OK or KV_E* for this item */
     uint8_t hit;                /* lookup */

@@ -100,6 +100,8 @@ START_TEST(batch_round_trip)
         ck_assert_uint_eq(q2[i].index, q[i].index);
         ck_assert_uint_eq(q2[i].len, q[i].len);
         ck_assert(memcmp(&q2[i].id, &q[i].id, sizeof q[i].id) == 0);
+        ck_assert_uint_eq(q2[i].view, 0);
+        ck_assert_uint_eq(q2[i].bflags, 0);
     }
     /* every truncation, and one byte too many, is refused */
     for (size_t cut = 0; cut < len; cut++) {
@@ -114,7 +116,7 @@ START_TEST(batch_round_trip)
     n = N - 1;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
     /* unknown kind, unknown namespace, a value larger than KV_VALUE_MAX */
-    uint8_t *item = b + 4 + 5 * KV_PROTO_REQ_ITEM;
+    uint8_t *item = b + KV_PROTO_BATCH_HDR + 5 * KV_PROTO_REQ_ITEM;
     uint8_t save = item[0];
     item[0] = 9;
     n = N;
@@ -166,6 +168,72 @@ START_TEST(batch_round_trip)
     ck_assert_int_eq(kv__batch_count(b, len, KV_PROTO_REQ_ITEM, &n), KV_EPROTO);
     free(b);
     free(b2);
+}
+END_TEST
+
+/* Version 3: a BATCH says which view its sender routed by, and whether it
+ * is a member's own copy; the first item's fields stand for the batch,
+ * and every item decodes them. Unknown batch flags are refused; a frame of
+ * version 2 is not read at all. */
+START_TEST(batch_carries_the_senders_view)
+{
+    enum { N = 5 };
+    struct kv__op ops[N];
+    memset(ops, 0, sizeof ops);
+    for (size_t i = 0; i < N; i++) {
+        ops[i].kind = KV_OP_REMOVE;
+        ops[i].id = tu_id(i, 2);
+    }
+    ops[0].view = 0x0123456789abcdefull;
+    ops[0].internal = 1;
+    struct kv__wire_req q[N], q2[N];
+    kv__wire_from_ops(ops, N, q);
+    size_t len = kv__batch_body_len(N);
+    ck_assert_uint_eq(len, KV_PROTO_BATCH_HDR + N * KV_PROTO_REQ_ITEM);
+    uint8_t b[KV_PROTO_BATCH_HDR + N * KV_PROTO_REQ_ITEM];
+    ck_assert_int_eq(kv__batch_encode(q, N, b, len), (int)len);
+    ck_assert_uint_eq(kv__get32(b), N);
+    ck_assert_uint_eq(kv__get32(b + 4), KV_BATCH_INTERNAL);
+    ck_assert_uint_eq(kv__get64(b + 8), 0x0123456789abcdefull);
+    size_t n = N, cnt = 0;
+    ck_assert_int_eq(kv__batch_count(b, len, KV_PROTO_REQ_ITEM, &cnt), KV_OK);
+    ck_assert_uint_eq(cnt, N);
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_OK);
+    for (size_t i = 0; i < N; i++) {
+        ck_assert_uint_eq(q2[i].view, 0x0123456789abcdefull);
+        ck_assert_uint_eq(q2[i].bflags, KV_BATCH_INTERNAL);
+    }
+    /* a caller's write: its view, no flag */
+    ops[0].internal = 0;
+    kv__wire_from_ops(ops, N, q);
+    ck_assert_int_eq(kv__batch_encode(q, N, b, len), (int)len);
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_OK);
+    ck_assert_uint_eq(q2[N - 1].bflags, 0);
+    /* unknown batch flags */
+    for (uint32_t bit = 1; bit; bit <<= 1) {
+        kv__put32(b + 4, bit);
+        n = N;
+        ck_assert_int_eq(kv__batch_decode(b, len, q2, &n),
+                         bit == KV_BATCH_INTERNAL ? KV_OK : KV_EPROTO);
+    }
+    /* an empty batch is its header alone, and a version-2 body (the count
+     * right before the items) does not parse as one */
+    uint8_t e[KV_PROTO_BATCH_HDR];
+    ck_assert_int_eq(kv__batch_encode(q, 0, e, sizeof e), KV_PROTO_BATCH_HDR);
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(e, sizeof e, q2, &n), KV_OK);
+    ck_assert_uint_eq(n, 0);
+    ck_assert_int_eq(kv__batch_count(e, 4, KV_PROTO_REQ_ITEM, &cnt), KV_EPROTO);
+    uint8_t v2[4 + KV_PROTO_REQ_ITEM] = { 1 };
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(v2, sizeof v2, q2, &n), KV_EPROTO);
+    uint8_t h[KV_PROTO_HDR_LEN];
+    struct kv__hdr hd = { .type = KV_MSG_BATCH };
+    kv__hdr_encode(&hd, h);
+    ck_assert_int_eq(h[4], 3);
+    h[4] = 2;
+    ck_assert_int_eq(kv__hdr_decode(h, 0, &hd), KV_EPROTO);
 }
 END_TEST
 
@@ -432,6 +500,7 @@ Suite *proto_suite(void)
     tcase_add_test(tc, hdr_round_trip);
     tcase_add_test(tc, hdr_refusals);
     tcase_add_test(tc, batch_round_trip);
+    tcase_add_test(tc, batch_carries_the_senders_view);
     tcase_add_test(tc, batch_r_round_trip);
     tcase_add_test(tc, member_mac);
     tcase_add_test(tc, member_sanity);

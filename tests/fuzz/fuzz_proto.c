@@ -46,7 +46,8 @@ static void hdr_case(const uint8_t *in, size_t n)
 static int req_equal(const struct kv__wire_req *a, const struct kv__wire_req *b)
 {
     return a->kind == b->kind && a->ns == b->ns && a->flags == b->flags && a->index == b->index &&
-           memcmp(a->id.bytes, b->id.bytes, KV_BLOCK_ID_LEN) == 0 && a->len == b->len;
+           memcmp(a->id.bytes, b->id.bytes, KV_BLOCK_ID_LEN) == 0 && a->len == b->len &&
+           a->view == b->view && a->bflags == b->bflags;
 }
 
 static int resp_equal(const struct kv__wire_resp *a, const struct kv__wire_resp *b)
@@ -96,6 +97,9 @@ static void batch_case(const uint8_t *in, size_t n)
             FZ_CHECK(a[i].kind != KV_OP_CLEAR || (a[i].flags == KV_WIRE_PREFIX) == (a[i].index != 0));
             FZ_CHECK((a[i].kind != KV_OP_LOAD && a[i].kind != KV_OP_DUMP) ||
                      a[i].len <= KV_VALUE_MAX);
+            /* the batch's view and flags, in every item; no unknown flag */
+            FZ_CHECK(a[i].view == kv__get64(in + 8) && a[i].bflags == kv__get32(in + 4) &&
+                     !(a[i].bflags & ~KV_BATCH_INTERNAL));
         }
         /* One slot short of the count must be refused, not overrun. */
         if (cnt) {
@@ -105,7 +109,9 @@ static void batch_case(const uint8_t *in, size_t n)
         if (n > 4)
             FZ_CHECK(kv__batch_encode(a, cnt, out, n - 1) == KV_ENOBUFS);
         FZ_CHECK(kv__batch_encode(a, cnt, out, n) == (int)n);
-        FZ_CHECK(memcmp(in, out, n) == 0);   /* no free bytes since the flags */
+        /* no free bytes since the flags; an empty batch has no item to
+         * carry its view and flags back (the encoder writes 0s) */
+        FZ_CHECK(memcmp(in, out, cnt ? n : 4) == 0);
         size_t got2 = cnt;
         FZ_CHECK(kv__batch_decode(out, n, b, &got2) == KV_OK && got2 == cnt);
         for (size_t i = 0; i < cnt; i++)
@@ -287,7 +293,9 @@ static void count_case(const uint8_t *in, size_t n)
     for (size_t k = 0; k < sizeof items / sizeof items[0]; k++) {
         size_t cnt = (size_t)-1;
         if (kv__batch_count(in, n, items[k], &cnt) == KV_OK)
-            FZ_CHECK(cnt <= KV_PROTO_BATCH_MAX && n == 4 + cnt * items[k] &&
+            FZ_CHECK(cnt <= KV_PROTO_BATCH_MAX &&
+                     n == (items[k] == KV_PROTO_REQ_ITEM ? KV_PROTO_BATCH_HDR : 4) +
+                              cnt * items[k] &&
                      cnt == kv__get32(in));
         else
             FZ_CHECK(cnt == (size_t)-1);
@@ -365,6 +373,12 @@ static void write_seeds(const char *dir)
     };
     seed(dir, "batch-keys", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 3, buf, sizeof buf));
     seed(dir, "batch-empty", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 0, buf, sizeof buf));
+    /* a member's own copies, routed by view 0x1234 (version 3's header) */
+    for (int i = 0; i < 3; i++) {
+        kq[i].view = 0x1234;
+        kq[i].bflags = KV_BATCH_INTERNAL;
+    }
+    seed(dir, "batch-view", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 3, buf, sizeof buf));
     struct kv__wire_resp rs[2] = {
         { .status = KV_OK, .hit = 1, .len = 4096, .addr = 0x7f00, .rkey = 9, .handle = 3,
           .sum = 0x1122334455667788ull },
