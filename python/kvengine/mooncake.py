@@ -1634,16 +1634,23 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             eng._leave()
         return [rc] * n if rc else res.tolist()
 
-    def _fast_put(self, keys, buffer_ptrs, sizes, config):
-        """batch_put_from's fast path: its answer, or None to take the slow one."""
-        if _lib.kv_put_many is None or _buffers.BYTES_OFFSET is None:
+    def _fast_args(self, fn, keys, buffer_ptrs, sizes):
+        """(keys as bytes, packed pairs) for a fast batch call of fn, or None
+        when fn is missing or an argument needs the per-key path."""
+        if fn is None or _buffers.BYTES_OFFSET is None:
             return None
         ks = self._fast_keys(keys)
         if ks is None:
             return None
         a = self._fast_pairs(ks, buffer_ptrs, sizes)
-        if a is None:
+        return None if a is None else (ks, a)
+
+    def _fast_put(self, keys, buffer_ptrs, sizes, config):
+        """batch_put_from's fast path: its answer, or None to take the slow one."""
+        got = self._fast_args(_lib.kv_put_many, keys, buffer_ptrs, sizes)
+        if got is None:
             return None
+        ks, a = got
         n = len(ks)
         res = self._run_pairs(_lib.kv_put_many, a, n)
         if res is None:
@@ -1663,14 +1670,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     def _fast_get(self, keys, buffer_ptrs, sizes):
         """batch_get_into's fast path: its answer, or None to take the slow one."""
-        if _lib.kv_get_many is None or _buffers.BYTES_OFFSET is None:
+        got = self._fast_args(_lib.kv_get_many, keys, buffer_ptrs, sizes)
+        if got is None:
             return None
-        ks = self._fast_keys(keys)
-        if ks is None:
-            return None
-        a = self._fast_pairs(ks, buffer_ptrs, sizes)
-        if a is None:
-            return None
+        ks, a = got
         n = len(ks)
         res = self._run_pairs(_lib.kv_get_many, a, n)
         if res is None:
