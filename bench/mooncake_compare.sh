@@ -223,7 +223,8 @@ run_one() {
             wait_port "$hp" "mooncake_master's metadata server" "$OUT/$tag.master.log" || return 1
             master=127.0.0.1:$mp
             meta=http://127.0.0.1:$hp/metadata
-            env=(PYTHONPATH="$TMP/mcpkg:$TMP")
+            # the store module links the build's libasio.so (mooncake-common)
+            env=(PYTHONPATH="$TMP/mcpkg:$TMP" LD_LIBRARY_PATH="$MC/mooncake-common${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
             [ "$MC_SHIM" = 1 ] && env+=(MOONCAKE_STORE_MODULE=mcshim)
             ;;
         kvmaster)

@@ -708,13 +708,14 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
     def _put_raw(self, h, k, addr, n):
         rc = _lib.kv_put(h, k, len(k), addr, n)
         if rc == 0:
-            self._lease(k)
             if self._keys is not None:
                 self._keys.add(k)
         return rc
 
     # Leases: Mooncake's master leases an object for default_kv_lease_ttl
-    # to every reader (and when it is written), and a soft pin keeps it for
+    # to every reader (not its writer: a put grants none, so a remove right
+    # after a put succeeds, as Mooncake's own benchmark's remove_perf
+    # expects, and as real Mooncake 3b5a594 answers), and a soft pin keeps it for
     # its TTL; remove() and batch_replica_clear() refuse an object under
     # lease (OBJECT_HAS_LEASE) unless forced. kvengine's plain keys have no
     # leases, so they are kept in the store itself, where every process
@@ -734,13 +735,13 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
     #   holding its expiry: pins are rare and must also be dropped early
     #   (soft_pin_action DISABLE, remove), which a block cannot be. It goes
     #   with the object's remove; an expired one is removed when met.
-    # - A put's lease, and a copy of every lease and pin, are kept in this
-    #   process too (the fast answer for its own removes).
+    # - A copy of every lease and pin is kept in this process too (the fast
+    #   answer for its own removes).
     # Expiries are wall-clock milliseconds, so processes on one host agree;
     # across hosts they are as good as the hosts' clock sync.
 
     def _lease(self, k, ttl_ms=None):
-        """This process's lease on k (a put's, and the copy of the others)."""
+        """This process's copy of a lease on k."""
         ttl = self.kv_lease_ttl_ms if ttl_ms is None else ttl_ms
         if ttl <= 0:
             return
@@ -999,7 +1000,6 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             if rc == 0:
                 if self._keys is not None:
                     self._keys.add(k)
-                self._lease(k)
                 self._pin(k, config)
             elif not first:
                 first = to_mooncake(rc)
@@ -1187,7 +1187,6 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 if rc == 0:
                     if self._keys is not None:
                         self._keys.add(item[0])
-                    self._lease(item[0])
                     self._pin(item[0], config)
         return out
 
@@ -1658,9 +1657,6 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         ok = ks if not any(res) else [k for k, rc in zip(ks, res) if rc == 0]
         if self._keys is not None:
             self._keys.update(ok)
-        if self.kv_lease_ttl_ms > 0:
-            for k in ok:
-                self._lease(k)
         if config is not None and self._pinning(config) is not None:
             for k in ok:
                 self._pin(k, config)
