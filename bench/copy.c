@@ -37,11 +37,12 @@ int main(int argc, char **argv)
     int keys = argc > 2 ? atoi(argv[2]) : 2000, rounds = argc > 3 ? atoi(argv[3]) : 5;
     if (vlen == 0 || keys <= 0 || rounds <= 0)
         return fprintf(stderr, "usage: copy [VALUE_BYTES [KEYS [ROUNDS]]]\n"), 2;
-    uint8_t *src = aligned_alloc(4096, vlen + 8192), *dst = aligned_alloc(4096, vlen + 8192);
+    size_t room = (vlen + 8192 + 4095) & ~(size_t)4095;   /* aligned_alloc wants a multiple */
+    uint8_t *src = aligned_alloc(4096, room), *dst = aligned_alloc(4096, room);
     if (!src || !dst)
         return 1;
-    memset(src, 0x5a, vlen + 8192);
-    memset(dst, 0, vlen + 8192);
+    memset(src, 0x5a, room);
+    memset(dst, 0, room);
     printf("memcpy of %zu bytes, GB/s by (dst - src) mod 4096:", vlen);
     const int offs[] = { 0, 8, 21, 32, 64 };
     for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++) {
