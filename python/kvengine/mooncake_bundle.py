@@ -1028,17 +1028,23 @@ class _EncodedField:
         self.codec, self.rows, self.payload, self.metadata = codec, rows, payload, metadata
 
 
+def _infer_codec(path, vals):
+    """A column's inferred codec: the flat one that fits, else
+    structured_recursive when its rows can nest (ValueError otherwise)."""
+    try:
+        return _auto_codec(path, vals)
+    except ValueError:
+        if not _recursive_fits(vals):
+            raise
+        return "structured_recursive"
+
+
 def _encode_with_schema(path, values, schema):
     """A column encoded by schema.codec ("auto": inferred)."""
     vals = list(values)
     codec = schema.codec
     if codec == "auto":
-        try:
-            codec = _auto_codec(path, vals)
-        except ValueError:
-            if not _recursive_fits(vals):
-                raise
-            codec = "structured_recursive"
+        codec = _infer_codec(path, vals)
     if codec == "structured_recursive":
         codec, payload, meta = _encode_recursive(path, vals)
     else:
@@ -1659,12 +1665,7 @@ class MooncakeBundleTransfer:
                 if schema is not None and schema.codec != "auto":
                     codec = schema.codec
                 else:
-                    try:
-                        codec = _auto_codec(path, vals)
-                    except ValueError:
-                        if not _recursive_fits(vals):
-                            raise
-                        codec = "structured_recursive"
+                    codec = _infer_codec(path, vals)
                 try:
                     if codec == "structured_recursive":
                         codec, payload, cmeta = _encode_recursive(path, vals)
