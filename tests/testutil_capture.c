@@ -175,6 +175,12 @@ void tu_capture_end(SRunner *sr)
                 cap_print_test(path, what);
             }
     }
+    /* The logs above can be long (a cluster test prints every node's), and
+     * CI shows only the tail of a run: the failures once more, last. */
+    for (size_t i = 0; res && i < nres; i++)
+        if (tr_rtype(res[i]) != CK_PASS)
+            dprintf(cap_saved_fd, "check_kvengine: FAILED at %s:%d (case %s): %s\n", tr_lfile(res[i]),
+                    tr_lno(res[i]), tr_tcname(res[i]), tr_msg(res[i]));
     free(res);
     for (size_t j = 0; j < nn; j++) {
         char path[8192];
