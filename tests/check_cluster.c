@@ -1378,18 +1378,33 @@ START_TEST(plain_keys_across_an_owner_change)
 }
 END_TEST
 
+/* Both kvnodes see the member as an owner before the removes begin. A
+ * node whose view lagged (it saw one owner, then three) re-replicated the
+ * keys it had taken as sole owner after the remove had run, and one came
+ * back on the member (rdmatest, remove_all: "kv_exists == 1"). A remove
+ * racing a re-replication of the same key is not ordered yet (issue 18's
+ * note: records need a stamp); these tests check the remove itself. */
+static void nodes_see_three_owners(const int n[2])
+{
+    for (int i = 0; i < 2; i++)
+        wait_rereplicated(n[i], 3);
+}
+
 /* remove_all from a pure client drops every plain key on every owner,
  * whoever put it, counts each key once, and leaves blocks alone. */
 START_TEST(remove_all_cluster_wide)
 {
+    int nodes[2];
+    with_metrics = 1;   /* nodes_see_three_owners reads their metrics */
     for (int i = 0; i < 2; i++)
-        start_node("32MiB", 2);
+        nodes[i] = start_node("32MiB", 2);
     wait_owners(2);
     kv_engine *member, *client;
     ck_assert_int_eq(open_engine("16MiB", 2, TOKEN, &member), KV_OK);
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
     wait_engine_owners(client, 3);
     wait_engine_owners(member, 3);
+    nodes_see_three_owners(nodes);
     char key[32], val[300];
     fill_val(val, sizeof val, 'C');
     for (int i = 0; i < 60; i++) {
@@ -1421,14 +1436,17 @@ END_TEST
  * other keys and the blocks alone; a member asks the same. */
 START_TEST(remove_prefix_cluster_wide)
 {
+    int nodes[2];
+    with_metrics = 1;   /* nodes_see_three_owners reads their metrics */
     for (int i = 0; i < 2; i++)
-        start_node("32MiB", 2);
+        nodes[i] = start_node("32MiB", 2);
     wait_owners(2);
     kv_engine *member, *client;
     ck_assert_int_eq(open_engine("16MiB", 2, TOKEN, &member), KV_OK);
     ck_assert_int_eq(open_engine("0", 2, TOKEN, &client), KV_OK);
     wait_engine_owners(client, 3);
     wait_engine_owners(member, 3);
+    nodes_see_three_owners(nodes);
     char key[32], val[300], back[300];
     fill_val(val, sizeof val, 'P');
     for (int i = 0; i < 90; i++) {
@@ -1900,6 +1918,16 @@ static pid_t start_stale_client(int fd)
  * etcd alike). */
 START_TEST(stale_view_retries_on_the_new_owner)
 {
+    /* Not over the libibverbs stand-in: its registry lock is one for every
+     * process of the host (tests/softverbs/registry.c), and a client
+     * SIGSTOPped inside a verb keeps it, so the leaving node's
+     * ibv_create_qp waits for as long as the client is stopped (gdb of the
+     * hang in CI's rdmatest: main thread in file_lock under handoff's
+     * rdma_connect). A NIC goes on serving a stopped process. The view
+     * logic under test is the transport's business nowhere; tcp and etcd
+     * run it. */
+    if (strcmp(protocol(), "rdma") == 0)
+        return;
     int n0 = start_node("32MiB", 1);
     start_node("32MiB", 1);
     wait_owners(2);

@@ -141,16 +141,34 @@ uint64_t tu_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* A port below the ephemeral range (32768 up), which the kernel never
+ * hands out for an outgoing connection or a bind to port 0, free when
+ * asked. Each process walks its own stretch of 10000..20999 (the offset from
+ * its pid; Check forks each test) and never returns a port twice. Before,
+ * this bound port 0 and returned what the kernel chose: the kernel may
+ * choose the port it just freed again, and two kvnodes of one test got
+ * 127.0.0.1:37135 (rdmatest: "view has 2 owners, want 3", one node failing
+ * "Address already in use" for 15 s). */
 unsigned tu_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ck_assert_int_ge(fd, 0);
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    socklen_t sl = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &sl);
-    close(fd);
-    return ntohs(sa.sin_port);
+    enum { LO = 10000, SPAN = 11000 };
+    static unsigned next;
+    if (next == 0)
+        next = ((unsigned)getpid() * 7919u) % SPAN;
+    for (unsigned tries = 0; tries < SPAN; tries++) {
+        unsigned port = LO + next;
+        next = (next + 1) % SPAN;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        ck_assert_int_ge(fd, 0);
+        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+        int ok = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+        close(fd);
+        if (ok)
+            return port;
+    }
+    ck_abort_msg("no free port in %d..%d", LO, LO + SPAN - 1);
+    return 0;
 }
 
 pid_t tu_spawn(char *const argv[], const char *log)

@@ -43,12 +43,27 @@ def build_dir():
     return os.environ.get("KV_BUILD") or os.path.dirname(os.path.abspath(kvengine.library_path))
 
 
+_PORT_LO, _PORT_SPAN = 10000, 11000
+_port_next = [(os.getpid() * 7919) % _PORT_SPAN]
+
+
 def free_port():
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A port below the ephemeral range (32768 up), free when asked, never
+    the same one twice in a process (as tests/testutil.c's tu_free_port):
+    binding port 0 lets the kernel hand the port just freed out again, and
+    an outgoing connection may take an ephemeral one before a node binds."""
+    for _ in range(_PORT_SPAN):
+        port = _PORT_LO + _port_next[0]
+        _port_next[0] = (_port_next[0] + 1) % _PORT_SPAN
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        return port
+    raise RuntimeError("no free port in %d..%d" % (_PORT_LO, _PORT_LO + _PORT_SPAN - 1))
 
 
 @pytest.fixture
