@@ -313,3 +313,16 @@ clean:
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 -include $(shell find $(FUZZ_BUILD)/obj -name '*.d' 2>/dev/null)
+
+# bench/alloc.c: this tree's segment allocator against ALLOC_OLD's (the last
+# one with 64 KiB runs, from git), each built alone as a .so in a scratch
+# folder, on the same sequences in one run. BENCH_ALLOC_ARGS="--seg 1024".
+ALLOC_OLD ?= 0d7d20f
+.PHONY: bench-alloc
+bench-alloc:
+	mkdir -p $(BUILD)/bench-alloc
+	git show $(ALLOC_OLD):engine/alloc.c > $(BUILD)/bench-alloc/alloc_old.c
+	$(CC) $(CPPFLAGS) -Iengine -std=gnu11 -O2 -fPIC -shared -pthread $(BUILD)/bench-alloc/alloc_old.c -o $(BUILD)/bench-alloc/old.so
+	$(CC) $(CPPFLAGS) -std=gnu11 -O2 -fPIC -shared -pthread engine/alloc.c -o $(BUILD)/bench-alloc/new.so
+	$(CC) $(CPPFLAGS) -std=gnu11 -O2 $(WARN) bench/alloc.c -o $(BUILD)/bench-alloc/alloc -rdynamic -ldl -lm
+	$(BUILD)/bench-alloc/alloc $(BENCH_ALLOC_ARGS) $(BUILD)/bench-alloc/old.so $(BUILD)/bench-alloc/new.so
