@@ -343,8 +343,10 @@ START_TEST(ttl_expiry)
         usleep(50000);
     }
     ck_assert_msg(gone > 0, "silent member never left the view");
-    /* node_ttl_ms is 600: gone after it, and promptly (sweep + poll slack) */
-    ck_assert_msg(gone >= 550 && gone <= 600 + 150, "left after %llu ms",
+    /* node_ttl_ms is 600: gone after it, not before, and within a sweep
+     * and a poll of it. The slack is wide: CI's loaded 2-core run saw
+     * 754 ms against a bound of 750 (this is not a speed test). */
+    ck_assert_msg(gone >= 550 && gone <= 600 + 900, "left after %llu ms",
                   (unsigned long long)gone);
     /* chatty, heartbeating, stayed */
     ck_assert_int_eq(join(b, &mb, NULL, NULL), 1);
