@@ -1285,6 +1285,8 @@ struct rr_item {
     uint8_t ns, ntargets;
     uint8_t drop;                       /* a plain key this node no longer owns */
     uint8_t failed;                     /* its copy failed (a leave tries once more) */
+    uint8_t keep;                       /* a hand-off's plain key from an earlier view: it
+                                         * does not replace what its new owner holds */
     uint8_t targets[KV_PLACE_MAX];      /* owner indexes in the new view */
 };
 
@@ -1292,13 +1294,17 @@ struct rr_scan {
     struct kv__cluster *c;
     struct view *from, *to;
     int handoff;                        /* a leave's: every shard this node owns */
+    /* A leave's earlier views (handoff): the oldest owner change whose
+     * re-replication has not run to its end, and the one before the last
+     * change; may be NULL. */
+    struct view *olds[2];
     int ns;
     struct rr_item *v;
     size_t n, cap;
     int oom;
     /* the last block decided (a block's shards come one after another) */
     kv_block_id last;
-    int have_last, last_copy, last_drop;
+    int have_last, last_copy, last_drop, last_keep;
     uint8_t last_targets[KV_PLACE_MAX], last_nt;
 };
 
@@ -1356,24 +1362,48 @@ static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
     return *nt && copier && copier->self;
 }
 
-/* A leaving node's rule: every block it owns in the view (from) goes to
- * its owners in the view without it (to) that are not owners now. */
+/* Whether this node is among the no owners o[] of view v. */
+static int owns_in(struct view *v, const size_t *o, size_t no)
+{
+    for (size_t i = 0; i < no; i++)
+        if (v->owners[o[i]]->self)
+            return 1;
+    return 0;
+}
+
+/* A leaving node's rule (see handoff): a shard it owns in the view (from)
+ * goes to its owners in the view without it (to) that are not owners now;
+ * one it owned only in an earlier view whose re-replication has not run
+ * (s->olds) goes to its owners in to that were not owners then, unless
+ * one of those that were stays an owner (it holds the shard, and its own
+ * re-replication copies it on), and it replaces nothing there (*keep). */
 static int handoff_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
-                          uint8_t *nt)
+                          uint8_t *nt, int *keep)
 {
     size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX];
     unsigned r = s->c->replicas;
-    size_t no = kv__place(s->from->seeds, s->from->n, id, r, o);
     size_t nw = kv__place(s->to->seeds, s->to->n, id, r, w);
-    int self_owns = 0;
-    for (size_t i = 0; i < no; i++)
-        self_owns |= s->from->owners[o[i]]->self;
+    size_t no = kv__place(s->from->seeds, s->from->n, id, r, o);
+    struct view *held = owns_in(s->from, o, no) ? s->from : NULL;
+    *keep = 0;
     *nt = 0;
-    for (size_t i = 0; self_owns && i < nw; i++) {
-        int owner_now = 0;
-        for (size_t j = 0; j < no && !owner_now; j++)
-            owner_now = s->from->owners[o[j]] == s->to->owners[w[i]];
-        if (!owner_now)
+    for (size_t k = 0; !held && k < KV__ARRAY_LEN(s->olds); k++) {
+        struct view *ov = s->olds[k];
+        if (!ov)
+            continue;
+        no = kv__place(ov->seeds, ov->n, id, r, o);
+        if (owns_in(ov, o, no)) {
+            held = ov;
+            *keep = 1;
+        }
+    }
+    for (size_t i = 0; held && i < nw; i++) {
+        int had = 0;
+        for (size_t j = 0; j < no && !had; j++)
+            had = held->owners[o[j]] == s->to->owners[w[i]];
+        if (had && *keep)
+            return *nt = 0;
+        if (!had)
             targets[(*nt)++] = (uint8_t)w[i];
     }
     return *nt > 0;
@@ -1386,7 +1416,9 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     if (!s->have_last || memcmp(&s->last, id, sizeof *id) != 0) {
         s->last = *id;
         s->have_last = 1;
-        s->last_copy = s->handoff ? handoff_decide(s, id, s->last_targets, &s->last_nt)
+        s->last_keep = 0;
+        s->last_copy = s->handoff ? handoff_decide(s, id, s->last_targets, &s->last_nt,
+                                                   &s->last_keep)
                                   : rr_decide(s, id, s->last_targets, &s->last_nt, &s->last_drop);
         if (s->handoff)
             s->last_drop = 0;
@@ -1406,7 +1438,7 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     struct rr_item *it = &s->v[s->n++];
     *it = (struct rr_item){ .id = *id, .used = used, .len = len, .index = index,
                             .ns = (uint8_t)s->ns, .ntargets = s->last_nt,
-                            .drop = (uint8_t)s->last_drop };
+                            .drop = (uint8_t)s->last_drop, .keep = (uint8_t)s->last_keep };
     memcpy(it->targets, s->last_targets, sizeof it->targets);
     return 0;
 }
@@ -1502,7 +1534,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             for (uint8_t t = 0; t < it->ntargets; t++) {
                 ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = it->ns, .index = it->index,
                                           .id = it->id, .iov = &iov[nb], .iovcnt = 1,
-                                          .replace = h->handoff && it->ns == KV_NS_KEY,
+                                          .replace = h->handoff && it->ns == KV_NS_KEY &&
+                                                     !it->keep,
                                           .view = to->version, .internal = 1 };
                 owner[k] = it->targets[t];
                 of[k] = i;
@@ -1625,6 +1658,12 @@ static void *rr_main(void *arg)
             view_put(c->rr_from);
             c->rr_from = from;
             from = NULL;
+        } else if (!complete && c->rr_stop) {
+            /* Stopped for a leave: its hand-off covers what this job had
+             * still to copy (handoff reads rr_from). */
+            c->rr_from = from;
+            c->rr_to = to;
+            from = to = NULL;
         }
         pthread_mutex_unlock(&c->rrlock);
         view_put(from);
@@ -1635,16 +1674,12 @@ static void *rr_main(void *arg)
     return NULL;
 }
 
-/* Takes over the references to from and to; seq numbers the change. */
+/* Takes over the references to from and to; seq numbers the change.
+ * Once stopped, the job is still recorded (never run): a leave's hand-off
+ * covers it, and kv__cluster_stop drops it. */
 static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to, uint64_t seq)
 {
     pthread_mutex_lock(&c->rrlock);
-    if (c->rr_stop) {
-        pthread_mutex_unlock(&c->rrlock);
-        view_put(from);
-        view_put(to);
-        return;
-    }
     if (c->rr_from) {   /* one not started yet: keep its start, take the end */
         view_put(from);
         view_put(c->rr_to);
@@ -2192,33 +2227,83 @@ static int handoff_order(const void *a, const void *b)
  * have a target still. */
 static size_t handoff_again(struct rr_scan *s, struct view *from, struct view *to)
 {
-    struct rr_scan t = { .c = s->c, .from = from, .to = to, .handoff = 1 };
+    struct rr_scan t = { .c = s->c, .from = from, .to = to, .handoff = 1,
+                         .olds = { s->olds[0], s->olds[1] } };
     size_t k = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct rr_item it = s->v[i];
+        int keep;
         if (!it.failed)
             continue;
         t.ns = it.ns;
-        if (!handoff_decide(&t, &it.id, it.targets, &it.ntargets))
+        if (!handoff_decide(&t, &it.id, it.targets, &it.ntargets, &keep))
             continue;
+        it.keep = (uint8_t)keep;
         it.failed = 0;
         s->v[k++] = it;
     }
     return k;
 }
 
-/* Step 3: returns the shards not handed on (0: all were). */
+/*
+ * Step 3: hands on what this member holds; returns the shards not handed
+ * on (0: all were).
+ *
+ * What it covers. Every shard it owns in the view it leaves (from: the
+ * full view less the members it found leaving before it), as before; and
+ * every shard it owned in an earlier view whose re-replication has not
+ * run to its end. Those are writes it took as an owner before the owners
+ * last changed: a join moved them to the newcomer, whose copy was this
+ * member's job to make, and the job was still waiting on its rate (or
+ * queued, or the change came with the very fetch that published the
+ * leave) when kv__cluster_stop stopped it. Owning none of them now, the
+ * hand-off used to pass them over, and they were gone with this member
+ * (issue 18: 1 in 6 of the keys and blocks a member had taken, in
+ * leaver_hands_off_what_it_took_in_the_previous_view). The earlier views
+ * are two the code keeps anyway: the start of the unfinished job
+ * (rr_from: a job restarted by a newer change keeps the oldest start, and
+ * a stopped one keeps it for this), and the view before the last owner
+ * change (c->prev: the change in between, when the job was restarted
+ * over it), asked only when re-replication is behind or off.
+ *
+ * Why this rule and not "everything held": what this member holds beyond
+ * those is either copied on already (a job that ran to its end) or a
+ * stray no view gave it (a block aging out), and sending every stray to
+ * its owners would replace newer values and cost the deadline. Why no
+ * probe of who holds what: the views say it. An earlier view's shard goes
+ * to its owners in the view it leaves for that were not its owners then
+ * (those that were hold it), and not at all when one of those stays an
+ * owner: that member holds it and its own job copies it on, so nothing is
+ * sent twice without need. Such a plain key replaces nothing (keep): a
+ * value its new owner holds was written there later, by a writer that
+ * knew the new view. The whole hand-off stays within the leave's deadline
+ * (rr_copy stops there), plain keys first, then newest first.
+ */
 static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
 {
     struct view *from = view_less(c, 0), *to = view_less(c, 1);
     struct rr_scan s = { .c = c, .from = from, .to = to, .handoff = 1 };
-    size_t left = 0;
+    size_t left = 0, earlier = 0;
+    pthread_mutex_lock(&c->rrlock);   /* the rr thread has stopped: a job left behind */
+    if ((s.olds[0] = c->rr_from))
+        atomic_fetch_add(&s.olds[0]->refs, 1);
+    pthread_mutex_unlock(&c->rrlock);
+    if (!c->rr_started || atomic_load(&c->rr_done) != atomic_load(&c->rr_wanted)) {
+        pthread_mutex_lock(&c->vlock);
+        if ((s.olds[1] = c->prev) && s.olds[1] != s.olds[0])
+            atomic_fetch_add(&s.olds[1]->refs, 1);
+        else
+            s.olds[1] = NULL;
+        pthread_mutex_unlock(&c->vlock);
+    }
     if (from && to && to->n && c->be->scan) {
         for (int ns = 0; ns < KV_NS_COUNT && !s.oom; ns++) {
             s.ns = ns;
             s.have_last = 0;
             c->be->scan(c->be->ctx, ns, rr_visit, &s);
         }
+        for (size_t i = 0; i < s.n; i++)
+            earlier += s.v[i].keep;
         if (s.n)
             qsort(s.v, s.n, sizeof *s.v, handoff_order);
         uint64_t t0 = kv__now_ms(), ok0 = atomic_load(&c->handed_off);
@@ -2244,13 +2329,16 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
         uint64_t ok = atomic_load(&c->handed_off) - ok0;
         left = total - ok;
         if (total)
-            KV_INFO("cluster: leaving: handed %llu of %zu shards to their next owners in %.2f s%s",
-                    (unsigned long long)ok, total, (double)(kv__now_ms() - t0) / 1000.0,
+            KV_INFO("cluster: leaving: handed %llu of %zu shards (%zu owned in an earlier view "
+                    "not yet re-replicated) to their next owners in %.2f s%s",
+                    (unsigned long long)ok, total, earlier, (double)(kv__now_ms() - t0) / 1000.0,
                     at < total ? " (stopped at the deadline)" : "");
         if (s.oom)
             KV_WARN("cluster: leaving: out of memory listing shards; some were not handed on");
     }
     free(s.v);
+    view_put(s.olds[0]);
+    view_put(s.olds[1]);
     view_put(to);
     view_put(from);
     return left;

@@ -24,11 +24,13 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "net/cluster.h"
 #include "etcd_fixture.h"
 #include "net/membership.h"
 #include "net/auth.h"
+#include "net/placement.h"
 #include "net/proto.h"
 #include "net/sock.h"
 #include "testutil.h"
@@ -51,6 +53,8 @@ static int with_metrics;                /* nodes started now serve /metrics */
 static unsigned node_mport[MAXP];
 static unsigned node_rr_mib = 64;       /* the nodes' cluster.rereplicate_mib_s */
 static const char *engine_block_shards; /* store.block_shards of engines opened now; NULL = default */
+static unsigned heap_rr_mib = 64;       /* cluster.rereplicate_mib_s of heap members started now */
+static const char *heap_listen;         /* their cluster.listen; NULL = a port the kernel picks */
 #define ETCD_PREFIX "/kvtest/cluster"
 
 static const char *protocol(void)
@@ -268,6 +272,8 @@ static void setup(void)
     with_metrics = 0;
     node_rr_mib = 64;
     engine_block_shards = NULL;
+    heap_rr_mib = 64;
+    heap_listen = NULL;
     /* SIGPIPE is left at its default on purpose: the library must never
      * raise it (peers are killed mid-transfer here). */
     dir = tu_mkdtemp();
@@ -2172,11 +2178,13 @@ static struct kv__cluster *start_heap_member_r(struct kv__backend *be, unsigned 
     struct kv_config cfg;
     kv__config_defaults(&cfg);
     meta_config(&cfg);
-    snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "127.0.0.1:0");
+    snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "%s",
+             heap_listen ? heap_listen : "127.0.0.1:0");
     snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
     cfg.cluster.protocol = strcmp(protocol(), "rdma") == 0 ? KV_PROTO_RDMA : KV_PROTO_TCP;
     cfg.cluster.node_ttl_ms = TTL_MS;
     cfg.cluster.replica_num = r;
+    cfg.cluster.rereplicate_mib_s = heap_rr_mib;
     cfg.io.timeout_ms = 3000;
     if (master && use_etcd())
         snprintf(cfg.cluster.etcd_endpoints, sizeof cfg.cluster.etcd_endpoints, "%s", master);
@@ -2486,6 +2494,193 @@ START_TEST(leaver_forwards_to_every_next_owner)
 }
 END_TEST
 
+/* ---- what a leave must not lose, and reads around leaves (issue 18) -----
+ *
+ * A member's re-replication at cluster.rereplicate_mib_s = 1 sends a
+ * first batch of 4 MiB (filler blocks of 1 MiB, the newest, so first) and
+ * then sleeps 4 s before the next: what comes after the filler is not
+ * copied yet, for as long as the test needs to act. That makes the race
+ * below deterministic without a clock.
+ */
+/* Waits until c's re-replication has copied its first batch and sleeps on
+ * the rate before the next (rereplicate_mib_s 1, filler first). */
+static void wait_rr_held(struct kv__cluster *c)
+{
+    struct kv__cluster_counters k;
+    uint64_t t0 = tu_now_ms();
+    do {
+        usleep(2000);
+        kv__cluster_counters(c, &k);
+    } while (!k.rereplicated_shards && tu_now_ms() - t0 < 10000);
+    ck_assert_msg(k.rereplicated_shards && k.rereplicate_pending,
+                  "re-replication not held after its first batch (%llu copied, %llu pending)",
+                  (unsigned long long)k.rereplicated_shards,
+                  (unsigned long long)k.rereplicate_pending);
+}
+
+/* The owner (replica_num 1) of id among members ids[0..n). */
+static const char *owner_of(const char *const *ids, size_t n, const kv_block_id *id)
+{
+    uint64_t seeds[MAXP];
+    for (size_t i = 0; i < n; i++)
+        seeds[i] = kv__place_seed(ids[i]);
+    size_t o = 0;
+    kv__place(seeds, n, id, 1, &o);
+    return ids[o];
+}
+
+/* A plain key's id, as engine/kv.c places it. */
+static kv_block_id key_block_id(const char *key)
+{
+    XXH128_hash_t h = XXH3_128bits(key, strlen(key));
+    kv_block_id id;
+    memcpy(id.bytes, &h.low64, 8);
+    memcpy(id.bytes + 8, &h.high64, 8);
+    return id;
+}
+
+/* Dumps nf blocks of one 1 MiB shard through w: ids (salt 59) that owner
+ * `from` holds among before[0..nb) and `to` owns among after[0..na). */
+static void dump_filler(kv_engine *w, size_t nf, const char *const *before, size_t nb,
+                        const char *from, const char *const *after, size_t na, const char *to)
+{
+    static uint8_t buf[1 << 20];
+    memset(buf, 0x5a, sizeof buf);
+    kv_iov iov = { buf, sizeof buf };
+    kv_shard sh[16];
+    ck_assert_uint_le(nf, 16);
+    size_t k = 0;
+    for (uint64_t i = 0; k < nf && i < 100000; i++) {
+        kv_block_id id = tu_id(i, 59);
+        if (strcmp(owner_of(before, nb, &id), from) == 0 && strcmp(owner_of(after, na, &id), to) == 0)
+            sh[k++] = (kv_shard){ .block = id, .iov = &iov, .iovcnt = 1 };
+    }
+    ck_assert_uint_eq(k, nf);
+    ck_assert_int_eq(tu_task(w, 1, sh, nf), KV_OK);
+}
+
+#define LV_KEYS 200
+#define LV_BLOCKS 100
+static void lv_key(char *key, size_t cap, int i) { snprintf(key, cap, "lv-%d", i); }
+static void lv_val(char *v, size_t len, int i) { memset(v, 'a' + i % 26, len); }
+
+/* Puts LV_KEYS keys and dumps s (LV_BLOCKS blocks) through w. */
+static void lv_write(kv_engine *w, struct tu_set *s)
+{
+    char key[32], val[300];
+    for (int i = 0; i < LV_KEYS; i++) {
+        lv_key(key, sizeof key, i);
+        lv_val(val, sizeof val, i);
+        ck_assert_int_eq(kv_put(w, key, strlen(key), val, sizeof val), KV_OK);
+    }
+    ck_assert_int_eq(tu_task(w, 1, s->dump, s->n), KV_OK);
+}
+
+/* How many of lv_write's keys (*keys) and blocks (*blocks) r misses; the
+ * ones it finds must be intact. */
+static void lv_missing(kv_engine *r, struct tu_set *s, int *keys, int *blocks)
+{
+    char key[32], val[300], out[300];
+    *keys = *blocks = 0;
+    for (int i = 0; i < LV_KEYS; i++) {
+        size_t vl = 0;
+        lv_key(key, sizeof key, i);
+        lv_val(val, sizeof val, i);
+        int rc = kv_get(r, key, strlen(key), out, sizeof out, &vl);
+        *keys += rc != KV_OK;
+        ck_assert(rc != KV_OK || (vl == sizeof out && memcmp(out, val, vl) == 0));
+    }
+    kv_block_id ids[LV_BLOCKS];
+    uint8_t hit[LV_BLOCKS];
+    for (int i = 0; i < LV_BLOCKS; i++)
+        ids[i] = s->dump[2 * i].block;
+    ck_assert_int_eq(kv_lookup(r, ids, LV_BLOCKS, hit), KV_OK);
+    for (int i = 0; i < LV_BLOCKS; i++)
+        *blocks += !hit[i];
+    if (*blocks == 0) {
+        memset(s->dst, 0, s->n * s->len);
+        ck_assert_int_eq(tu_task(r, 0, s->load, s->n), KV_OK);
+        ck_assert(memcmp(s->src, s->dst, s->n * s->len) == 0);
+    }
+}
+
+/* Of lv_write's keys and blocks, how many `a` owns among before[0..nb) and
+ * `b` among after[0..na). */
+static void lv_moving(const struct tu_set *s, const char *const *before, size_t nb, const char *a,
+                      const char *const *after, size_t na, const char *b, int *keys, int *blocks)
+{
+    char key[32];
+    *keys = *blocks = 0;
+    for (int i = 0; i < LV_KEYS; i++) {
+        lv_key(key, sizeof key, i);
+        kv_block_id id = key_block_id(key);
+        *keys += strcmp(owner_of(before, nb, &id), a) == 0 && strcmp(owner_of(after, na, &id), b) == 0;
+    }
+    for (int i = 0; i < LV_BLOCKS; i++) {
+        const kv_block_id *id = &s->dump[2 * i].block;
+        *blocks += strcmp(owner_of(before, nb, id), a) == 0 && strcmp(owner_of(after, na, id), b) == 0;
+    }
+}
+
+/* A fresh pure client that sees `owners` owners (the fixture closes it). */
+static kv_engine *fresh_reader(int owners)
+{
+    kv_engine *r;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &r), KV_OK);
+    wait_sees_owners(r, owners);
+    return r;
+}
+
+/*
+ * A leaver hands off what it took as an owner of the view before the last
+ * change, whose re-replication had not run when it began to leave. L (a
+ * heap member, re-replicating at 1 MiB/s) and A; a client writes 200 keys
+ * and 100 blocks on view {L, A}, then 12 MiB of filler blocks that move
+ * from L to the newcomer X. X joins; L's job copies 4 MiB of filler and
+ * sleeps; L leaves then (kv_close / SIGTERM: the job is stopped). The
+ * keys and blocks L took that X owns now were never copied to X, and L
+ * owns none of them in its current view: a fresh reader (view {A, X})
+ * must still find every one. Before: L's hand-off sent only what it owned
+ * in its current view, and all of those (about 1 in 6) read as absent.
+ */
+START_TEST(leaver_hands_off_what_it_took_in_the_previous_view)
+{
+    heap_rr_mib = 1;
+    struct kv__backend *lbe = kv__memstore_new(64u << 20);
+    struct kv__cluster *l = start_heap_member(lbe);
+    int ai = start_node("64MiB", 1);
+    wait_owners(2);
+    wait_member_owners(l, 2);
+    kv_engine *w = fresh_reader(2);
+    char xaddr[64];
+    snprintf(xaddr, sizeof xaddr, "127.0.0.1:%u", tu_free_port());
+    const char *before[] = { kv__cluster_addr(l), node_addr[ai] };
+    const char *after[] = { before[0], before[1], xaddr };
+    struct tu_set s = tu_set_new(2 * LV_BLOCKS, 4096, 57);
+    lv_write(w, &s);
+    dump_filler(w, 12, before, 2, before[0], after, 3, xaddr);
+    int mk, mb;
+    lv_moving(&s, before, 2, before[0], after, 3, xaddr, &mk, &mb);
+    ck_assert_msg(mk > 0 && mb > 0, "nothing moves from L to X (%d keys, %d blocks)", mk, mb);
+
+    start_node_at("64MiB", 1, 0, xaddr);
+    wait_owners(3);
+    wait_member_owners(l, 3);
+    wait_rr_held(l);
+    kv__cluster_stop(l);   /* the leave, while its job sleeps */
+    kv__memstore_free(lbe);
+    wait_owners(2);
+    kv_engine *r = fresh_reader(2);
+    int gk, gb;
+    lv_missing(r, &s, &gk, &gb);
+    ck_assert_msg(gk == 0 && gb == 0,
+                  "after the leave, %d of %d keys and %d of %d blocks read as absent (%d keys and "
+                  "%d blocks moved from the leaver to the newcomer)",
+                  gk, LV_KEYS, gb, LV_BLOCKS, mk, mb);
+    tu_set_free(&s);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -2527,6 +2722,7 @@ Suite *cluster_suite(void)
     tcase_add_test(views, writer_behind_a_join_puts);
     tcase_add_test(views, writer_behind_a_join_dumps);
     tcase_add_test(views, leaver_forwards_to_every_next_owner);
+    tcase_add_test(views, leaver_hands_off_what_it_took_in_the_previous_view);
     suite_add_tcase(s, views);
     /* 200 joins and leaves: longer than one test of the loopback case */
     TCase *churn = tcase_create("churn");
