@@ -81,6 +81,11 @@ struct view {
     struct peer **owners;
     uint64_t *seeds;
     uint8_t *leaving;                   /* owners flagged KV_MEMBER_LEAVING (may be NULL) */
+    /* The owners not flagged leaving, when some are (else nstay is 0): as
+     * indexes into owners, and their seeds (stay_candidates). */
+    size_t nstay;
+    size_t *stay;
+    uint64_t *stay_seeds;
 };
 
 /*
@@ -255,6 +260,8 @@ static void view_put(struct view *v)
     free(v->owners);
     free(v->seeds);
     free(v->leaving);
+    free(v->stay);
+    free(v->stay_seeds);
     free(v);
 }
 
@@ -392,6 +399,39 @@ static void join_window(struct kv__cluster *c, struct view *v)
 }
 
 /*
+ * Between staggered leaves (issue 18): a member that leaves while another
+ * is leaving already passes the earlier one over, and hands its share to
+ * the owners of the view without both. A reader whose view has lost the
+ * later leaver and still shows the earlier one asks that one, which never
+ * got those shards: they are on the owners without the leavers. So a view
+ * with owners flagged leaving keeps those without them, and a read that
+ * misses on its owners asks the owners there too (stay_candidates). Out
+ * of memory, there are none (the reads miss, as before).
+ */
+static void view_stay(struct view *v)
+{
+    size_t k = 0;
+    for (size_t i = 0; v->leaving && i < v->n; i++)
+        k += !v->leaving[i];
+    if (!v->leaving || k == v->n || !k)
+        return;
+    v->stay = malloc(k * sizeof *v->stay);
+    v->stay_seeds = malloc(k * sizeof *v->stay_seeds);
+    if (!v->stay || !v->stay_seeds) {
+        free(v->stay);
+        free(v->stay_seeds);
+        v->stay = NULL;
+        v->stay_seeds = NULL;
+        return;
+    }
+    for (size_t i = 0; i < v->n; i++)
+        if (!v->leaving[i]) {
+            v->stay[v->nstay] = i;
+            v->stay_seeds[v->nstay++] = v->seeds[i];
+        }
+}
+
+/*
  * Installs the view of members m[0..n). A view change is O(n log n) in
  * members, not O(n^2): with thousands of members every join or leave of
  * any one of them (clients included) is a view change on every member, and
@@ -476,6 +516,7 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     free(byid);
     free(ord);
     free(of);
+    view_stay(v);
     struct view *old = c->view, *older = NULL;
     c->view = v;
     if (!old && c->be)
@@ -1220,6 +1261,27 @@ static size_t prev_candidates(struct view *v, struct view *pv, const kv_block_id
                 break;
             }
         int dup = at == SIZE_MAX;
+        for (size_t x = 0; x < ncur && !dup; x++)
+            dup = cur[x] == at;
+        if (!dup)
+            out[k++] = at;
+    }
+    return k;
+}
+
+/* A shard's owners in v without the members flagged leaving (view_stay),
+ * as indexes into v, that are not among cur[0..ncur); at most
+ * KV_PLACE_MAX, none when nobody is leaving. */
+static size_t stay_candidates(struct view *v, const kv_block_id *id, unsigned r,
+                              const size_t *cur, size_t ncur, size_t *out)
+{
+    if (!v->nstay)
+        return 0;
+    size_t o[KV_PLACE_MAX], k = 0;
+    size_t m = kv__place(v->stay_seeds, v->nstay, id, r, o);
+    for (size_t j = 0; j < m; j++) {
+        size_t at = v->stay[o[j]];
+        int dup = 0;
         for (size_t x = 0; x < ncur && !dup; x++)
             dup = cur[x] == at;
         if (!dup)
@@ -2397,12 +2459,14 @@ struct fan {
     bool skipped_down;       /* an owner was left out as unreachable */
 };
 
-/* with_prev: room for fan_add_prev too, during a move window. */
+/* with_prev: room for fan_add_prev too, during a move window, and for
+ * fan_add_stay while owners leave. */
 static int fan_init(struct kv__cluster *c, struct fan *f, size_t n, bool with_prev)
 {
     memset(f, 0, sizeof *f);
+    f->v = view_get(c);
     f->pv = with_prev ? prev_get(c) : NULL;
-    size_t cap = n * c->replicas * (f->pv ? 2 : 1);
+    size_t cap = n * c->replicas * (1 + (f->pv ? 1 : 0) + (with_prev && f->v->nstay ? 1 : 0));
     f->ops = malloc((cap ? cap : 1) * sizeof *f->ops);
     f->owner = malloc((cap ? cap : 1) * sizeof *f->owner);
     f->item = malloc((cap ? cap : 1) * sizeof *f->item);
@@ -2411,9 +2475,9 @@ static int fan_init(struct kv__cluster *c, struct fan *f, size_t n, bool with_pr
         free(f->owner);
         free(f->item);
         view_put(f->pv);
+        view_put(f->v);
         return KV_ENOMEM;
     }
-    f->v = view_get(c);
     return KV_OK;
 }
 
@@ -2463,6 +2527,25 @@ static void fan_add_prev(struct kv__cluster *c, struct fan *f, size_t i, const s
             continue;
         f->ops[f->k] = *op;
         f->owner[f->k] = prev[j];
+        f->item[f->k++] = i;
+    }
+}
+
+/* Adds a read op once for each of its id's owners in the view without the
+ * members flagged leaving that is not an owner now (view_stay). Reads
+ * only: a write to a leaving owner is forwarded there by the leaver. */
+static void fan_add_stay(struct kv__cluster *c, struct fan *f, size_t i, const struct kv__op *op)
+{
+    if (!f->v->nstay)
+        return;
+    size_t cur[KV_PLACE_MAX], st[KV_PLACE_MAX];
+    size_t m = candidates(f->v, &op->id, c->replicas, cur);
+    size_t e = stay_candidates(f->v, &op->id, c->replicas, cur, m, st);
+    for (size_t j = 0; j < e; j++) {
+        if (peer_is_down(f->v->owners[st[j]]))
+            continue;
+        f->ops[f->k] = *op;
+        f->owner[f->k] = st[j];
         f->item[f->k++] = i;
     }
 }
@@ -2687,8 +2770,10 @@ static int sizes_once(struct kv__cluster *c, int ns, const kv_block_id *ids, uin
          * the current ones (a load reads them in that order): a value that
          * has not been copied to its new owner yet is found (issue 18: a
          * member's kv_get just after it joined missed what the others
-         * had stored before). */
+         * had stored before). And while owners leave, their owners
+         * without the leavers (fan_add_stay). */
         fan_add_prev(c, &f, i, &op);
+        fan_add_stay(c, &f, i, &op);
         lens[i] = 0;
     }
     int rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
@@ -2748,25 +2833,30 @@ static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size
         return KV_EINVAL;
     struct view *v = view_get(c), *pv = prev_get(c);
     *ver = v->version;
-    size_t (*cand)[2 * KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
+    size_t (*cand)[3 * KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
     size_t *ncand = malloc((n ? n : 1) * sizeof *ncand), *ncur = malloc((n ? n : 1) * sizeof *ncur);
     uint8_t *via = calloc(n ? n : 1, 1);   /* 1: found on a previous owner only */
+    uint8_t *nst = calloc(n ? n : 1, 1);   /* its owners without the leavers, after ncur */
     struct kv__op *ops = malloc((n ? n : 1) * c->replicas * sizeof *ops);
     size_t *owner = malloc((n ? n : 1) * c->replicas * sizeof *owner);
     size_t *shard = malloc((n ? n : 1) * sizeof *shard);
     int rc = KV_OK;
     size_t rounds = 0, nmoved = 0;
-    if (!cand || !ncand || !ncur || !via || !ops || !owner || !shard) {
+    if (!cand || !ncand || !ncur || !via || !nst || !ops || !owner || !shard) {
         rc = KV_ENOMEM;
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         ncur[i] = ncand[i] = candidates(v, &shards[i].block, c->replicas, cand[i]);
-        /* then, during a move window, its previous owners (asked only if
-         * every current owner failed) */
+        /* then, while owners leave, its owners without them (view_stay);
+         * then, during a move window, its previous owners (each asked
+         * only if every candidate before failed) */
+        nst[i] = (uint8_t)stay_candidates(v, &shards[i].block, c->replicas, cand[i], ncur[i],
+                                          cand[i] + ncur[i]);
+        ncand[i] += nst[i];
         if (pv)
             ncand[i] += prev_candidates(v, pv, &shards[i].block, c->replicas, cand[i],
-                                        ncur[i], cand[i] + ncur[i]);
+                                        ncand[i], cand[i] + ncand[i]);
         rounds = ncand[i] > rounds ? ncand[i] : rounds;
         results[i] = 1;   /* pending */
     }
@@ -2794,7 +2884,7 @@ static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size
         for (size_t j = 0; j < k; j++) {
             size_t i = shard[j];
             int res = ops[j].result;
-            if (res == KV_OK && r >= ncur[i]) {
+            if (res == KV_OK && r >= ncur[i] + nst[i]) {   /* not where it goes next */
                 via[i] = 1;
                 nmoved++;
             }
@@ -2836,6 +2926,7 @@ out:
     free(ncand);
     free(ncur);
     free(via);
+    free(nst);
     free(ops);
     free(owner);
     free(shard);
@@ -3189,12 +3280,15 @@ static int lookup_once(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         else if (owner_failed(f.ops[j].result))
             failed[f.item[j]] = 1;
     }
-    /* During a move window, misses ask their previous owners too. */
+    /* During a move window, misses ask their previous owners too; while
+     * owners leave, their owners without the leavers. */
     f.k = 0;
     for (size_t i = 0; rc == KV_OK && i < n; i++)
-        if (!hit[i])
-            fan_add_prev(c, &f, i, &(struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns,
-                                                       .id = ids[i] });
+        if (!hit[i]) {
+            struct kv__op op = { .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
+            fan_add_prev(c, &f, i, &op);
+            fan_add_stay(c, &f, i, &op);
+        }
     if (f.k && rc == KV_OK) {
         rc = run_lookups(c, f.v, f.ops, f.owner, f.k);
         for (size_t j = 0; rc == KV_OK && j < f.k; j++)
@@ -3271,8 +3365,22 @@ static int size_once(struct kv__cluster *c, int ns, const kv_block_id *id, uint3
         if (o.result == KV_ENOTFOUND)
             res = KV_ENOTFOUND;
     }
-    /* Not on a current owner: during a move window, on a previous one (as
-     * sizes_once and a load ask them). */
+    /* Not on a current owner: while owners leave, on their owners without
+     * the leavers; during a move window, on a previous one (as sizes_once
+     * and a load ask them). */
+    size_t st[KV_PLACE_MAX];
+    size_t nsc = rc == KV_OK && res != KV_OK ? stay_candidates(v, id, c->replicas, cand, m, st)
+                                             : 0;
+    for (size_t j = 0; j < nsc && res != KV_OK; j++) {
+        if (peer_is_down(v->owners[st[j]]))
+            continue;
+        struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
+        size_t own = st[j];
+        if (run_grouped(c, v, &o, &own, 1) == KV_OK && o.result == KV_OK) {
+            *len = o.len;
+            res = KV_OK;
+        }
+    }
     struct view *pv = rc == KV_OK && res != KV_OK ? prev_get(c) : NULL;
     if (pv) {
         size_t prev[KV_PLACE_MAX];
