@@ -70,6 +70,7 @@ struct peer {
     int npool;
     _Atomic uint64_t down_until_ms;
     uint64_t mark;                      /* view_install's scratch (vlock) */
+    uint8_t mark_leaving;               /* and whether the replaced view flagged it */
 };
 
 struct view {
@@ -165,6 +166,13 @@ struct kv__cluster {
     /* Owner changes seen (counted under vlock, as the view is installed)
      * and the last one whose job ran to the end: "behind" is the gap. */
     _Atomic uint64_t rr_wanted, rr_done;
+    /* The plain keys a re-replication batch moves (copies, then drops
+     * ours): a write of one served here meanwhile marks it (mv_hit), and
+     * its drop is skipped (rr_copy). nmv is 0 outside such a batch. */
+    pthread_mutex_t mvlock;
+    _Atomic size_t nmv;
+    kv_block_id *mv;
+    uint8_t *mv_hit;
 
     /* Lookups waiting for the next round (kv__cluster_lookup's section). */
     pthread_mutex_t lklock;
@@ -497,8 +505,10 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         }
     }
     uint64_t mark = ++c->vmark;
-    for (size_t j = 0; c->view && j < c->view->n; j++)
+    for (size_t j = 0; c->view && j < c->view->n; j++) {
         c->view->owners[j]->mark = mark;
+        c->view->owners[j]->mark_leaving = c->view->leaving && c->view->leaving[j];
+    }
     for (size_t i = 0; i < n; i++) {
         struct peer *p = of[i];
         if (!p)
@@ -524,10 +534,16 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     /* The replaced view becomes the previous one (its reference moves) when
      * the owners changed; a change of clients only keeps the move window
      * of the last owner change going. */
-    int same = old && old->n == v->n;
-    for (size_t i = 0; same && i < v->n; i++)
+    int same = old && old->n == v->n, flagged = 0;
+    for (size_t i = 0; same && i < v->n; i++) {
         same = v->owners[i]->mark == mark;
-    int rerep = old && !same && c->rr_started;
+        flagged |= v->leaving[i] != v->owners[i]->mark_leaving;
+    }
+    /* An owner newly flagged leaving restarts re-replication too, on the
+     * view that says so: the running job's view does not, and would copy
+     * plain keys to the leaver and drop ours (rr_decide). It is no owner
+     * change: the move window stays the last one's. */
+    int rerep = old && (!same || flagged) && c->rr_started;
     uint64_t seq = 0;
     if (rerep) {   /* references for the re-replication job */
         atomic_fetch_add(&old->refs, 1);
@@ -841,6 +857,7 @@ int kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cf
     c->be = be;
     pthread_mutex_init(&c->vlock, NULL);
     pthread_mutex_init(&c->lvlock, NULL);
+    pthread_mutex_init(&c->mvlock, NULL);
     int rc = start(c, err, errlen);
     if (rc) {
         KV_ERROR("cluster: %s", err && errlen ? err : kv_strerror(rc));
@@ -867,6 +884,7 @@ int kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg,
     c->be = owner ? &c->engine_be : NULL;
     pthread_mutex_init(&c->vlock, NULL);
     pthread_mutex_init(&c->lvlock, NULL);
+    pthread_mutex_init(&c->mvlock, NULL);
     int rc = start(c, err, errlen);
     if (rc) {
         kv__cluster_stop(c);
@@ -946,6 +964,7 @@ void kv__cluster_stop(struct kv__cluster *c)
     pthread_cond_destroy(&c->rrcond);
     pthread_mutex_destroy(&c->vlock);
     pthread_mutex_destroy(&c->lvlock);
+    pthread_mutex_destroy(&c->mvlock);
     free(c->skip);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
@@ -1564,11 +1583,14 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
     uint8_t **buf = calloc(RR_BATCH_SHARDS, sizeof *buf);
     kv_iov *iov = malloc(RR_BATCH_SHARDS * sizeof *iov);
     size_t *of = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *of);
+    kv_block_id *mv = malloc(RR_BATCH_SHARDS * sizeof *mv);
+    uint8_t *mv_hit = malloc(RR_BATCH_SHARDS);
+    size_t *mvat = malloc(RR_BATCH_SHARDS * sizeof *mvat);   /* each item's place in mv */
     size_t i = 0;
-    if (!ops || !owner || !buf || !iov || !of)
+    if (!ops || !owner || !buf || !iov || !of || !mv || !mv_hit || !mvat)
         goto out;
     while (i < n && !rr_stopped(c, h)) {
-        size_t k = 0, nb = 0;
+        size_t k = 0, nb = 0, nmv = 0;
         uint64_t bytes = 0;
         size_t first = i;
         /* A forwarded write (leave_forward) comes before or after a whole
@@ -1593,6 +1615,12 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                 continue;
             }
             buf[nb] = b;
+            mvat[nb] = SIZE_MAX;
+            if (it->drop) {
+                mvat[nb] = nmv;
+                mv[nmv] = it->id;
+                mv_hit[nmv++] = 0;
+            }
             for (uint8_t t = 0; t < it->ntargets; t++) {
                 ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = it->ns, .index = it->index,
                                           .id = it->id, .iov = &iov[nb], .iovcnt = 1,
@@ -1606,7 +1634,26 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             }
             nb++;
         }
-        if (k && run_grouped(c, to, ops, owner, k) == KV_OK) {
+        /* The keys it moves are watched while it runs: a write of one
+         * served here meanwhile (above all a leaving new owner forwarding
+         * our own copy back, which it stored) says our copy is not ours to
+         * drop (sv_moved). */
+        if (nmv) {
+            pthread_mutex_lock(&c->mvlock);
+            c->mv = mv;
+            c->mv_hit = mv_hit;
+            atomic_store(&c->nmv, nmv);
+            pthread_mutex_unlock(&c->mvlock);
+        }
+        int grc = k ? run_grouped(c, to, ops, owner, k) : KV_OK;
+        if (nmv) {
+            pthread_mutex_lock(&c->mvlock);
+            atomic_store(&c->nmv, 0);
+            c->mv = NULL;
+            c->mv_hit = NULL;
+            pthread_mutex_unlock(&c->mvlock);
+        }
+        if (k && grc == KV_OK) {
             /* A shard counts once, failed when any of its targets failed. */
             for (size_t j = 0; j < k; j++) {
                 int last = j + 1 == k || of[j + 1] != of[j];
@@ -1621,7 +1668,9 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                                  1);
                 if (ok && !h->handoff)
                     atomic_fetch_add(&c->rr_bytes, items[of[j]].len * items[of[j]].ntargets);
-                if (ok && items[of[j]].drop)   /* its new owners have it now */
+                size_t b = (size_t)(ops[j].iov - iov);   /* its place in this batch */
+                if (ok && items[of[j]].drop &&   /* its new owners have it now */
+                    !(mvat[b] != SIZE_MAX && mv_hit[mvat[b]]))
                     be->remove(be->ctx, items[of[j]].ns, &items[of[j]].id, items[of[j]].index);
                 atomic_fetch_sub(&c->rr_pending, 1);
             }
@@ -1650,6 +1699,9 @@ out:
     free(buf);
     free(iov);
     free(of);
+    free(mv);
+    free(mv_hit);
+    free(mvat);
     return i;
 }
 
@@ -2144,12 +2196,29 @@ static void sv_abort(void *ctx, kv__resv *r)
     SV_BE(ctx)->abort(SV_BE(ctx)->ctx, r);
 }
 
+/* A write of plain key id is being stored here: if a re-replication batch
+ * is moving it away (rr_copy), that batch must not drop it. Costs one
+ * atomic load when none is. */
+static void sv_moved(struct kv__cluster *c, int ns, const kv_block_id *id)
+{
+    if (ns != KV_NS_KEY || !atomic_load(&c->nmv))
+        return;
+    pthread_mutex_lock(&c->mvlock);
+    size_t n = atomic_load(&c->nmv);
+    for (size_t j = 0; j < n; j++)
+        if (memcmp(&c->mv[j], id, sizeof *id) == 0)
+            c->mv_hit[j] = 1;
+    pthread_mutex_unlock(&c->mvlock);
+}
+
 static int sv_commit(void *ctx, kv__resv *r, int ns, const kv_block_id *id, uint32_t index)
 {
     struct kv__cluster *c = ctx;
     kv_iov v = { r->data, r->len };
     struct sv_write w;
     int rc = leave_write(c, ns, id, index, &v, 1, &w);
+    if (rc == KV_OK)
+        sv_moved(c, ns, id);
     if (rc == KV_OK)
         rc = c->be->commit(c->be->ctx, r, ns, id, index);
     else
@@ -2164,6 +2233,8 @@ static int sv_dump(void *ctx, int ns, const kv_block_id *id, uint32_t index, con
     struct kv__cluster *c = ctx;
     struct sv_write w;
     int rc = leave_write(c, ns, id, index, iov, iovcnt, &w);
+    if (rc == KV_OK)
+        sv_moved(c, ns, id);
     if (rc == KV_OK)
         rc = c->be->dump(c->be->ctx, ns, id, index, iov, iovcnt);
     sv_write_end(c, &w);

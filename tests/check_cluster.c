@@ -2783,6 +2783,78 @@ START_TEST(reads_between_staggered_leaves)
 }
 END_TEST
 
+/*
+ * Re-replication does not drop a plain key whose new owner is flagged
+ * leaving (commit aa32376), made deterministic. S (re-replicating at
+ * 1 MiB/s) holds 200 keys and 5 MiB of filler; L joins and owns about half
+ * of them; S's job copies 4 MiB of filler and sleeps. L leaves and is held
+ * after its listing (it lists no key), so S's next view shows L leaving.
+ * A key S copies to L now comes back to S by L's forwarding before S drops
+ * its own copy, and L's hand-off does not know it: every key must read
+ * once L is gone, and (aa32376's rule) S sends L no key at all.
+ * On the code before: the running job's view did not show L leaving (a
+ * flag is no owner change), so aa32376 never applied and all the keys L
+ * owned (99 of 200) were gone; with this fix and aa32376 reverted, S sent
+ * L those keys (they read back: S no longer drops a key written to it
+ * while its move runs).
+ */
+START_TEST(rereplication_keeps_keys_whose_new_owner_leaves)
+{
+    heap_rr_mib = 1;
+    struct kv__backend *sbe = kv__memstore_new(64u << 20), *lbe = kv__memstore_new(64u << 20);
+    struct kv__cluster *sm = start_heap_member(sbe);
+    wait_owners(1);
+    wait_member_owners(sm, 1);
+    kv_engine *w = fresh_reader(1);
+    char laddr[64];
+    snprintf(laddr, sizeof laddr, "127.0.0.1:%u", tu_free_port());
+    const char *before[] = { kv__cluster_addr(sm) }, *after[] = { before[0], laddr };
+    struct tu_set s = tu_set_new(2 * LV_BLOCKS, 4096, 67);
+    lv_write(w, &s);
+    dump_filler(w, 5, before, 1, before[0], after, 2, laddr);
+    int mk, mb;
+    lv_moving(&s, before, 1, before[0], after, 2, laddr, &mk, &mb);
+    ck_assert_msg(mk > 0, "no key moves to L");
+
+    heap_listen = laddr;
+    struct kv__cluster *l = start_heap_member(held_store(lbe));
+    wait_member_owners(sm, 2);
+    wait_rr_held(sm);
+    pthread_t th;
+    leave_and_hold(l, &th);
+    /* S's job on the view that shows L leaving runs to its end */
+    struct kv__cluster_counters k;
+    uint64_t t0 = tu_now_ms();
+    do {
+        usleep(5000);
+        kv__cluster_counters(sm, &k);
+    } while ((k.rereplicate_behind || k.rereplicate_pending) && tu_now_ms() - t0 < 15000);
+    ck_assert_uint_eq(k.rereplicate_behind, 0);
+    int on_l = 0;   /* aa32376's rule: no key goes to a leaver */
+    for (int i = 0; i < LV_KEYS; i++) {
+        char key[32];
+        uint64_t len;
+        lv_key(key, sizeof key, i);
+        kv_block_id id = key_block_id(key);
+        on_l += lbe->size(lbe->ctx, KV_NS_KEY, &id, 0, &len) == KV_OK;
+    }
+    atomic_store(&hold.release, 1);
+    pthread_join(th, NULL);
+    kv__memstore_free(lbe);
+    wait_owners(1);
+    wait_member_owners(sm, 1);
+    kv_engine *r = fresh_reader(1);
+    int gk, gb;
+    lv_missing(r, &s, &gk, &gb);
+    ck_assert_msg(gk == 0 && gb == 0, "after L left, %d of %d keys (%d moved to L) and %d blocks "
+                  "are gone", gk, LV_KEYS, mk, gb);
+    ck_assert_msg(on_l == 0, "S copied %d keys to L while L was leaving", on_l);
+    tu_set_free(&s);
+    kv__cluster_stop(sm);
+    kv__memstore_free(sbe);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -2826,6 +2898,7 @@ Suite *cluster_suite(void)
     tcase_add_test(views, leaver_forwards_to_every_next_owner);
     tcase_add_test(views, leaver_hands_off_what_it_took_in_the_previous_view);
     tcase_add_test(views, reads_between_staggered_leaves);
+    tcase_add_test(views, rereplication_keeps_keys_whose_new_owner_leaves);
     suite_add_tcase(s, views);
     /* 200 joins and leaves: longer than one test of the loopback case */
     TCase *churn = tcase_create("churn");
