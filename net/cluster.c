@@ -1349,7 +1349,10 @@ static int worse(int a, int b)
  * a dump is skipped by an owner that has it) and then drops its own, once
  * every new owner has it. A value can be replaced or removed, and a stale
  * copy left behind would be read again as soon as the owners changed back
- * (the newcomer leaving), long after the move window.
+ * (the newcomer leaving), long after the move window. Not to an owner
+ * flagged leaving, and not dropped when a write of the key was served here
+ * while its copy ran: a leaver forwards what it is sent to the owners
+ * without it, which may be this node, and the drop would remove that.
  *
  * A newer owner change stops the running job; the next one starts from the
  * oldest view not fully handled, so nothing the first change needed is
