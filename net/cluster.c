@@ -129,6 +129,7 @@ struct kv__cluster {
     pthread_mutex_t vlock;
     uint64_t vmark;                     /* view_install's last mark (vlock) */
     struct view *view;
+    _Atomic uint64_t view_ver;          /* view->version, read without vlock (sv_admit) */
     struct view *prev;                  /* the view before the last change */
     uint64_t prev_until_ms;             /* consulted for misses until then */
     struct peer *peers;
@@ -529,6 +530,7 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     view_stay(v);
     struct view *old = c->view, *older = NULL;
     c->view = v;
+    atomic_store(&c->view_ver, version);
     if (!old && c->be)
         join_window(c, v);
     /* The replaced view becomes the previous one (its reference moves) when
@@ -2301,6 +2303,12 @@ static int sv_admit(void *ctx, int ns, const kv_block_id *id, uint64_t sender, u
     struct kv__cluster *c = ctx;
     (void)ns;
     if (!sender || (flags & KV_BATCH_INTERNAL) || atomic_load(&c->leaving))
+        return KV_OK;
+    /* A sender routing by our view or a newer one, the common case, needs
+     * neither the view nor its lock: only an older sender's items are
+     * placed (this runs once per dump item that arrives). Before the first
+     * view, view_ver is 0 and everything is admitted, as below. */
+    if (sender >= atomic_load(&c->view_ver))
         return KV_OK;
     /* Not view_get: the listener serves before the first view is in
      * (start), and a member with no view yet knows no better than its
