@@ -2786,7 +2786,7 @@ END_TEST
 /*
  * Re-replication does not drop a plain key whose new owner is flagged
  * leaving (commit aa32376), made deterministic. S (re-replicating at
- * 1 MiB/s) holds 200 keys and 5 MiB of filler; L joins and owns about half
+ * 1 MiB/s) holds 200 keys and 9 MiB of filler; L joins and owns about half
  * of them; S's job copies 4 MiB of filler and sleeps. L leaves and is held
  * after its listing (it lists no key), so S's next view shows L leaving.
  * A key S copies to L now comes back to S by L's forwarding before S drops
@@ -2811,7 +2811,7 @@ START_TEST(rereplication_keeps_keys_whose_new_owner_leaves)
     const char *before[] = { kv__cluster_addr(sm) }, *after[] = { before[0], laddr };
     struct tu_set s = tu_set_new(2 * LV_BLOCKS, 4096, 67);
     lv_write(w, &s);
-    dump_filler(w, 5, before, 1, before[0], after, 2, laddr);
+    dump_filler(w, 9, before, 1, before[0], after, 2, laddr);   /* 8 s before the keys */
     int mk, mb;
     lv_moving(&s, before, 1, before[0], after, 2, laddr, &mk, &mb);
     ck_assert_msg(mk > 0, "no key moves to L");
