@@ -70,6 +70,7 @@ struct peer {
     int npool;
     _Atomic uint64_t down_until_ms;
     uint64_t mark;                      /* view_install's scratch (vlock) */
+    uint8_t mark_leaving;               /* and whether the replaced view flagged it */
 };
 
 struct view {
@@ -81,6 +82,11 @@ struct view {
     struct peer **owners;
     uint64_t *seeds;
     uint8_t *leaving;                   /* owners flagged KV_MEMBER_LEAVING (may be NULL) */
+    /* The owners not flagged leaving, when some are (else nstay is 0): as
+     * indexes into owners, and their seeds (stay_candidates). */
+    size_t nstay;
+    size_t *stay;
+    uint64_t *stay_seeds;
 };
 
 /*
@@ -123,6 +129,7 @@ struct kv__cluster {
     pthread_mutex_t vlock;
     uint64_t vmark;                     /* view_install's last mark (vlock) */
     struct view *view;
+    _Atomic uint64_t view_ver;          /* view->version, read without vlock (sv_admit) */
     struct view *prev;                  /* the view before the last change */
     uint64_t prev_until_ms;             /* consulted for misses until then */
     struct peer *peers;
@@ -160,6 +167,13 @@ struct kv__cluster {
     /* Owner changes seen (counted under vlock, as the view is installed)
      * and the last one whose job ran to the end: "behind" is the gap. */
     _Atomic uint64_t rr_wanted, rr_done;
+    /* The plain keys a re-replication batch moves (copies, then drops
+     * ours): a write of one served here meanwhile marks it (mv_hit), and
+     * its drop is skipped (rr_copy). nmv is 0 outside such a batch. */
+    pthread_mutex_t mvlock;
+    _Atomic size_t nmv;
+    kv_block_id *mv;
+    uint8_t *mv_hit;
 
     /* Lookups waiting for the next round (kv__cluster_lookup's section). */
     pthread_mutex_t lklock;
@@ -255,6 +269,8 @@ static void view_put(struct view *v)
     free(v->owners);
     free(v->seeds);
     free(v->leaving);
+    free(v->stay);
+    free(v->stay_seeds);
     free(v);
 }
 
@@ -392,6 +408,39 @@ static void join_window(struct kv__cluster *c, struct view *v)
 }
 
 /*
+ * Between staggered leaves (issue 18): a member that leaves while another
+ * is leaving already passes the earlier one over, and hands its share to
+ * the owners of the view without both. A reader whose view has lost the
+ * later leaver and still shows the earlier one asks that one, which never
+ * got those shards: they are on the owners without the leavers. So a view
+ * with owners flagged leaving keeps those without them, and a read that
+ * misses on its owners asks the owners there too (stay_candidates). Out
+ * of memory, there are none (the reads miss, as before).
+ */
+static void view_stay(struct view *v)
+{
+    size_t k = 0;
+    for (size_t i = 0; v->leaving && i < v->n; i++)
+        k += !v->leaving[i];
+    if (!v->leaving || k == v->n || !k)
+        return;
+    v->stay = malloc(k * sizeof *v->stay);
+    v->stay_seeds = malloc(k * sizeof *v->stay_seeds);
+    if (!v->stay || !v->stay_seeds) {
+        free(v->stay);
+        free(v->stay_seeds);
+        v->stay = NULL;
+        v->stay_seeds = NULL;
+        return;
+    }
+    for (size_t i = 0; i < v->n; i++)
+        if (!v->leaving[i]) {
+            v->stay[v->nstay] = i;
+            v->stay_seeds[v->nstay++] = v->seeds[i];
+        }
+}
+
+/*
  * Installs the view of members m[0..n). A view change is O(n log n) in
  * members, not O(n^2): with thousands of members every join or leave of
  * any one of them (clients included) is a view change on every member, and
@@ -457,8 +506,10 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
         }
     }
     uint64_t mark = ++c->vmark;
-    for (size_t j = 0; c->view && j < c->view->n; j++)
+    for (size_t j = 0; c->view && j < c->view->n; j++) {
         c->view->owners[j]->mark = mark;
+        c->view->owners[j]->mark_leaving = c->view->leaving && c->view->leaving[j];
+    }
     for (size_t i = 0; i < n; i++) {
         struct peer *p = of[i];
         if (!p)
@@ -476,17 +527,25 @@ static int view_install(struct kv__cluster *c, uint64_t version, const struct kv
     free(byid);
     free(ord);
     free(of);
+    view_stay(v);
     struct view *old = c->view, *older = NULL;
     c->view = v;
+    atomic_store(&c->view_ver, version);
     if (!old && c->be)
         join_window(c, v);
     /* The replaced view becomes the previous one (its reference moves) when
      * the owners changed; a change of clients only keeps the move window
      * of the last owner change going. */
-    int same = old && old->n == v->n;
-    for (size_t i = 0; same && i < v->n; i++)
+    int same = old && old->n == v->n, flagged = 0;
+    for (size_t i = 0; same && i < v->n; i++) {
         same = v->owners[i]->mark == mark;
-    int rerep = old && !same && c->rr_started;
+        flagged |= v->leaving[i] != v->owners[i]->mark_leaving;
+    }
+    /* An owner newly flagged leaving restarts re-replication too, on the
+     * view that says so: the running job's view does not, and would copy
+     * plain keys to the leaver and drop ours (rr_decide). It is no owner
+     * change: the move window stays the last one's. */
+    int rerep = old && (!same || flagged) && c->rr_started;
     uint64_t seq = 0;
     if (rerep) {   /* references for the re-replication job */
         atomic_fetch_add(&old->refs, 1);
@@ -800,6 +859,7 @@ int kv__cluster_start_backend(struct kv__backend *be, const struct kv_config *cf
     c->be = be;
     pthread_mutex_init(&c->vlock, NULL);
     pthread_mutex_init(&c->lvlock, NULL);
+    pthread_mutex_init(&c->mvlock, NULL);
     int rc = start(c, err, errlen);
     if (rc) {
         KV_ERROR("cluster: %s", err && errlen ? err : kv_strerror(rc));
@@ -826,6 +886,7 @@ int kv__cluster_start(const struct kv__backend *be, const struct kv_config *cfg,
     c->be = owner ? &c->engine_be : NULL;
     pthread_mutex_init(&c->vlock, NULL);
     pthread_mutex_init(&c->lvlock, NULL);
+    pthread_mutex_init(&c->mvlock, NULL);
     int rc = start(c, err, errlen);
     if (rc) {
         kv__cluster_stop(c);
@@ -905,6 +966,7 @@ void kv__cluster_stop(struct kv__cluster *c)
     pthread_cond_destroy(&c->rrcond);
     pthread_mutex_destroy(&c->vlock);
     pthread_mutex_destroy(&c->lvlock);
+    pthread_mutex_destroy(&c->mvlock);
     free(c->skip);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
@@ -1228,6 +1290,27 @@ static size_t prev_candidates(struct view *v, struct view *pv, const kv_block_id
     return k;
 }
 
+/* A shard's owners in v without the members flagged leaving (view_stay),
+ * as indexes into v, that are not among cur[0..ncur); at most
+ * KV_PLACE_MAX, none when nobody is leaving. */
+static size_t stay_candidates(struct view *v, const kv_block_id *id, unsigned r,
+                              const size_t *cur, size_t ncur, size_t *out)
+{
+    if (!v->nstay)
+        return 0;
+    size_t o[KV_PLACE_MAX], k = 0;
+    size_t m = kv__place(v->stay_seeds, v->nstay, id, r, o);
+    for (size_t j = 0; j < m; j++) {
+        size_t at = v->stay[o[j]];
+        int dup = 0;
+        for (size_t x = 0; x < ncur && !dup; x++)
+            dup = cur[x] == at;
+        if (!dup)
+            out[k++] = at;
+    }
+    return k;
+}
+
 /* Which of two failures to report: the one that says most about the data. */
 static int worse(int a, int b)
 {
@@ -1268,7 +1351,10 @@ static int worse(int a, int b)
  * a dump is skipped by an owner that has it) and then drops its own, once
  * every new owner has it. A value can be replaced or removed, and a stale
  * copy left behind would be read again as soon as the owners changed back
- * (the newcomer leaving), long after the move window.
+ * (the newcomer leaving), long after the move window. Not to an owner
+ * flagged leaving, and not dropped when a write of the key was served here
+ * while its copy ran: a leaver forwards what it is sent to the owners
+ * without it, which may be this node, and the drop would remove that.
  *
  * A newer owner change stops the running job; the next one starts from the
  * oldest view not fully handled, so nothing the first change needed is
@@ -1285,6 +1371,8 @@ struct rr_item {
     uint8_t ns, ntargets;
     uint8_t drop;                       /* a plain key this node no longer owns */
     uint8_t failed;                     /* its copy failed (a leave tries once more) */
+    uint8_t keep;                       /* a hand-off's plain key from an earlier view: it
+                                         * does not replace what its new owner holds */
     uint8_t targets[KV_PLACE_MAX];      /* owner indexes in the new view */
 };
 
@@ -1292,13 +1380,17 @@ struct rr_scan {
     struct kv__cluster *c;
     struct view *from, *to;
     int handoff;                        /* a leave's: every shard this node owns */
+    /* A leave's earlier views (handoff): the oldest owner change whose
+     * re-replication has not run to its end, and the one before the last
+     * change; may be NULL. */
+    struct view *olds[2];
     int ns;
     struct rr_item *v;
     size_t n, cap;
     int oom;
     /* the last block decided (a block's shards come one after another) */
     kv_block_id last;
-    int have_last, last_copy, last_drop;
+    int have_last, last_copy, last_drop, last_keep;
     uint8_t last_targets[KV_PLACE_MAX], last_nt;
 };
 
@@ -1356,24 +1448,48 @@ static int rr_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
     return *nt && copier && copier->self;
 }
 
-/* A leaving node's rule: every block it owns in the view (from) goes to
- * its owners in the view without it (to) that are not owners now. */
+/* Whether this node is among the no owners o[] of view v. */
+static int owns_in(struct view *v, const size_t *o, size_t no)
+{
+    for (size_t i = 0; i < no; i++)
+        if (v->owners[o[i]]->self)
+            return 1;
+    return 0;
+}
+
+/* A leaving node's rule (see handoff): a shard it owns in the view (from)
+ * goes to its owners in the view without it (to) that are not owners now;
+ * one it owned only in an earlier view whose re-replication has not run
+ * (s->olds) goes to its owners in to that were not owners then, unless
+ * one of those that were stays an owner (it holds the shard, and its own
+ * re-replication copies it on), and it replaces nothing there (*keep). */
 static int handoff_decide(struct rr_scan *s, const kv_block_id *id, uint8_t *targets,
-                          uint8_t *nt)
+                          uint8_t *nt, int *keep)
 {
     size_t o[KV_PLACE_MAX], w[KV_PLACE_MAX];
     unsigned r = s->c->replicas;
-    size_t no = kv__place(s->from->seeds, s->from->n, id, r, o);
     size_t nw = kv__place(s->to->seeds, s->to->n, id, r, w);
-    int self_owns = 0;
-    for (size_t i = 0; i < no; i++)
-        self_owns |= s->from->owners[o[i]]->self;
+    size_t no = kv__place(s->from->seeds, s->from->n, id, r, o);
+    struct view *held = owns_in(s->from, o, no) ? s->from : NULL;
+    *keep = 0;
     *nt = 0;
-    for (size_t i = 0; self_owns && i < nw; i++) {
-        int owner_now = 0;
-        for (size_t j = 0; j < no && !owner_now; j++)
-            owner_now = s->from->owners[o[j]] == s->to->owners[w[i]];
-        if (!owner_now)
+    for (size_t k = 0; !held && k < KV__ARRAY_LEN(s->olds); k++) {
+        struct view *ov = s->olds[k];
+        if (!ov)
+            continue;
+        no = kv__place(ov->seeds, ov->n, id, r, o);
+        if (owns_in(ov, o, no)) {
+            held = ov;
+            *keep = 1;
+        }
+    }
+    for (size_t i = 0; held && i < nw; i++) {
+        int had = 0;
+        for (size_t j = 0; j < no && !had; j++)
+            had = held->owners[o[j]] == s->to->owners[w[i]];
+        if (had && *keep)
+            return *nt = 0;
+        if (!had)
             targets[(*nt)++] = (uint8_t)w[i];
     }
     return *nt > 0;
@@ -1386,7 +1502,9 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     if (!s->have_last || memcmp(&s->last, id, sizeof *id) != 0) {
         s->last = *id;
         s->have_last = 1;
-        s->last_copy = s->handoff ? handoff_decide(s, id, s->last_targets, &s->last_nt)
+        s->last_keep = 0;
+        s->last_copy = s->handoff ? handoff_decide(s, id, s->last_targets, &s->last_nt,
+                                                   &s->last_keep)
                                   : rr_decide(s, id, s->last_targets, &s->last_nt, &s->last_drop);
         if (s->handoff)
             s->last_drop = 0;
@@ -1406,7 +1524,7 @@ static int rr_visit(void *arg, const kv_block_id *id, uint32_t index, uint64_t l
     struct rr_item *it = &s->v[s->n++];
     *it = (struct rr_item){ .id = *id, .used = used, .len = len, .index = index,
                             .ns = (uint8_t)s->ns, .ntargets = s->last_nt,
-                            .drop = (uint8_t)s->last_drop };
+                            .drop = (uint8_t)s->last_drop, .keep = (uint8_t)s->last_keep };
     memcpy(it->targets, s->last_targets, sizeof it->targets);
     return 0;
 }
@@ -1470,11 +1588,14 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
     uint8_t **buf = calloc(RR_BATCH_SHARDS, sizeof *buf);
     kv_iov *iov = malloc(RR_BATCH_SHARDS * sizeof *iov);
     size_t *of = malloc(RR_BATCH_SHARDS * KV_PLACE_MAX * sizeof *of);
+    kv_block_id *mv = malloc(RR_BATCH_SHARDS * sizeof *mv);
+    uint8_t *mv_hit = malloc(RR_BATCH_SHARDS);
+    size_t *mvat = malloc(RR_BATCH_SHARDS * sizeof *mvat);   /* each item's place in mv */
     size_t i = 0;
-    if (!ops || !owner || !buf || !iov || !of)
+    if (!ops || !owner || !buf || !iov || !of || !mv || !mv_hit || !mvat)
         goto out;
     while (i < n && !rr_stopped(c, h)) {
-        size_t k = 0, nb = 0;
+        size_t k = 0, nb = 0, nmv = 0;
         uint64_t bytes = 0;
         size_t first = i;
         /* A forwarded write (leave_forward) comes before or after a whole
@@ -1499,10 +1620,17 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                 continue;
             }
             buf[nb] = b;
+            mvat[nb] = SIZE_MAX;
+            if (it->drop) {
+                mvat[nb] = nmv;
+                mv[nmv] = it->id;
+                mv_hit[nmv++] = 0;
+            }
             for (uint8_t t = 0; t < it->ntargets; t++) {
                 ops[k] = (struct kv__op){ .kind = KV_OP_DUMP, .ns = it->ns, .index = it->index,
                                           .id = it->id, .iov = &iov[nb], .iovcnt = 1,
-                                          .replace = h->handoff && it->ns == KV_NS_KEY,
+                                          .replace = h->handoff && it->ns == KV_NS_KEY &&
+                                                     !it->keep,
                                           .view = to->version, .internal = 1 };
                 owner[k] = it->targets[t];
                 of[k] = i;
@@ -1511,7 +1639,26 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             }
             nb++;
         }
-        if (k && run_grouped(c, to, ops, owner, k) == KV_OK) {
+        /* The keys it moves are watched while it runs: a write of one
+         * served here meanwhile (above all a leaving new owner forwarding
+         * our own copy back, which it stored) says our copy is not ours to
+         * drop (sv_moved). */
+        if (nmv) {
+            pthread_mutex_lock(&c->mvlock);
+            c->mv = mv;
+            c->mv_hit = mv_hit;
+            atomic_store(&c->nmv, nmv);
+            pthread_mutex_unlock(&c->mvlock);
+        }
+        int grc = k ? run_grouped(c, to, ops, owner, k) : KV_OK;
+        if (nmv) {
+            pthread_mutex_lock(&c->mvlock);
+            atomic_store(&c->nmv, 0);
+            c->mv = NULL;
+            c->mv_hit = NULL;
+            pthread_mutex_unlock(&c->mvlock);
+        }
+        if (k && grc == KV_OK) {
             /* A shard counts once, failed when any of its targets failed. */
             for (size_t j = 0; j < k; j++) {
                 int last = j + 1 == k || of[j + 1] != of[j];
@@ -1526,7 +1673,9 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                                  1);
                 if (ok && !h->handoff)
                     atomic_fetch_add(&c->rr_bytes, items[of[j]].len * items[of[j]].ntargets);
-                if (ok && items[of[j]].drop)   /* its new owners have it now */
+                size_t b = (size_t)(ops[j].iov - iov);   /* its place in this batch */
+                if (ok && items[of[j]].drop &&   /* its new owners have it now */
+                    !(mvat[b] != SIZE_MAX && mv_hit[mvat[b]]))
                     be->remove(be->ctx, items[of[j]].ns, &items[of[j]].id, items[of[j]].index);
                 atomic_fetch_sub(&c->rr_pending, 1);
             }
@@ -1555,6 +1704,9 @@ out:
     free(buf);
     free(iov);
     free(of);
+    free(mv);
+    free(mv_hit);
+    free(mvat);
     return i;
 }
 
@@ -1625,6 +1777,12 @@ static void *rr_main(void *arg)
             view_put(c->rr_from);
             c->rr_from = from;
             from = NULL;
+        } else if (!complete && c->rr_stop) {
+            /* Stopped for a leave: its hand-off covers what this job had
+             * still to copy (handoff reads rr_from). */
+            c->rr_from = from;
+            c->rr_to = to;
+            from = to = NULL;
         }
         pthread_mutex_unlock(&c->rrlock);
         view_put(from);
@@ -1635,16 +1793,12 @@ static void *rr_main(void *arg)
     return NULL;
 }
 
-/* Takes over the references to from and to; seq numbers the change. */
+/* Takes over the references to from and to; seq numbers the change.
+ * Once stopped, the job is still recorded (never run): a leave's hand-off
+ * covers it, and kv__cluster_stop drops it. */
 static void rr_enqueue(struct kv__cluster *c, struct view *from, struct view *to, uint64_t seq)
 {
     pthread_mutex_lock(&c->rrlock);
-    if (c->rr_stop) {
-        pthread_mutex_unlock(&c->rrlock);
-        view_put(from);
-        view_put(to);
-        return;
-    }
     if (c->rr_from) {   /* one not started yet: keep its start, take the end */
         view_put(from);
         view_put(c->rr_to);
@@ -2047,12 +2201,29 @@ static void sv_abort(void *ctx, kv__resv *r)
     SV_BE(ctx)->abort(SV_BE(ctx)->ctx, r);
 }
 
+/* A write of plain key id is being stored here: if a re-replication batch
+ * is moving it away (rr_copy), that batch must not drop it. Costs one
+ * atomic load when none is. */
+static void sv_moved(struct kv__cluster *c, int ns, const kv_block_id *id)
+{
+    if (ns != KV_NS_KEY || !atomic_load(&c->nmv))
+        return;
+    pthread_mutex_lock(&c->mvlock);
+    size_t n = atomic_load(&c->nmv);
+    for (size_t j = 0; j < n; j++)
+        if (memcmp(&c->mv[j], id, sizeof *id) == 0)
+            c->mv_hit[j] = 1;
+    pthread_mutex_unlock(&c->mvlock);
+}
+
 static int sv_commit(void *ctx, kv__resv *r, int ns, const kv_block_id *id, uint32_t index)
 {
     struct kv__cluster *c = ctx;
     kv_iov v = { r->data, r->len };
     struct sv_write w;
     int rc = leave_write(c, ns, id, index, &v, 1, &w);
+    if (rc == KV_OK)
+        sv_moved(c, ns, id);
     if (rc == KV_OK)
         rc = c->be->commit(c->be->ctx, r, ns, id, index);
     else
@@ -2067,6 +2238,8 @@ static int sv_dump(void *ctx, int ns, const kv_block_id *id, uint32_t index, con
     struct kv__cluster *c = ctx;
     struct sv_write w;
     int rc = leave_write(c, ns, id, index, iov, iovcnt, &w);
+    if (rc == KV_OK)
+        sv_moved(c, ns, id);
     if (rc == KV_OK)
         rc = c->be->dump(c->be->ctx, ns, id, index, iov, iovcnt);
     sv_write_end(c, &w);
@@ -2131,6 +2304,12 @@ static int sv_admit(void *ctx, int ns, const kv_block_id *id, uint64_t sender, u
     (void)ns;
     if (!sender || (flags & KV_BATCH_INTERNAL) || atomic_load(&c->leaving))
         return KV_OK;
+    /* A sender routing by our view or a newer one, the common case, needs
+     * neither the view nor its lock: only an older sender's items are
+     * placed (this runs once per dump item that arrives). Before the first
+     * view, view_ver is 0 and everything is admitted, as below. */
+    if (sender >= atomic_load(&c->view_ver))
+        return KV_OK;
     /* Not view_get: the listener serves before the first view is in
      * (start), and a member with no view yet knows no better than its
      * sender (a kvnode restarted at its address crashed here). */
@@ -2192,33 +2371,83 @@ static int handoff_order(const void *a, const void *b)
  * have a target still. */
 static size_t handoff_again(struct rr_scan *s, struct view *from, struct view *to)
 {
-    struct rr_scan t = { .c = s->c, .from = from, .to = to, .handoff = 1 };
+    struct rr_scan t = { .c = s->c, .from = from, .to = to, .handoff = 1,
+                         .olds = { s->olds[0], s->olds[1] } };
     size_t k = 0;
     for (size_t i = 0; i < s->n; i++) {
         struct rr_item it = s->v[i];
+        int keep;
         if (!it.failed)
             continue;
         t.ns = it.ns;
-        if (!handoff_decide(&t, &it.id, it.targets, &it.ntargets))
+        if (!handoff_decide(&t, &it.id, it.targets, &it.ntargets, &keep))
             continue;
+        it.keep = (uint8_t)keep;
         it.failed = 0;
         s->v[k++] = it;
     }
     return k;
 }
 
-/* Step 3: returns the shards not handed on (0: all were). */
+/*
+ * Step 3: hands on what this member holds; returns the shards not handed
+ * on (0: all were).
+ *
+ * What it covers. Every shard it owns in the view it leaves (from: the
+ * full view less the members it found leaving before it), as before; and
+ * every shard it owned in an earlier view whose re-replication has not
+ * run to its end. Those are writes it took as an owner before the owners
+ * last changed: a join moved them to the newcomer, whose copy was this
+ * member's job to make, and the job was still waiting on its rate (or
+ * queued, or the change came with the very fetch that published the
+ * leave) when kv__cluster_stop stopped it. Owning none of them now, the
+ * hand-off used to pass them over, and they were gone with this member
+ * (issue 18: 1 in 6 of the keys and blocks a member had taken, in
+ * leaver_hands_off_what_it_took_in_the_previous_view). The earlier views
+ * are two the code keeps anyway: the start of the unfinished job
+ * (rr_from: a job restarted by a newer change keeps the oldest start, and
+ * a stopped one keeps it for this), and the view before the last owner
+ * change (c->prev: the change in between, when the job was restarted
+ * over it), asked only when re-replication is behind or off.
+ *
+ * Why this rule and not "everything held": what this member holds beyond
+ * those is either copied on already (a job that ran to its end) or a
+ * stray no view gave it (a block aging out), and sending every stray to
+ * its owners would replace newer values and cost the deadline. Why no
+ * probe of who holds what: the views say it. An earlier view's shard goes
+ * to its owners in the view it leaves for that were not its owners then
+ * (those that were hold it), and not at all when one of those stays an
+ * owner: that member holds it and its own job copies it on, so nothing is
+ * sent twice without need. Such a plain key replaces nothing (keep): a
+ * value its new owner holds was written there later, by a writer that
+ * knew the new view. The whole hand-off stays within the leave's deadline
+ * (rr_copy stops there), plain keys first, then newest first.
+ */
 static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
 {
     struct view *from = view_less(c, 0), *to = view_less(c, 1);
     struct rr_scan s = { .c = c, .from = from, .to = to, .handoff = 1 };
-    size_t left = 0;
+    size_t left = 0, earlier = 0;
+    pthread_mutex_lock(&c->rrlock);   /* the rr thread has stopped: a job left behind */
+    if ((s.olds[0] = c->rr_from))
+        atomic_fetch_add(&s.olds[0]->refs, 1);
+    pthread_mutex_unlock(&c->rrlock);
+    if (!c->rr_started || atomic_load(&c->rr_done) != atomic_load(&c->rr_wanted)) {
+        pthread_mutex_lock(&c->vlock);
+        if ((s.olds[1] = c->prev) && s.olds[1] != s.olds[0])
+            atomic_fetch_add(&s.olds[1]->refs, 1);
+        else
+            s.olds[1] = NULL;
+        pthread_mutex_unlock(&c->vlock);
+    }
     if (from && to && to->n && c->be->scan) {
         for (int ns = 0; ns < KV_NS_COUNT && !s.oom; ns++) {
             s.ns = ns;
             s.have_last = 0;
             c->be->scan(c->be->ctx, ns, rr_visit, &s);
         }
+        for (size_t i = 0; i < s.n; i++)
+            earlier += s.v[i].keep;
         if (s.n)
             qsort(s.v, s.n, sizeof *s.v, handoff_order);
         uint64_t t0 = kv__now_ms(), ok0 = atomic_load(&c->handed_off);
@@ -2244,13 +2473,16 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
         uint64_t ok = atomic_load(&c->handed_off) - ok0;
         left = total - ok;
         if (total)
-            KV_INFO("cluster: leaving: handed %llu of %zu shards to their next owners in %.2f s%s",
-                    (unsigned long long)ok, total, (double)(kv__now_ms() - t0) / 1000.0,
+            KV_INFO("cluster: leaving: handed %llu of %zu shards (%zu owned in an earlier view "
+                    "not yet re-replicated) to their next owners in %.2f s%s",
+                    (unsigned long long)ok, total, earlier, (double)(kv__now_ms() - t0) / 1000.0,
                     at < total ? " (stopped at the deadline)" : "");
         if (s.oom)
             KV_WARN("cluster: leaving: out of memory listing shards; some were not handed on");
     }
     free(s.v);
+    view_put(s.olds[0]);
+    view_put(s.olds[1]);
     view_put(to);
     view_put(from);
     return left;
@@ -2309,12 +2541,14 @@ struct fan {
     bool skipped_down;       /* an owner was left out as unreachable */
 };
 
-/* with_prev: room for fan_add_prev too, during a move window. */
+/* with_prev: room for fan_add_prev too, during a move window, and for
+ * fan_add_stay while owners leave. */
 static int fan_init(struct kv__cluster *c, struct fan *f, size_t n, bool with_prev)
 {
     memset(f, 0, sizeof *f);
+    f->v = view_get(c);
     f->pv = with_prev ? prev_get(c) : NULL;
-    size_t cap = n * c->replicas * (f->pv ? 2 : 1);
+    size_t cap = n * c->replicas * (1 + (f->pv ? 1 : 0) + (with_prev && f->v->nstay ? 1 : 0));
     f->ops = malloc((cap ? cap : 1) * sizeof *f->ops);
     f->owner = malloc((cap ? cap : 1) * sizeof *f->owner);
     f->item = malloc((cap ? cap : 1) * sizeof *f->item);
@@ -2323,9 +2557,9 @@ static int fan_init(struct kv__cluster *c, struct fan *f, size_t n, bool with_pr
         free(f->owner);
         free(f->item);
         view_put(f->pv);
+        view_put(f->v);
         return KV_ENOMEM;
     }
-    f->v = view_get(c);
     return KV_OK;
 }
 
@@ -2375,6 +2609,25 @@ static void fan_add_prev(struct kv__cluster *c, struct fan *f, size_t i, const s
             continue;
         f->ops[f->k] = *op;
         f->owner[f->k] = prev[j];
+        f->item[f->k++] = i;
+    }
+}
+
+/* Adds a read op once for each of its id's owners in the view without the
+ * members flagged leaving that is not an owner now (view_stay). Reads
+ * only: a write to a leaving owner is forwarded there by the leaver. */
+static void fan_add_stay(struct kv__cluster *c, struct fan *f, size_t i, const struct kv__op *op)
+{
+    if (!f->v->nstay)
+        return;
+    size_t cur[KV_PLACE_MAX], st[KV_PLACE_MAX];
+    size_t m = candidates(f->v, &op->id, c->replicas, cur);
+    size_t e = stay_candidates(f->v, &op->id, c->replicas, cur, m, st);
+    for (size_t j = 0; j < e; j++) {
+        if (peer_is_down(f->v->owners[st[j]]))
+            continue;
+        f->ops[f->k] = *op;
+        f->owner[f->k] = st[j];
         f->item[f->k++] = i;
     }
 }
@@ -2599,8 +2852,10 @@ static int sizes_once(struct kv__cluster *c, int ns, const kv_block_id *ids, uin
          * the current ones (a load reads them in that order): a value that
          * has not been copied to its new owner yet is found (issue 18: a
          * member's kv_get just after it joined missed what the others
-         * had stored before). */
+         * had stored before). And while owners leave, their owners
+         * without the leavers (fan_add_stay). */
         fan_add_prev(c, &f, i, &op);
+        fan_add_stay(c, &f, i, &op);
         lens[i] = 0;
     }
     int rc = run_grouped(c, f.v, f.ops, f.owner, f.k);
@@ -2660,25 +2915,30 @@ static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size
         return KV_EINVAL;
     struct view *v = view_get(c), *pv = prev_get(c);
     *ver = v->version;
-    size_t (*cand)[2 * KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
+    size_t (*cand)[3 * KV_PLACE_MAX] = malloc((n ? n : 1) * sizeof *cand);
     size_t *ncand = malloc((n ? n : 1) * sizeof *ncand), *ncur = malloc((n ? n : 1) * sizeof *ncur);
     uint8_t *via = calloc(n ? n : 1, 1);   /* 1: found on a previous owner only */
+    uint8_t *nst = calloc(n ? n : 1, 1);   /* its owners without the leavers, after ncur */
     struct kv__op *ops = malloc((n ? n : 1) * c->replicas * sizeof *ops);
     size_t *owner = malloc((n ? n : 1) * c->replicas * sizeof *owner);
     size_t *shard = malloc((n ? n : 1) * sizeof *shard);
     int rc = KV_OK;
     size_t rounds = 0, nmoved = 0;
-    if (!cand || !ncand || !ncur || !via || !ops || !owner || !shard) {
+    if (!cand || !ncand || !ncur || !via || !nst || !ops || !owner || !shard) {
         rc = KV_ENOMEM;
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
         ncur[i] = ncand[i] = candidates(v, &shards[i].block, c->replicas, cand[i]);
-        /* then, during a move window, its previous owners (asked only if
-         * every current owner failed) */
+        /* then, while owners leave, its owners without them (view_stay);
+         * then, during a move window, its previous owners (each asked
+         * only if every candidate before failed) */
+        nst[i] = (uint8_t)stay_candidates(v, &shards[i].block, c->replicas, cand[i], ncur[i],
+                                          cand[i] + ncur[i]);
+        ncand[i] += nst[i];
         if (pv)
             ncand[i] += prev_candidates(v, pv, &shards[i].block, c->replicas, cand[i],
-                                        ncur[i], cand[i] + ncur[i]);
+                                        ncand[i], cand[i] + ncand[i]);
         rounds = ncand[i] > rounds ? ncand[i] : rounds;
         results[i] = 1;   /* pending */
     }
@@ -2706,7 +2966,7 @@ static int load_once(struct kv__cluster *c, int ns, const kv_shard *shards, size
         for (size_t j = 0; j < k; j++) {
             size_t i = shard[j];
             int res = ops[j].result;
-            if (res == KV_OK && r >= ncur[i]) {
+            if (res == KV_OK && r >= ncur[i] + nst[i]) {   /* not where it goes next */
                 via[i] = 1;
                 nmoved++;
             }
@@ -2748,6 +3008,7 @@ out:
     free(ncand);
     free(ncur);
     free(via);
+    free(nst);
     free(ops);
     free(owner);
     free(shard);
@@ -3101,12 +3362,15 @@ static int lookup_once(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         else if (owner_failed(f.ops[j].result))
             failed[f.item[j]] = 1;
     }
-    /* During a move window, misses ask their previous owners too. */
+    /* During a move window, misses ask their previous owners too; while
+     * owners leave, their owners without the leavers. */
     f.k = 0;
     for (size_t i = 0; rc == KV_OK && i < n; i++)
-        if (!hit[i])
-            fan_add_prev(c, &f, i, &(struct kv__op){ .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns,
-                                                       .id = ids[i] });
+        if (!hit[i]) {
+            struct kv__op op = { .kind = KV_OP_LOOKUP, .ns = (uint8_t)ns, .id = ids[i] };
+            fan_add_prev(c, &f, i, &op);
+            fan_add_stay(c, &f, i, &op);
+        }
     if (f.k && rc == KV_OK) {
         rc = run_lookups(c, f.v, f.ops, f.owner, f.k);
         for (size_t j = 0; rc == KV_OK && j < f.k; j++)
@@ -3183,8 +3447,22 @@ static int size_once(struct kv__cluster *c, int ns, const kv_block_id *id, uint3
         if (o.result == KV_ENOTFOUND)
             res = KV_ENOTFOUND;
     }
-    /* Not on a current owner: during a move window, on a previous one (as
-     * sizes_once and a load ask them). */
+    /* Not on a current owner: while owners leave, on their owners without
+     * the leavers; during a move window, on a previous one (as sizes_once
+     * and a load ask them). */
+    size_t st[KV_PLACE_MAX];
+    size_t nsc = rc == KV_OK && res != KV_OK ? stay_candidates(v, id, c->replicas, cand, m, st)
+                                             : 0;
+    for (size_t j = 0; j < nsc && res != KV_OK; j++) {
+        if (peer_is_down(v->owners[st[j]]))
+            continue;
+        struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
+        size_t own = st[j];
+        if (run_grouped(c, v, &o, &own, 1) == KV_OK && o.result == KV_OK) {
+            *len = o.len;
+            res = KV_OK;
+        }
+    }
     struct view *pv = rc == KV_OK && res != KV_OK ? prev_get(c) : NULL;
     if (pv) {
         size_t prev[KV_PLACE_MAX];

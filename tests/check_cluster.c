@@ -24,11 +24,13 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "net/cluster.h"
 #include "etcd_fixture.h"
 #include "net/membership.h"
 #include "net/auth.h"
+#include "net/placement.h"
 #include "net/proto.h"
 #include "net/sock.h"
 #include "testutil.h"
@@ -51,6 +53,8 @@ static int with_metrics;                /* nodes started now serve /metrics */
 static unsigned node_mport[MAXP];
 static unsigned node_rr_mib = 64;       /* the nodes' cluster.rereplicate_mib_s */
 static const char *engine_block_shards; /* store.block_shards of engines opened now; NULL = default */
+static unsigned heap_rr_mib = 64;       /* cluster.rereplicate_mib_s of heap members started now */
+static const char *heap_listen;         /* their cluster.listen; NULL = a port the kernel picks */
 #define ETCD_PREFIX "/kvtest/cluster"
 
 static const char *protocol(void)
@@ -268,6 +272,8 @@ static void setup(void)
     with_metrics = 0;
     node_rr_mib = 64;
     engine_block_shards = NULL;
+    heap_rr_mib = 64;
+    heap_listen = NULL;
     /* SIGPIPE is left at its default on purpose: the library must never
      * raise it (peers are killed mid-transfer here). */
     dir = tu_mkdtemp();
@@ -2200,11 +2206,13 @@ static struct kv__cluster *start_heap_member_r(struct kv__backend *be, unsigned 
     struct kv_config cfg;
     kv__config_defaults(&cfg);
     meta_config(&cfg);
-    snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "127.0.0.1:0");
+    snprintf(cfg.cluster.listen, sizeof cfg.cluster.listen, "%s",
+             heap_listen ? heap_listen : "127.0.0.1:0");
     snprintf(cfg.cluster.token, sizeof cfg.cluster.token, TOKEN);
     cfg.cluster.protocol = strcmp(protocol(), "rdma") == 0 ? KV_PROTO_RDMA : KV_PROTO_TCP;
     cfg.cluster.node_ttl_ms = TTL_MS;
     cfg.cluster.replica_num = r;
+    cfg.cluster.rereplicate_mib_s = heap_rr_mib;
     cfg.io.timeout_ms = 3000;
     if (master && use_etcd())
         snprintf(cfg.cluster.etcd_endpoints, sizeof cfg.cluster.etcd_endpoints, "%s", master);
@@ -2514,6 +2522,367 @@ START_TEST(leaver_forwards_to_every_next_owner)
 }
 END_TEST
 
+/* ---- what a leave must not lose, and reads around leaves (issue 18) -----
+ *
+ * Two holds make the races below deterministic without a clock:
+ *   - a member's re-replication at cluster.rereplicate_mib_s = 1 sends a
+ *     first batch of 4 MiB (filler blocks of 1 MiB, the newest, so first)
+ *     and then sleeps 4 s before the next: what comes after the filler is
+ *     not copied yet, for as long as the test needs to act;
+ *   - a heap store whose scan can be held (held_store): a leaver lists
+ *     what it holds (scan) before it hands off, and one held just after
+ *     that listing stays in the view, flagged leaving and forwarding every
+ *     write it serves, until the test lets it go.
+ */
+static struct {
+    struct kv__backend be;              /* the store's ops, scan replaced */
+    int (*scan)(void *ctx, int ns, kv__scan_cb cb, void *arg);
+    atomic_int armed, holding, release;
+} hold;
+
+/* The store's scan; the first one of the last namespace after hold.armed
+ * is set then waits (20 s at most: a failed test must not hang a leave). */
+static int held_scan(void *ctx, int ns, kv__scan_cb cb, void *arg)
+{
+    int rc = hold.scan(ctx, ns, cb, arg);
+    if (ns == KV_NS_COUNT - 1 && atomic_exchange(&hold.armed, 0)) {
+        atomic_store(&hold.holding, 1);
+        for (uint64_t t0 = tu_now_ms(); !atomic_load(&hold.release) && tu_now_ms() - t0 < 20000;)
+            usleep(1000);
+        atomic_store(&hold.holding, 0);
+    }
+    return rc;
+}
+
+static struct kv__backend *held_store(struct kv__backend *inner)
+{
+    hold.be = *inner;
+    hold.scan = inner->scan;
+    hold.be.scan = held_scan;
+    atomic_store(&hold.armed, 0);
+    atomic_store(&hold.holding, 0);
+    atomic_store(&hold.release, 0);
+    return &hold.be;
+}
+
+/* Starts c's graceful leave on thread *th and returns once it is held
+ * after its listing: published as leaving, forwarding (c stays valid
+ * until hold.release). */
+static void leave_and_hold(struct kv__cluster *c, pthread_t *th)
+{
+    atomic_store(&hold.armed, 1);
+    ck_assert_int_eq(pthread_create(th, NULL, stop_main, c), 0);
+    uint64_t t0 = tu_now_ms();
+    while (!atomic_load(&hold.holding) && tu_now_ms() - t0 < 10000)
+        usleep(1000);
+    ck_assert_msg(atomic_load(&hold.holding), "the leave never listed what it holds");
+    struct kv__cluster_counters k;
+    kv__cluster_counters(c, &k);
+    ck_assert_uint_eq(k.leaving, 1);
+}
+
+/* Waits until c's re-replication has copied its first batch and sleeps on
+ * the rate before the next (rereplicate_mib_s 1, filler first). */
+static void wait_rr_held(struct kv__cluster *c)
+{
+    struct kv__cluster_counters k;
+    uint64_t t0 = tu_now_ms();
+    do {
+        usleep(2000);
+        kv__cluster_counters(c, &k);
+    } while (!k.rereplicated_shards && tu_now_ms() - t0 < 10000);
+    ck_assert_msg(k.rereplicated_shards && k.rereplicate_pending,
+                  "re-replication not held after its first batch (%llu copied, %llu pending)",
+                  (unsigned long long)k.rereplicated_shards,
+                  (unsigned long long)k.rereplicate_pending);
+}
+
+/* The owner (replica_num 1) of id among members ids[0..n). */
+static const char *owner_of(const char *const *ids, size_t n, const kv_block_id *id)
+{
+    uint64_t seeds[MAXP];
+    for (size_t i = 0; i < n; i++)
+        seeds[i] = kv__place_seed(ids[i]);
+    size_t o = 0;
+    kv__place(seeds, n, id, 1, &o);
+    return ids[o];
+}
+
+/* A plain key's id, as engine/kv.c places it. */
+static kv_block_id key_block_id(const char *key)
+{
+    XXH128_hash_t h = XXH3_128bits(key, strlen(key));
+    kv_block_id id;
+    memcpy(id.bytes, &h.low64, 8);
+    memcpy(id.bytes + 8, &h.high64, 8);
+    return id;
+}
+
+/* Dumps nf blocks of one 1 MiB shard through w: ids (salt 59) that owner
+ * `from` holds among before[0..nb) and `to` owns among after[0..na). */
+static void dump_filler(kv_engine *w, size_t nf, const char *const *before, size_t nb,
+                        const char *from, const char *const *after, size_t na, const char *to)
+{
+    static uint8_t buf[1 << 20];
+    memset(buf, 0x5a, sizeof buf);
+    kv_iov iov = { buf, sizeof buf };
+    kv_shard sh[16];
+    ck_assert_uint_le(nf, 16);
+    size_t k = 0;
+    for (uint64_t i = 0; k < nf && i < 100000; i++) {
+        kv_block_id id = tu_id(i, 59);
+        if (strcmp(owner_of(before, nb, &id), from) == 0 && strcmp(owner_of(after, na, &id), to) == 0)
+            sh[k++] = (kv_shard){ .block = id, .iov = &iov, .iovcnt = 1 };
+    }
+    ck_assert_uint_eq(k, nf);
+    ck_assert_int_eq(tu_task(w, 1, sh, nf), KV_OK);
+}
+
+#define LV_KEYS 200
+#define LV_BLOCKS 100
+static void lv_key(char *key, size_t cap, int i) { snprintf(key, cap, "lv-%d", i); }
+static void lv_val(char *v, size_t len, int i) { memset(v, 'a' + i % 26, len); }
+
+/* Puts LV_KEYS keys and dumps s (LV_BLOCKS blocks) through w. */
+static void lv_write(kv_engine *w, struct tu_set *s)
+{
+    char key[32], val[300];
+    for (int i = 0; i < LV_KEYS; i++) {
+        lv_key(key, sizeof key, i);
+        lv_val(val, sizeof val, i);
+        ck_assert_int_eq(kv_put(w, key, strlen(key), val, sizeof val), KV_OK);
+    }
+    ck_assert_int_eq(tu_task(w, 1, s->dump, s->n), KV_OK);
+}
+
+/* How many of lv_write's keys (*keys) and blocks (*blocks) r misses; the
+ * ones it finds must be intact. */
+static void lv_missing(kv_engine *r, struct tu_set *s, int *keys, int *blocks)
+{
+    char key[32], val[300], out[300];
+    *keys = *blocks = 0;
+    for (int i = 0; i < LV_KEYS; i++) {
+        size_t vl = 0;
+        lv_key(key, sizeof key, i);
+        lv_val(val, sizeof val, i);
+        int rc = kv_get(r, key, strlen(key), out, sizeof out, &vl);
+        *keys += rc != KV_OK;
+        ck_assert(rc != KV_OK || (vl == sizeof out && memcmp(out, val, vl) == 0));
+    }
+    kv_block_id ids[LV_BLOCKS];
+    uint8_t hit[LV_BLOCKS];
+    for (int i = 0; i < LV_BLOCKS; i++)
+        ids[i] = s->dump[2 * i].block;
+    ck_assert_int_eq(kv_lookup(r, ids, LV_BLOCKS, hit), KV_OK);
+    for (int i = 0; i < LV_BLOCKS; i++)
+        *blocks += !hit[i];
+    if (*blocks == 0) {
+        memset(s->dst, 0, s->n * s->len);
+        ck_assert_int_eq(tu_task(r, 0, s->load, s->n), KV_OK);
+        ck_assert(memcmp(s->src, s->dst, s->n * s->len) == 0);
+    }
+}
+
+/* Of lv_write's keys and blocks, how many `a` owns among before[0..nb) and
+ * `b` among after[0..na). */
+static void lv_moving(const struct tu_set *s, const char *const *before, size_t nb, const char *a,
+                      const char *const *after, size_t na, const char *b, int *keys, int *blocks)
+{
+    char key[32];
+    *keys = *blocks = 0;
+    for (int i = 0; i < LV_KEYS; i++) {
+        lv_key(key, sizeof key, i);
+        kv_block_id id = key_block_id(key);
+        *keys += strcmp(owner_of(before, nb, &id), a) == 0 && strcmp(owner_of(after, na, &id), b) == 0;
+    }
+    for (int i = 0; i < LV_BLOCKS; i++) {
+        const kv_block_id *id = &s->dump[2 * i].block;
+        *blocks += strcmp(owner_of(before, nb, id), a) == 0 && strcmp(owner_of(after, na, id), b) == 0;
+    }
+}
+
+/* A fresh pure client that sees `owners` owners (the fixture closes it). */
+static kv_engine *fresh_reader(int owners)
+{
+    kv_engine *r;
+    ck_assert_int_eq(open_engine("0", 1, TOKEN, &r), KV_OK);
+    wait_sees_owners(r, owners);
+    return r;
+}
+
+/*
+ * A leaver hands off what it took as an owner of the view before the last
+ * change, whose re-replication had not run when it began to leave. L (a
+ * heap member, re-replicating at 1 MiB/s) and A; a client writes 200 keys
+ * and 100 blocks on view {L, A}, then 12 MiB of filler blocks that move
+ * from L to the newcomer X. X joins; L's job copies 4 MiB of filler and
+ * sleeps; L leaves then (kv_close / SIGTERM: the job is stopped). The
+ * keys and blocks L took that X owns now were never copied to X, and L
+ * owns none of them in its current view: a fresh reader (view {A, X})
+ * must still find every one. Before: L's hand-off sent only what it owned
+ * in its current view, and all of those (about 1 in 6) read as absent.
+ */
+START_TEST(leaver_hands_off_what_it_took_in_the_previous_view)
+{
+    heap_rr_mib = 1;
+    struct kv__backend *lbe = kv__memstore_new(64u << 20);
+    struct kv__cluster *l = start_heap_member(lbe);
+    int ai = start_node("64MiB", 1);
+    wait_owners(2);
+    wait_member_owners(l, 2);
+    kv_engine *w = fresh_reader(2);
+    char xaddr[64];
+    snprintf(xaddr, sizeof xaddr, "127.0.0.1:%u", tu_free_port());
+    const char *before[] = { kv__cluster_addr(l), node_addr[ai] };
+    const char *after[] = { before[0], before[1], xaddr };
+    struct tu_set s = tu_set_new(2 * LV_BLOCKS, 4096, 57);
+    lv_write(w, &s);
+    dump_filler(w, 12, before, 2, before[0], after, 3, xaddr);
+    int mk, mb;
+    lv_moving(&s, before, 2, before[0], after, 3, xaddr, &mk, &mb);
+    ck_assert_msg(mk > 0 && mb > 0, "nothing moves from L to X (%d keys, %d blocks)", mk, mb);
+
+    start_node_at("64MiB", 1, 0, xaddr);
+    wait_owners(3);
+    wait_member_owners(l, 3);
+    wait_rr_held(l);
+    kv__cluster_stop(l);   /* the leave, while its job sleeps */
+    kv__memstore_free(lbe);
+    wait_owners(2);
+    kv_engine *r = fresh_reader(2);
+    int gk, gb;
+    lv_missing(r, &s, &gk, &gb);
+    ck_assert_msg(gk == 0 && gb == 0,
+                  "after the leave, %d of %d keys and %d of %d blocks read as absent (%d keys and "
+                  "%d blocks moved from the leaver to the newcomer)",
+                  gk, LV_KEYS, gb, LV_BLOCKS, mk, mb);
+    tu_set_free(&s);
+}
+END_TEST
+
+/*
+ * Reads while one leaver is gone and the other is still in the view. L2
+ * (a heap member) and L1, Z (kvnodes); a client writes 200 keys and 100
+ * blocks on {L1, L2, Z}. L2 leaves first and is held after its listing
+ * (flagged leaving, still serving); L1 leaves (SIGTERM), sees L2 leaving,
+ * and so hands its share to the view without both: Z. A fresh reader's
+ * view is {L2, Z}: what L1 owned and L2 owns in that view is on Z, not on
+ * L2. Every key and block must read, then again once L2 is gone too.
+ * Before: those (about 1 in 6) missed while L2 was in the view.
+ */
+START_TEST(reads_between_staggered_leaves)
+{
+    struct kv__backend *mbe = kv__memstore_new(64u << 20);
+    struct kv__cluster *l2 = start_heap_member(held_store(mbe));
+    int l1 = start_node("64MiB", 1), zi = start_node("64MiB", 1);
+    wait_owners(3);
+    wait_member_owners(l2, 3);
+    kv_engine *w = fresh_reader(3);
+    struct tu_set s = tu_set_new(2 * LV_BLOCKS, 4096, 61);
+    lv_write(w, &s);
+    const char *all[] = { kv__cluster_addr(l2), node_addr[l1], node_addr[zi] };
+    const char *less[] = { all[0], all[2] };
+    int mk, mb;
+    lv_moving(&s, all, 3, all[1], less, 2, all[0], &mk, &mb);
+    ck_assert_msg(mk > 0 && mb > 0, "nothing of L1's goes to L2 (%d keys, %d blocks)", mk, mb);
+
+    pthread_t th;
+    leave_and_hold(l2, &th);
+    kill(procs[l1], SIGTERM);
+    int st = 0;
+    ck_assert_int_eq(waitpid(procs[l1], &st, 0), procs[l1]);
+    procs[l1] = 0;
+    wait_owners(2);
+    kv_engine *r = fresh_reader(2);
+    int gk, gb;
+    lv_missing(r, &s, &gk, &gb);
+    atomic_store(&hold.release, 1);
+    pthread_join(th, NULL);
+    ck_assert_msg(gk == 0 && gb == 0,
+                  "with L1 gone and L2 leaving, %d of %d keys and %d of %d blocks missed (%d keys "
+                  "and %d blocks were L1's and are L2's in that view)",
+                  gk, LV_KEYS, gb, LV_BLOCKS, mk, mb);
+    kv__memstore_free(mbe);
+    wait_owners(1);
+    wait_sees_owners(r, 1);
+    lv_missing(r, &s, &gk, &gb);
+    ck_assert_msg(gk == 0 && gb == 0, "after both leaves, %d keys and %d blocks are gone", gk, gb);
+    tu_set_free(&s);
+}
+END_TEST
+
+/*
+ * Re-replication does not drop a plain key whose new owner is flagged
+ * leaving (commit aa32376), made deterministic. S (re-replicating at
+ * 1 MiB/s) holds 200 keys and 9 MiB of filler; L joins and owns about half
+ * of them; S's job copies 4 MiB of filler and sleeps. L leaves and is held
+ * after its listing (it lists no key), so S's next view shows L leaving.
+ * A key S copies to L now comes back to S by L's forwarding before S drops
+ * its own copy, and L's hand-off does not know it: every key must read
+ * once L is gone, and (aa32376's rule) S sends L no key at all.
+ * On the code before: the running job's view did not show L leaving (a
+ * flag is no owner change), so aa32376 never applied and all the keys L
+ * owned (99 of 200) were gone; with this fix and aa32376 reverted, S sent
+ * L those keys (they read back: S no longer drops a key written to it
+ * while its move runs).
+ */
+START_TEST(rereplication_keeps_keys_whose_new_owner_leaves)
+{
+    heap_rr_mib = 1;
+    struct kv__backend *sbe = kv__memstore_new(64u << 20), *lbe = kv__memstore_new(64u << 20);
+    struct kv__cluster *sm = start_heap_member(sbe);
+    wait_owners(1);
+    wait_member_owners(sm, 1);
+    kv_engine *w = fresh_reader(1);
+    char laddr[64];
+    snprintf(laddr, sizeof laddr, "127.0.0.1:%u", tu_free_port());
+    const char *before[] = { kv__cluster_addr(sm) }, *after[] = { before[0], laddr };
+    struct tu_set s = tu_set_new(2 * LV_BLOCKS, 4096, 67);
+    lv_write(w, &s);
+    dump_filler(w, 9, before, 1, before[0], after, 2, laddr);   /* 8 s before the keys */
+    int mk, mb;
+    lv_moving(&s, before, 1, before[0], after, 2, laddr, &mk, &mb);
+    ck_assert_msg(mk > 0, "no key moves to L");
+
+    heap_listen = laddr;
+    struct kv__cluster *l = start_heap_member(held_store(lbe));
+    wait_member_owners(sm, 2);
+    wait_rr_held(sm);
+    pthread_t th;
+    leave_and_hold(l, &th);
+    /* S's job on the view that shows L leaving runs to its end */
+    struct kv__cluster_counters k;
+    uint64_t t0 = tu_now_ms();
+    do {
+        usleep(5000);
+        kv__cluster_counters(sm, &k);
+    } while ((k.rereplicate_behind || k.rereplicate_pending) && tu_now_ms() - t0 < 15000);
+    ck_assert_uint_eq(k.rereplicate_behind, 0);
+    int on_l = 0;   /* aa32376's rule: no key goes to a leaver */
+    for (int i = 0; i < LV_KEYS; i++) {
+        char key[32];
+        uint64_t len;
+        lv_key(key, sizeof key, i);
+        kv_block_id id = key_block_id(key);
+        on_l += lbe->size(lbe->ctx, KV_NS_KEY, &id, 0, &len) == KV_OK;
+    }
+    atomic_store(&hold.release, 1);
+    pthread_join(th, NULL);
+    kv__memstore_free(lbe);
+    wait_owners(1);
+    wait_member_owners(sm, 1);
+    kv_engine *r = fresh_reader(1);
+    int gk, gb;
+    lv_missing(r, &s, &gk, &gb);
+    ck_assert_msg(gk == 0 && gb == 0, "after L left, %d of %d keys (%d moved to L) and %d blocks "
+                  "are gone", gk, LV_KEYS, mk, gb);
+    ck_assert_msg(on_l == 0, "S copied %d keys to L while L was leaving", on_l);
+    tu_set_free(&s);
+    kv__cluster_stop(sm);
+    kv__memstore_free(sbe);
+}
+END_TEST
+
 Suite *cluster_suite(void)
 {
     Suite *s = suite_create("cluster");
@@ -2555,6 +2924,9 @@ Suite *cluster_suite(void)
     tcase_add_test(views, writer_behind_a_join_puts);
     tcase_add_test(views, writer_behind_a_join_dumps);
     tcase_add_test(views, leaver_forwards_to_every_next_owner);
+    tcase_add_test(views, leaver_hands_off_what_it_took_in_the_previous_view);
+    tcase_add_test(views, reads_between_staggered_leaves);
+    tcase_add_test(views, rereplication_keeps_keys_whose_new_owner_leaves);
     suite_add_tcase(s, views);
     /* 200 joins and leaves: longer than one test of the loopback case */
     TCase *churn = tcase_create("churn");
