@@ -2061,8 +2061,10 @@ def bind_to_numa_node(node):
 ParallelAxis = _tensor.ParallelAxis
 TensorParallelism = _tensor.TensorParallelism
 ReadTarget = _tensor.ReadTarget
-_serialize_tensor = _tensor.serialize_tensor
-_deserialize_tensor = _tensor.deserialize_tensor
+# Mooncake's shapes: a 4-tuple (metadata, data address, size, owner) out,
+# metadata + data in; Mooncake's structured object store unpacks them so.
+_serialize_tensor = _tensor.serialize_tensor_parts
+_deserialize_tensor = _tensor.deserialize_tensor_strict
 
 
 def _tensor_metadata_size():

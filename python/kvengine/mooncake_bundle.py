@@ -727,6 +727,11 @@ def _ragged_arrays(values, dtype):
                "ndims": ndims, "nulls": np.asarray([v is None for v in values], np.bool_)}
     meta = {"dtype": str(np.dtype(dtype)), "max_ndim": int(max_ndim), "shape_policy": "ragged",
             "row_format": fmt, "ndarray_rows": is_nd if fmt == "mixed" else None}
+    if fmt == "ndarray" and values:
+        # Mooncake's name for this data layout (the rows' elements back to
+        # back, row r at offsets[r]); its reader takes its fast path, rows
+        # as views of one array, only when the manifest says so.
+        meta["physical_layout"] = "contiguous_flat"
     return payload, meta
 
 
@@ -734,8 +739,10 @@ def _bytes_rows(parts):
     offsets = np.zeros(len(parts) + 1, np.int64)
     for r, p in enumerate(parts):
         offsets[r + 1] = offsets[r] + (0 if p is None else len(p))
+    # bytes, not a uint8 array: its field spec is then {"encoding": "bytes"},
+    # as Mooncake writes the data of its byte-row codecs
     data = b"".join(bytes(p) for p in parts if p is not None)
-    return {"data": np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8),
+    return {"data": data,
             "offsets": offsets,
             "nulls": np.asarray([p is None for p in parts], np.bool_)}
 
@@ -794,10 +801,39 @@ def _encode_column(path, values, codec, schema_meta=None):
                 except (TypeError, ValueError) as e:
                     raise ValueError("%s: msgpack codec cannot encode row %d: %s" % (path, r, e))
             offsets[r + 1] = len(data)
-        return codec, {"data": np.frombuffer(bytes(data), np.uint8),
+        return codec, {"data": bytes(data),
                        "offsets": offsets,
                        "nulls": np.asarray([v is None for v in vals], np.bool_)}, {}
     raise ValueError("%s: unsupported codec %r" % (path, codec))
+
+
+# What Mooncake's inference writes next to a codec it chose (not one a
+# FieldSchema named): where the schema came from, what the rows were taken
+# to be and why, by codec. Readers on neither side act on them; they are
+# written so that a manifest reads the same whichever side wrote it.
+_INFERRED = {
+    "ndarray": ("all rows are numeric scalar", "numeric scalar"),
+    "bytes_ragged": ("all rows are bytes-like", "bytes-like"),
+    "utf8_ragged": ("all rows are str", "str"),
+    "msgpack_ragged": ("all rows are msgpack-like", "msgpack"),
+    "ragged_tensor": ("all non-null rows are Tensor", "torch.Tensor"),
+    "typed_ragged": ("all rows are numeric sequences", "numeric sequence"),
+    "json_ragged": ("all rows are null or missing", "json"),
+}
+
+
+def _note_inferred(codec, values, meta):
+    """meta (a column's metadata) with the inference's notes for codec."""
+    if codec not in _INFERRED:
+        return meta
+    reason, kind = _INFERRED[codec]
+    present = [v for v in values if v is not None and v is not _infer.MISSING]
+    if codec == "typed_ragged" and present and all(isinstance(v, np.ndarray) for v in present):
+        reason = "all rows are numeric ndarray"
+        meta["recursive_source"] = "ndarray"
+    meta.update({"schema_source": "inferred_from_runtime_values", "decision_reason": reason,
+                 "normalized_type": kind})
+    return meta
 
 
 def _auto_codec(path, values):
@@ -924,6 +960,7 @@ def _encode_recursive(path, values):
                 if not isinstance(k, str) or not k or any(c in k for c in "./\\["):
                     raise ValueError("%s: dict keys must be non-empty str and must not contain"
                                      " '.', '/', '\\' or '[' (got %r)" % (p, k))
+            keys.sort()     # Mooncake's order: a dict level's keys sorted
             i = len(nodes)
             node = {"id": i, "path": p, "node_type": "dict", "children": keys}
             nodes.append(node)
@@ -950,6 +987,7 @@ def _encode_recursive(path, values):
         i = len(leaves)
         plain = [None if v is _infer.MISSING else v for v in vals]
         codec, lp, meta = _encode_column(p, plain, _auto_codec(p, plain))
+        _note_inferred(codec, plain, meta)
         members = {}
         for name, value in lp.items():
             payload["leaf.%d.%s" % (i, name)] = value
@@ -1028,9 +1066,33 @@ class _EncodedField:
         self.codec, self.rows, self.payload, self.metadata = codec, rows, payload, metadata
 
 
+def _needs_recursive(path, vals):
+    """True when rows of containers hold a column that Mooncake keeps out
+    of a flat msgpack blob: tensors, bytes, or numeric ndarrays. Mooncake
+    encodes such rows structured_recursive even when msgpack could pack
+    them (bytes), so the drop-in does too: the same rows, the same layout."""
+    leaves, nodes = [], []
+    try:
+        _infer.infer_structure(path, vals, leaves, nodes)
+    except ValueError:
+        return False
+    if not nodes:
+        return False
+    for lf in leaves:
+        present = [v for v in lf.values if not _is_null(v)]
+        if lf.decision.codec in ("ragged_tensor", "bytes_ragged") and lf.decision.accepted:
+            return True
+        if any(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in present):
+            return True
+    return False
+
+
 def _infer_codec(path, vals):
-    """A column's inferred codec: the flat one that fits, else
-    structured_recursive when its rows can nest (ValueError otherwise)."""
+    """A column's inferred codec: structured_recursive where Mooncake's
+    inference picks it (_needs_recursive), else the flat one that fits,
+    else structured_recursive when its rows can nest (ValueError otherwise)."""
+    if _recursive_fits(vals) and _needs_recursive(path, vals):
+        return "structured_recursive"
     try:
         return _auto_codec(path, vals)
     except ValueError:
@@ -1043,12 +1105,15 @@ def _encode_with_schema(path, values, schema):
     """A column encoded by schema.codec ("auto": inferred)."""
     vals = list(values)
     codec = schema.codec
-    if codec == "auto":
+    inferred = codec == "auto"
+    if inferred:
         codec = _infer_codec(path, vals)
     if codec == "structured_recursive":
         codec, payload, meta = _encode_recursive(path, vals)
     else:
         codec, payload, meta = _encode_column(path, vals, codec, schema.metadata)
+        if inferred:
+            _note_inferred(codec, vals, meta)
     return _EncodedField(codec, len(vals), payload, meta)
 
 
@@ -1662,16 +1727,16 @@ class MooncakeBundleTransfer:
                     raise ValueError("non_tensor_batch field %r is not nullable but has None"
                                      % name)
                 path = "non_tensor_batch." + name
-                if schema is not None and schema.codec != "auto":
-                    codec = schema.codec
-                else:
-                    codec = _infer_codec(path, vals)
+                inferred = schema is None or schema.codec == "auto"
+                codec = _infer_codec(path, vals) if inferred else schema.codec
                 try:
                     if codec == "structured_recursive":
                         codec, payload, cmeta = _encode_recursive(path, vals)
                     else:
                         codec, payload, cmeta = _encode_column(path, vals, codec,
                                                                schema.metadata if schema else None)
+                        if inferred:
+                            _note_inferred(codec, vals, cmeta)
                 except (TypeError, ValueError, AttributeError) as e:
                     raise type(e)("failed to encode non_tensor_batch field %r with codec %r: %s"
                                   % (name, codec, e)) from e
