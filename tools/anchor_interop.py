@@ -317,6 +317,21 @@ def test_dataproto_manifests_match_field_by_field(store, prefix):
             assert a[k] == b[k], "manifest field %r differs" % k
 
 
+@pytest.mark.parametrize("w", ["kv", "mc"])
+def test_dataproto_manifest_view_reads_alike(store, prefix, w):
+    """dataproto_manifest_view, Mooncake's and the drop-in's, over one
+    handle: the same view, field by field."""
+    mod = kb if w == "kv" else ms
+    h = json.loads(json.dumps(mod.export_dataproto_ref(
+        SIDES[w](store, prefix).put_dataproto(sample(), stage="rollout"))))
+    views = {side: SIDES[side](store, prefix).dataproto_manifest_view(
+        (kb if side == "kv" else ms).import_dataproto_ref(h)) for side in SIDES}
+    out = []
+    _diff(json.loads(json.dumps(views["kv"], default=str)),
+          json.loads(json.dumps(views["mc"], default=str)), "", out)
+    assert out == []
+
+
 def test_structured_manifests_match_field_by_field(store, prefix):
     bufs = {"a": np.arange(24, dtype=np.int16).reshape(6, 4),
             "t": torch.arange(6, dtype=torch.float32), "raw": b"xyz"}

@@ -1815,24 +1815,36 @@ class MooncakeBundleTransfer:
                                     encoded_non_tensor=enc, _storage_group_id=gid)
 
     def dataproto_manifest_view(self, ref):
-        """What the manifests say about a ref: {"namespace", "partition",
-        "batch_size", "stages": {stage: its DataProto stage metadata},
-        "batch_fields" / "non_tensor_fields": {name: {"stage", "member",
-        "spec"}} (spec: the member's field spec, or the codec of an encoded
-        non-tensor field), "meta_info_keys"}."""
+        """What the manifests say about a ref, in Mooncake's shape:
+        {"namespace", "partition", "batch_size", "meta_info_keys",
+        "stages": {stage: {"manifest_key", "dataproto": its stage metadata}},
+        "batch_fields" / "non_tensor_fields": {name: {"section", "stage",
+        "member", "spec"}}}. A plain member's spec is its field spec; an
+        encoded non-tensor field's is {"encoding": "structured_non_tensor",
+        "codec", "metadata", "payload_members", "payload_specs" (the field
+        spec of each payload member)}."""
         ref = _resolve_ref(ref)
         stages, specs = {}, {}
         for st, r in ref.stage_refs.items():
             meta, specs[st] = self._meta(self._manifest(r))
-            stages[st] = {k: v for k, v in meta.items() if k != STRUCTURED_FIELD_SPECS_KEY}
+            stages[st] = {"manifest_key": r.manifest_key, "dataproto": meta.get("dataproto", {})}
         view = {"namespace": ref.namespace, "partition": ref.partition,
-                "batch_size": ref.batch_size, "stages": stages, "batch_fields": {},
-                "non_tensor_fields": {}, "meta_info_keys": list(ref.meta_info)}
+                "batch_size": ref.batch_size, "batch_fields": {}, "non_tensor_fields": {},
+                "meta_info_keys": list(ref.meta_info), "stages": stages}
         for name, loc in ref.field_index.items():
+            fs = specs[loc.stage]
             e = ref.encoded_non_tensor.get(name)
-            spec = dict(e) if e is not None else dict(specs[loc.stage].get(loc.member, {"encoding": "bytes"}))
+            if e is None:
+                spec = dict(fs.get(loc.member, {"encoding": "bytes"}))
+            else:
+                pm = dict(e["payload_members"])
+                spec = {"encoding": "structured_non_tensor", "codec": e["codec"],
+                        "metadata": e.get("metadata"), "payload_members": pm,
+                        "payload_specs": {n: dict(fs.get(m, {"encoding": "bytes"}))
+                                          for n, m in pm.items()}}
             sec = "batch_fields" if loc.section == "batch" else "non_tensor_fields"
-            view[sec][name] = {"stage": loc.stage, "member": loc.member, "spec": spec}
+            view[sec][name] = {"section": loc.section, "stage": loc.stage,
+                               "member": loc.member, "spec": spec}
         return view
 
     def get(self, ref, *, type="dataproto", fields=None, batch_fields=None,

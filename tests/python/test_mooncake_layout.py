@@ -189,3 +189,26 @@ def test_a_tensor_member_is_a_tensor_object_of_the_right_size(transfer, store):
     spec = ref.manifest["buffers"]["t"]
     assert spec["kind"] == "tensor" and spec["metadata_bytes"] == 304
     assert spec["bytes"] == 304 + 24 == store.get_size(spec["key"])
+
+
+def test_dataproto_manifest_view_has_mooncakes_shape(transfer):
+    """Mooncake's view names each field's section, gives an encoded field's
+    payload members with their field specs, and a stage as its manifest key
+    and DataProto metadata; the drop-in gave the encoded field's handle
+    entry as its spec and the whole stage metadata."""
+    ref = transfer.put_dataproto(Proto(batch={"x": np.zeros((3, 2), np.float32)},
+                                       non_tensor_batch={"u": objarr(["a", "b", None])},
+                                       meta_info={"k": 1}), stage="s")
+    view = transfer.dataproto_manifest_view(ref)
+    x, u = view["batch_fields"]["x"], view["non_tensor_fields"]["u"]
+    assert x["section"] == "batch" and x["spec"]["encoding"] == "ndarray"
+    assert x["spec"]["shape"] == [3, 2]
+    assert u["section"] == "non_tensor_batch" and u["member"] == "non_tensor_batch.u"
+    sp = u["spec"]
+    assert sp["encoding"] == "structured_non_tensor" and sp["codec"] == "utf8_ragged"
+    assert set(sp["payload_members"]) == {"data", "offsets", "nulls"} == set(sp["payload_specs"])
+    assert sp["payload_specs"]["data"] == {"encoding": "bytes"}
+    assert sp["payload_specs"]["offsets"]["shape"] == [4]
+    assert view["stages"]["s"]["manifest_key"] == ref.stage_refs["s"].manifest_key
+    assert view["stages"]["s"]["dataproto"]["stage"] == "s"
+    assert view["meta_info_keys"] == ["k"] and view["batch_size"] == 3
