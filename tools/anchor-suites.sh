@@ -172,18 +172,23 @@ EOF
 # cluster), in the place of the mooncake_client Mooncake's CI starts
 # before its dummy-client tests; waited for until it serves.
 start_host_daemon() {
-    local i
+    local i log
+    DAEMON_N=$((${DAEMON_N:-0} + 1))
+    log=$SCRATCH/kvnode-$1-$DAEMON_N.log
     "$BUILD/kvnode" --set store.name="$1" --set cluster.enabled=false --set pipeline=dram \
         --set dram.capacity=1GiB --set dram.hugepages=off --set log.level=info \
-        > "$SCRATCH/kvnode-$1.log" 2>&1 &
+        > "$log" 2>&1 &
     LAST_DAEMON=$!
     MASTER_PIDS+=("$LAST_DAEMON")
-    for i in $(seq 200); do
-        grep -q "engine open" "$SCRATCH/kvnode-$1.log" && return 0
+    # up to 30 s: on a loaded machine 10 s was not always enough, and a
+    # daemon given up on kept serving into the next file's run
+    for i in $(seq 600); do
+        grep -q "engine open" "$log" && return 0
         kill -0 "$LAST_DAEMON" 2>/dev/null || break
         sleep 0.05
     done
-    cat "$SCRATCH/kvnode-$1.log" >&2
+    cat "$log" >&2
+    stop_master "$LAST_DAEMON"
     return 1
 }
 
