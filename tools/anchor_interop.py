@@ -395,6 +395,35 @@ def test_each_column_kind_is_written_alike_and_read_across(store, prefix, name):
         mine = list(t.get_dataproto(h)["non_tensor_batch"]["f"])
         theirs = list(other.get_dataproto(h)["non_tensor_batch"]["f"])
         assert repr(theirs) == repr(mine), "%s written by %s reads differently" % (name, side)
+        # and the payload members' bytes
+        got[side]["bytes"] = {n: b"".join(bytes(store.get(c["key"])) for c in sp["chunks"])
+                              for n, sp in m["buffers"].items() if n != "meta"}
+    assert got["kv"].pop("bytes") == got["mc"].pop("bytes")
+    out = []
+    _diff(got["kv"], got["mc"], "", out)
+    assert out == []
+
+
+@pytest.mark.parametrize("keys", [None, ["img", "aud", "vid"]])
+def test_ragged_tensor_dict_is_written_alike_and_read_across(store, prefix, keys):
+    rows = objarr([{"img": torch.ones(2, 3), "aud": torch.arange(4.0)}, None,
+                   {"img": torch.zeros(1, 3)}])
+    got = {}
+    for side, mod in (("kv", kb), ("mc", ms)):
+        md = {} if keys is None else {"keys": keys}
+        t = SIDES[side](store, prefix + side)
+        h = json.loads(json.dumps(mod.export_dataproto_ref(t.put_dataproto(
+            Proto(non_tensor_batch={"f": rows}),
+            field_schemas={"f": mod.FieldSchema("ragged_tensor_dict", metadata=md)}))))
+        (m,) = _manifests(store, h).values()
+        got[side] = {"encoded": _shape(h["encoded_non_tensor"]["f"]),
+                     "buffers": _shape(m["buffers"])}
+        for reader in SIDES:
+            v = list(SIDES[reader](store, prefix + side).get_dataproto(h)
+                     ["non_tensor_batch"]["f"])
+            assert v[1] is None and sorted(v[0]) == ["aud", "img"] and list(v[2]) == ["img"]
+            assert torch.equal(v[0]["img"], torch.ones(2, 3))
+            assert torch.equal(v[0]["aud"], torch.arange(4.0))
     out = []
     _diff(got["kv"], got["mc"], "", out)
     assert out == []

@@ -73,7 +73,8 @@ STORAGE_GROUP_ID = "storage_group_id"
 _WRAPPED = "__mooncake_wrapped_object__"
 _SECTIONS = ("batch", "non_tensor_batch", "meta_info")
 _CODECS = ("ndarray", "typed_ragged", "ragged_tensor", "bytes_ragged", "utf8_ragged",
-           "json_ragged", "msgpack_ragged", "structured_recursive", "auto")
+           "json_ragged", "msgpack_ragged", "structured_recursive", "ragged_tensor_dict",
+           "auto")
 
 
 # -- public value types ------------------------------------------------------
@@ -723,6 +724,25 @@ def _ragged_arrays(values, dtype):
     is_nd = [v is not None and isinstance(v, np.ndarray) for v in values]
     fmt = "ndarray" if all(v is None or n for v, n in zip(values, is_nd)) else \
         ("mixed" if any(is_nd) else "list")
+    if fmt == "ndarray":
+        # Rows of arrays, Mooncake's way: a null row has no dims (ndims 0)
+        # and does not count toward max_ndim; when every row is an array of
+        # one rank >= 1 with one trailing shape, a null row's shape is
+        # (0, *that trailing shape). Rows of lists keep an empty 1-d row.
+        nn = [a for v, a in zip(values, arrays) if v is not None]
+        max_ndim = max((a.ndim for a in nn), default=0)
+        tail = nn[0].shape[1:] if nn and nn[0].ndim >= 1 else None
+        if tail is not None and (0 in tail or any(a.shape[1:] != tail or a.ndim != nn[0].ndim
+                                                  for a in nn)):
+            tail = None
+        shapes = np.zeros((len(arrays), max(max_ndim, 1)), np.int64)
+        for r, (v, a) in enumerate(zip(values, arrays)):
+            if v is None:
+                ndims[r] = 0
+                if tail is not None:
+                    shapes[r, 1:max_ndim] = tail
+            else:
+                shapes[r, :a.ndim] = a.shape
     payload = {"data": data.astype(dtype, copy=False), "offsets": offsets, "shapes": shapes,
                "ndims": ndims, "nulls": np.asarray([v is None for v in values], np.bool_)}
     meta = {"dtype": str(np.dtype(dtype)), "max_ndim": int(max_ndim), "shape_policy": "ragged",
@@ -747,10 +767,100 @@ def _bytes_rows(parts):
             "nulls": np.asarray([p is None for p in parts], np.bool_)}
 
 
+# -- ragged_tensor_dict: rows that are dicts of tensors, named by a FieldSchema ----
+# Never inferred. Each key is its own ragged_tensor column (payload members
+# "<key>.data", "<key>.offsets", ... , None where a row is null or lacks the
+# key), plus "null_mask" for rows that are None; the metadata lists the keys
+# (the schema's metadata["keys"] in its order, else the rows' keys sorted)
+# and each key's column metadata, as Mooncake lays it out, so one key can be
+# read without the others.
+
+def _tensor_dict_keys(keys, path):
+    out = []
+    for k in keys:
+        if not isinstance(k, str):
+            raise TypeError("%s: ragged_tensor_dict keys must be str, got %s"
+                            % (path, type(k).__name__))
+        if not k:
+            raise ValueError("%s: ragged_tensor_dict keys must not be empty" % path)
+        if any(c in k for c in "./\\"):
+            raise ValueError("%s: ragged_tensor_dict key %r must not contain '.', '/' or '\\'"
+                             % (path, k))
+        if k in out:
+            raise ValueError("%s: ragged_tensor_dict key %r is named twice" % (path, k))
+        out.append(k)
+    return out
+
+
+def _encode_tensor_dicts(path, vals, schema_meta):
+    declared = schema_meta.get("keys")
+    if declared is not None:
+        if isinstance(declared, (str, bytes)):
+            raise TypeError("%s: FieldSchema metadata['keys'] must be a list of str" % path)
+        declared = _tensor_dict_keys(list(declared), path)
+    seen = set()
+    for r, v in enumerate(vals):
+        if v is None:
+            continue
+        if not isinstance(v, Mapping):
+            raise TypeError("%s: ragged_tensor_dict rows must be dicts or None; row %d is %s"
+                            % (path, r, type(v).__name__))
+        row_keys = _tensor_dict_keys(list(v), path)
+        nulls = [k for k in row_keys if v[k] is None]
+        if nulls:
+            raise TypeError("%s: row %d has explicit None for %s; leave the key out instead"
+                            % (path, r, nulls))
+        if declared is not None:
+            extra = sorted(set(row_keys) - set(declared))
+            if extra:
+                raise ValueError("%s: row %d has keys not declared in FieldSchema "
+                                 "metadata['keys']: %s" % (path, r, extra))
+        seen.update(row_keys)
+    keys = declared if declared is not None else sorted(seen)
+    payload = {"null_mask": np.asarray([v is None for v in vals], np.bool_)}
+    key_codecs = {}
+    for k in keys:
+        col = [None if v is None else v.get(k) for v in vals]
+        try:
+            _, sub, meta = _encode_column("%s.%s" % (path, k), col, "ragged_tensor")
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError("%s: ragged_tensor_dict key %r: %s" % (path, k, e)) from e
+        for n, x in sub.items():
+            payload["%s.%s" % (k, n)] = x
+        key_codecs[k] = meta
+    return "ragged_tensor_dict", payload, {"keys": list(keys), "key_codecs": key_codecs}
+
+
+def _decode_tensor_dicts(path, rows, payload, meta):
+    keys, codecs = meta.get("keys"), meta.get("key_codecs")
+    if not isinstance(keys, list) or not isinstance(codecs, dict):
+        raise ValueError("%s: ragged_tensor_dict metadata needs keys and key_codecs" % path)
+    keys = _tensor_dict_keys(keys, path)
+    if "null_mask" not in payload:
+        raise ValueError("%s: payload 'null_mask' is missing" % path)
+    nm = payload["null_mask"]
+    nm = np.frombuffer(bytes(nm), np.bool_) if isinstance(nm, (bytes, bytearray, memoryview)) \
+        else np.asarray(nm, np.bool_).reshape(-1)
+    if len(nm) != rows:
+        raise ValueError("%s: %d null flags for %d rows" % (path, len(nm), rows))
+    cols = {}
+    for k in keys:
+        pre = k + "."
+        sub = {n[len(pre):]: x for n, x in payload.items() if n.startswith(pre)}
+        cm = codecs.get(k)
+        if not isinstance(cm, dict):
+            raise ValueError("%s: ragged_tensor_dict key %r has no column metadata" % (path, k))
+        cols[k] = _decode_column("%s.%s" % (path, k), "ragged_tensor", rows, sub, cm)
+    return [None if nm[r] else {k: cols[k][r] for k in keys if cols[k][r] is not None}
+            for r in range(rows)]
+
+
 def _encode_column(path, values, codec, schema_meta=None):
     """(codec, payload {name: ndarray}, metadata) for a column of values."""
     schema_meta = schema_meta or {}
     vals = [None if v is _infer.MISSING else v for v in values]
+    if codec == "ragged_tensor_dict":
+        return _encode_tensor_dicts(path, vals, schema_meta)
     if codec == "ndarray":
         present = [v for v in vals if v is not None]
         dtype = np.dtype(schema_meta["dtype"]) if "dtype" in schema_meta else \
@@ -778,7 +888,9 @@ def _encode_column(path, values, codec, schema_meta=None):
             dtype = _np_dtype_of_torch(schema_meta["dtype"])
         else:
             present = [np.asarray(v) for v in rows if v is not None]
-            dtype = np.result_type(*present) if present else np.dtype(np.int64)
+            # no value to go by: Mooncake's defaults (torch.float32 for tensors)
+            dtype = np.result_type(*present) if present else \
+                np.dtype(np.float32 if codec == "ragged_tensor" else np.int64)
         payload, meta = _ragged_arrays(rows, dtype)
         if codec == "ragged_tensor":
             meta["dtype"] = str(tdtype) if tdtype is not None else "torch.%s" % np.dtype(dtype).name
@@ -857,6 +969,8 @@ def _decode_column(path, codec, rows, payload, meta):
         for n in names:
             if n not in payload:
                 raise ValueError("%s: payload %r is missing" % (path, n))
+    if codec == "ragged_tensor_dict":
+        return _decode_tensor_dicts(path, rows, payload, meta)
     if codec != "ndarray":
         need("data", "offsets")
         offsets = np.asarray(payload["offsets"], np.int64)

@@ -212,3 +212,74 @@ def test_dataproto_manifest_view_has_mooncakes_shape(transfer):
     assert view["stages"]["s"]["manifest_key"] == ref.stage_refs["s"].manifest_key
     assert view["stages"]["s"]["dataproto"]["stage"] == "s"
     assert view["meta_info_keys"] == ["k"] and view["batch_size"] == 3
+
+
+# -- rows of arrays with null rows; columns with no value ------------------------------
+
+def member(store, ref, name):
+    (st,) = ref.stage_refs.values()
+    m = json.loads(bytes(store.get(st.manifest_key)))
+    return b"".join(bytes(store.get(c["key"])) for c in m["buffers"][name]["chunks"])
+
+
+def test_a_null_row_among_arrays_has_no_dims(transfer, store):
+    """Mooncake writes ndims 0 for a null row among array rows, and, when the
+    rows share a trailing shape, (0, *that shape) as its shape; the drop-in
+    wrote an empty 1-d row (ndims 1, shape zeros)."""
+    _, ref = encoded(transfer, [torch.ones(2, 2), torch.zeros(3, 2), None])
+    nd = np.frombuffer(member(store, ref, "non_tensor_batch.f.ndims"), np.int16)
+    sh = np.frombuffer(member(store, ref, "non_tensor_batch.f.shapes"), np.int64).reshape(3, 2)
+    assert nd.tolist() == [2, 2, 0] and sh.tolist() == [[2, 2], [3, 2], [0, 2]]
+    got = list(transfer.get_dataproto(ref)["non_tensor_batch"]["f"])
+    assert torch.equal(got[1], torch.zeros(3, 2)) and got[2] is None
+    # rows of lists keep their empty 1-d null row, as Mooncake writes them
+    _, ref = encoded(transfer, [[1.5], None])
+    assert np.frombuffer(member(store, ref, "non_tensor_batch.f.ndims"), np.int16).tolist() \
+        == [1, 1]
+
+
+def test_a_ragged_tensor_column_with_no_tensor_is_float32_with_no_dims(transfer):
+    enc, ref = encoded(transfer, [None, None], FieldSchema("ragged_tensor"))
+    assert enc["metadata"]["dtype"] == "torch.float32" and enc["metadata"]["max_ndim"] == 0
+    assert list(transfer.get_dataproto(ref)["non_tensor_batch"]["f"]) == [None, None]
+
+
+# -- ragged_tensor_dict ------------------------------------------------------------------
+
+def test_ragged_tensor_dict_rows_round_trip_in_mooncakes_layout(transfer, store):
+    """Rows that are dicts of tensors, by FieldSchema("ragged_tensor_dict"):
+    a ragged_tensor column per key, a null_mask, the keys and each key's
+    column metadata (before: "unknown codec 'ragged_tensor_dict'")."""
+    rows = [{"img": torch.ones(2, 3), "aud": torch.arange(4.0)}, None,
+            {"img": torch.zeros(1, 3)}]
+    enc, ref = encoded(transfer, rows, FieldSchema("ragged_tensor_dict"))
+    assert enc["codec"] == "ragged_tensor_dict"
+    assert enc["metadata"]["keys"] == ["aud", "img"]                  # sorted when inferred
+    assert enc["metadata"]["key_codecs"]["img"]["dtype"] == "torch.float32"
+    assert set(enc["payload_members"]) == {"null_mask"} | {
+        "%s.%s" % (k, n) for k in ("aud", "img")
+        for n in ("data", "offsets", "shapes", "ndims", "nulls")}
+    got = list(transfer.get_dataproto(ref)["non_tensor_batch"]["f"])
+    assert got[1] is None and list(got[2]) == ["img"] and torch.equal(got[2]["img"], rows[2]["img"])
+    assert torch.equal(got[0]["aud"], rows[0]["aud"]) and torch.equal(got[0]["img"], rows[0]["img"])
+    # declared keys: their order, a key no row has is an empty column
+    enc, ref = encoded(transfer, rows, FieldSchema("ragged_tensor_dict",
+                                                   metadata={"keys": ["img", "vid", "aud"]}))
+    assert enc["metadata"]["keys"] == ["img", "vid", "aud"]
+    assert list(transfer.get_dataproto(ref)["non_tensor_batch"]["f"])[0].keys() == {"img", "aud"}
+
+
+@pytest.mark.parametrize("rows,keys,exc,match", [
+    ([{"a.b": torch.ones(1)}], None, ValueError, "must not contain"),
+    ([{"a/b": torch.ones(1)}], None, ValueError, "must not contain"),
+    ([{"": torch.ones(1)}], None, ValueError, "must not be empty"),
+    ([{"a": None}], None, TypeError, "explicit None"),
+    ([{"a": torch.ones(1), "b": torch.ones(1)}], ["a"], ValueError, "keys not declared"),
+    (["not a dict"], None, TypeError, "must be dicts"),
+    ([{"a": torch.ones(1)}, {"a": torch.ones(1, dtype=torch.int64)}], None, ValueError,
+     "mixed tensor dtypes"),
+])
+def test_ragged_tensor_dict_refuses_what_it_cannot_store(transfer, rows, keys, exc, match):
+    md = {} if keys is None else {"keys": keys}
+    with pytest.raises(exc, match=match):
+        encoded(transfer, rows, FieldSchema("ragged_tensor_dict", metadata=md))
