@@ -706,9 +706,15 @@ def _np_dtype_of_torch(name):
     return np.dtype(str(name).replace("torch.", "")) if name != "torch.bool" else np.dtype(bool)
 
 
+def _contiguous(a):
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
 def _ragged_arrays(values, dtype):
     """The typed_ragged payload of rows that are arrays, lists or None."""
-    arrays = [np.zeros(0, dtype) if v is None else np.ascontiguousarray(np.asarray(v, dtype=dtype))
+    # np.asarray + a copy only when strided: np.ascontiguousarray would make
+    # a 0-d row (np.asarray(7)) 1-d, and it would read back as [7]
+    arrays = [np.zeros(0, dtype) if v is None else _contiguous(np.asarray(v, dtype=dtype))
               for v in values]
     if any(a.dtype.hasobject for a in arrays):
         raise ValueError("typed_ragged rows must be numeric")

@@ -283,3 +283,20 @@ def test_ragged_tensor_dict_refuses_what_it_cannot_store(transfer, rows, keys, e
     md = {} if keys is None else {"keys": keys}
     with pytest.raises(exc, match=match):
         encoded(transfer, rows, FieldSchema("ragged_tensor_dict", metadata=md))
+
+
+def test_a_0d_array_row_stays_0d(transfer, store):
+    """Rows of arrays keep their rank: a 0-d row (np.asarray(7)) came back
+    as [7], a 1-d row (np.ascontiguousarray makes every array at least 1-d);
+    Mooncake's own test_typed_ragged_packs_ndarray_rows_contiguously failed
+    on it. Its ndims entry is 0 and the column's data is the rows back to back."""
+    rows = [np.asarray(7, dtype=np.int32), np.arange(3, dtype=np.int32), None,
+            np.arange(6, dtype=np.int32).reshape(2, 3)]
+    enc, ref = encoded(transfer, rows, FieldSchema("typed_ragged"))
+    got = list(transfer.get_dataproto(ref)["non_tensor_batch"]["f"])
+    assert got[0].shape == () and got[0] == 7 and got[2] is None
+    assert got[1].tolist() == [0, 1, 2] and got[3].shape == (2, 3)
+    nd = np.frombuffer(member(store, ref, "non_tensor_batch.f.ndims"), np.int16)
+    assert nd.tolist() == [0, 1, 0, 2] and enc["metadata"]["max_ndim"] == 2
+    data = np.frombuffer(member(store, ref, "non_tensor_batch.f.data"), np.int32)
+    assert data.tolist() == [7, 0, 1, 2, 0, 1, 2, 3, 4, 5]
