@@ -350,8 +350,13 @@ open(os.path.join(outdir, "test_" + name), "w").write(
     "import os, subprocess, sys\n"
     "def test_%s():\n"
     "    here = os.path.dirname(os.path.abspath(__file__))\n"
-    "    r = subprocess.run([sys.executable, os.path.join(here, 'anchor_%s')], cwd=here,\n"
-    "                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=%d)\n"
+    "    try:\n"
+    "        r = subprocess.run([sys.executable, os.path.join(here, 'anchor_%s')], cwd=here,\n"
+    "                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=%d)\n"
+    "    except subprocess.TimeoutExpired as e:\n"
+    "        # what it printed before it hung is the reader's only clue\n"
+    "        raise AssertionError('timed out; its output:\\n' +\n"
+    "                             (e.output or b'').decode(errors='replace')[-4000:])\n"
     "    assert r.returncode == 0, r.stdout.decode(errors='replace')[-4000:]\n"
     % (re.sub(r"\W", "_", base), name, int(os.environ.get("PER_FILE_TIMEOUT", "600")) - 20))
 print("ok")
