@@ -12,6 +12,8 @@ libmicrohttpd-dev gnuplot-nox libcurl4-openssl-dev libjson-c-dev libssl-dev etcd
 PKGS="$PKGS clang libclang-rt-14-dev"
 # openssl (the command): the etcd suite's https test makes its certificates.
 PKGS="$PKGS openssl"
+# python3-msgpack: tools/anchor-suites.sh runs Mooncake's own structured_object_store.py, which imports msgpack.
+PKGS="$PKGS python3-msgpack"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

@@ -14,13 +14,18 @@
 # ucm_connector_module_path), CUDA tensors become CPU tensors, and their
 # sizes are scaled down to fit a shared machine.
 #
+# A last section (interop) runs Mooncake's own structured-object reader and
+# writer against the drop-in's over one store, and real Mooncake's tensor
+# objects against the drop-in's (see the section).
+#
 # Usage: tools/anchor-suites.sh [-k] [-o DIR] [FILE-PATTERN...]
 #   -k      keep the scratch directory (logs, junit XML) and print its path
 #   -o DIR  use DIR as the scratch directory
 #   FILE-PATTERN  only run files whose path contains one of the patterns
 # Environment: MOONCAKE_MIRROR, UCM_MIRROR (bare git dirs), BUILD (default
 # build), PORTS (default 24000-24999: the kvmaster's port is taken from
-# it), PER_FILE_TIMEOUT (seconds, default 600), PYTHON (/usr/bin/python3).
+# it), PER_FILE_TIMEOUT (seconds, default 600), PYTHON (/usr/bin/python3),
+# MOONCAKE_BUILD (a Mooncake build directory, for the interop section).
 # Mooncake files that hard-code 127.0.0.1:50051 as their master get a
 # second kvmaster there for their run only (when the port is free).
 set -u
@@ -39,7 +44,7 @@ while getopts "ko:h" opt; do
     case $opt in
         k) KEEP=1 ;;
         o) SCRATCH=$OPTARG ;;
-        *) sed -n '2,28p' "$0"; exit 2 ;;
+        *) sed -n '2,30p' "$0"; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -167,18 +172,23 @@ EOF
 # cluster), in the place of the mooncake_client Mooncake's CI starts
 # before its dummy-client tests; waited for until it serves.
 start_host_daemon() {
-    local i
+    local i log
+    DAEMON_N=$((${DAEMON_N:-0} + 1))
+    log=$SCRATCH/kvnode-$1-$DAEMON_N.log
     "$BUILD/kvnode" --set store.name="$1" --set cluster.enabled=false --set pipeline=dram \
         --set dram.capacity=1GiB --set dram.hugepages=off --set log.level=info \
-        > "$SCRATCH/kvnode-$1.log" 2>&1 &
+        > "$log" 2>&1 &
     LAST_DAEMON=$!
     MASTER_PIDS+=("$LAST_DAEMON")
-    for i in $(seq 200); do
-        grep -q "engine open" "$SCRATCH/kvnode-$1.log" && return 0
+    # up to 30 s: on a loaded machine 10 s was not always enough, and a
+    # daemon given up on kept serving into the next file's run
+    for i in $(seq 600); do
+        grep -q "engine open" "$log" && return 0
         kill -0 "$LAST_DAEMON" 2>/dev/null || break
         sleep 0.05
     done
-    cat "$SCRATCH/kvnode-$1.log" >&2
+    cat "$log" >&2
+    stop_master "$LAST_DAEMON"
     return 1
 }
 
@@ -340,8 +350,13 @@ open(os.path.join(outdir, "test_" + name), "w").write(
     "import os, subprocess, sys\n"
     "def test_%s():\n"
     "    here = os.path.dirname(os.path.abspath(__file__))\n"
-    "    r = subprocess.run([sys.executable, os.path.join(here, 'anchor_%s')], cwd=here,\n"
-    "                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=%d)\n"
+    "    try:\n"
+    "        r = subprocess.run([sys.executable, os.path.join(here, 'anchor_%s')], cwd=here,\n"
+    "                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=%d)\n"
+    "    except subprocess.TimeoutExpired as e:\n"
+    "        # what it printed before it hung is the reader's only clue\n"
+    "        raise AssertionError('timed out; its output:\\n' +\n"
+    "                             (e.output or b'').decode(errors='replace')[-4000:])\n"
     "    assert r.returncode == 0, r.stdout.decode(errors='replace')[-4000:]\n"
     % (re.sub(r"\W", "_", base), name, int(os.environ.get("PER_FILE_TIMEOUT", "600")) - 20))
 print("ok")
@@ -357,6 +372,67 @@ for f in "$E2E"/*.py; do
     esac
     PYTHONPATH=$UC:$PYTHONPATH run_pytest "$rel" "$UC/run" "test_$(basename "$f")"
 done
+
+# ---- interop: Mooncake's own reader and writer against the drop-in's ----
+# Mooncake's structured_object_store.py (pure Python in its wheel), taken
+# from the mirror into the scratch directory, runs over the drop-in's store
+# next to kvengine.mooncake_bundle: each writes, the other reads, and the
+# manifests both write are compared field by field (tools/anchor_interop.py).
+# With a Mooncake build (MOONCAKE_BUILD, holding mooncake-integration's
+# store module and mooncake-store/src/mooncake_master), real Mooncake's
+# tensor objects (put_tensor, put_tensor_with_tp, _serialize_tensor) and
+# the drop-in's are read by the other side too (tools/anchor_tensor_real.py).
+MOONCAKE_BUILD=${MOONCAKE_BUILD:-/work/wt/realmc-build/mc-build}
+IO=$SCRATCH/interop
+if selected interop/test_interop.py; then
+    mkdir -p "$IO"
+    git --git-dir="$MOONCAKE_MIRROR" show HEAD:mooncake-wheel/mooncake/structured_object_store.py \
+        > "$IO/mooncake_real_sos.py" || die "cannot read $MOONCAKE_MIRROR"
+    cp "$ROOT/tools/anchor_interop.py" "$IO/test_interop.py"
+    cp "$ROOT/tools/anchor_tensor_real.py" "$IO/"
+    export MOONCAKE_SOS=$IO/mooncake_real_sos.py
+    unset MOONCAKE_TENSOR_META
+    so=$(ls "$MOONCAKE_BUILD"/mooncake-integration/store.cpython-*.so 2>/dev/null | head -1)
+    mm=$MOONCAKE_BUILD/mooncake-store/src/mooncake_master
+    if [ -n "$so" ] && [ -x "$mm" ]; then
+        used=" $MASTER_PORT "
+        pick() {
+            local q
+            for ((q = lo; q <= hi; q++)); do
+                case $used in *" $q "*) continue ;; esac
+                if port_free $q; then used="$used$q "; echo $q; return 0; fi
+            done
+            return 1
+        }
+        mp=$(pick); used="$used$mp "; hp=$(pick); used="$used$hp "
+        xp=$(pick); used="$used$xp "; cp_=$(pick)
+        mkdir -p "$IO/realmod"
+        ln -sf "$so" "$IO/realmod/"
+        if (cd "$IO" && $PYTHON anchor_tensor_real.py kv kv.pkl) > "$IO/tensor-kv.log" 2>&1; then
+            "$mm" --port="$mp" --rpc_address=127.0.0.1 --enable_http_metadata_server=true \
+                --http_metadata_server_port="$hp" --http_metadata_server_host=127.0.0.1 \
+                --metrics_port="$xp" --metrics_host=127.0.0.1 --enable_metric_reporting=false \
+                > "$IO/mooncake_master.log" 2>&1 &
+            rm_pid=$!
+            MASTER_PIDS+=("$rm_pid")
+            for i in $(seq 100); do ! port_free "$hp" && ! port_free "$mp" && break; sleep 0.05; done
+            if (cd "$IO" && LD_LIBRARY_PATH="$MOONCAKE_BUILD/mooncake-common${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                    PYTHONPATH="$IO/realmod" timeout -k 10 120 $PYTHON anchor_tensor_real.py real real.pkl \
+                    kv.pkl 127.0.0.1:$mp http://127.0.0.1:$hp/metadata 127.0.0.1:$cp_) \
+                    > "$IO/tensor-real.log" 2>&1; then
+                export MOONCAKE_TENSOR_META=$IO/real.pkl
+            else
+                echo "note: real Mooncake's tensor side failed (see $IO/tensor-real.log)" >&2
+            fi
+            stop_master "$rm_pid"
+        else
+            echo "note: the drop-in's tensor side failed (see $IO/tensor-kv.log)" >&2
+        fi
+    else
+        echo "note: no Mooncake build at $MOONCAKE_BUILD: the real-Mooncake tensor checks skip" >&2
+    fi
+    run_pytest interop/test_interop.py "$IO" test_interop.py
+fi
 
 $PYTHON - "$RESULTS" <<'EOF'
 import sys

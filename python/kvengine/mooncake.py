@@ -1945,11 +1945,19 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     # -- what cannot mean anything here ----------------------------------------------
 
-    def mount_segment(self, *a, **kw):
-        raise NotImplementedError("mount_segment: CXL / external segments; kvengine's DRAM "
-                                  "is dram.capacity, given at setup")
+    def _no_segments(name):
+        def call(self, *a, **kw):
+            raise NotImplementedError("%s: CXL / external segments; kvengine's DRAM is "
+                                      "dram.capacity, given at setup" % name)
+        call.__name__ = name
+        return call
 
-    unmount_segment = allocate_and_mount_segment = unmount_and_free_segment = mount_segment
+    # each names itself: a caller's traceback says which call it made
+    mount_segment = _no_segments("mount_segment")
+    unmount_segment = _no_segments("unmount_segment")
+    allocate_and_mount_segment = _no_segments("allocate_and_mount_segment")
+    unmount_and_free_segment = _no_segments("unmount_and_free_segment")
+    del _no_segments
 
     def unmount_local_disk_segment(self, *a, **kw):
         raise NotImplementedError("unmount_local_disk_segment: kvengine's SSD tier is ssd.path, "
@@ -2061,8 +2069,10 @@ def bind_to_numa_node(node):
 ParallelAxis = _tensor.ParallelAxis
 TensorParallelism = _tensor.TensorParallelism
 ReadTarget = _tensor.ReadTarget
-_serialize_tensor = _tensor.serialize_tensor
-_deserialize_tensor = _tensor.deserialize_tensor
+# Mooncake's shapes: a 4-tuple (metadata, data address, size, owner) out,
+# metadata + data in; Mooncake's structured object store unpacks them so.
+_serialize_tensor = _tensor.serialize_tensor_parts
+_deserialize_tensor = _tensor.deserialize_tensor_strict
 
 
 def _tensor_metadata_size():

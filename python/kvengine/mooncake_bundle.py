@@ -73,7 +73,8 @@ STORAGE_GROUP_ID = "storage_group_id"
 _WRAPPED = "__mooncake_wrapped_object__"
 _SECTIONS = ("batch", "non_tensor_batch", "meta_info")
 _CODECS = ("ndarray", "typed_ragged", "ragged_tensor", "bytes_ragged", "utf8_ragged",
-           "json_ragged", "msgpack_ragged", "structured_recursive", "auto")
+           "json_ragged", "msgpack_ragged", "structured_recursive", "ragged_tensor_dict",
+           "auto")
 
 
 # -- public value types ------------------------------------------------------
@@ -705,9 +706,15 @@ def _np_dtype_of_torch(name):
     return np.dtype(str(name).replace("torch.", "")) if name != "torch.bool" else np.dtype(bool)
 
 
+def _contiguous(a):
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
 def _ragged_arrays(values, dtype):
     """The typed_ragged payload of rows that are arrays, lists or None."""
-    arrays = [np.zeros(0, dtype) if v is None else np.ascontiguousarray(np.asarray(v, dtype=dtype))
+    # np.asarray + a copy only when strided: np.ascontiguousarray would make
+    # a 0-d row (np.asarray(7)) 1-d, and it would read back as [7]
+    arrays = [np.zeros(0, dtype) if v is None else _contiguous(np.asarray(v, dtype=dtype))
               for v in values]
     if any(a.dtype.hasobject for a in arrays):
         raise ValueError("typed_ragged rows must be numeric")
@@ -723,10 +730,34 @@ def _ragged_arrays(values, dtype):
     is_nd = [v is not None and isinstance(v, np.ndarray) for v in values]
     fmt = "ndarray" if all(v is None or n for v, n in zip(values, is_nd)) else \
         ("mixed" if any(is_nd) else "list")
+    if fmt == "ndarray":
+        # Rows of arrays, Mooncake's way: a null row has no dims (ndims 0)
+        # and does not count toward max_ndim; when every row is an array of
+        # one rank >= 1 with one trailing shape, a null row's shape is
+        # (0, *that trailing shape). Rows of lists keep an empty 1-d row.
+        nn = [a for v, a in zip(values, arrays) if v is not None]
+        max_ndim = max((a.ndim for a in nn), default=0)
+        tail = nn[0].shape[1:] if nn and nn[0].ndim >= 1 else None
+        if tail is not None and (0 in tail or any(a.shape[1:] != tail or a.ndim != nn[0].ndim
+                                                  for a in nn)):
+            tail = None
+        shapes = np.zeros((len(arrays), max(max_ndim, 1)), np.int64)
+        for r, (v, a) in enumerate(zip(values, arrays)):
+            if v is None:
+                ndims[r] = 0
+                if tail is not None:
+                    shapes[r, 1:max_ndim] = tail
+            else:
+                shapes[r, :a.ndim] = a.shape
     payload = {"data": data.astype(dtype, copy=False), "offsets": offsets, "shapes": shapes,
                "ndims": ndims, "nulls": np.asarray([v is None for v in values], np.bool_)}
     meta = {"dtype": str(np.dtype(dtype)), "max_ndim": int(max_ndim), "shape_policy": "ragged",
             "row_format": fmt, "ndarray_rows": is_nd if fmt == "mixed" else None}
+    if fmt == "ndarray" and values:
+        # Mooncake's name for this data layout (the rows' elements back to
+        # back, row r at offsets[r]); its reader takes its fast path, rows
+        # as views of one array, only when the manifest says so.
+        meta["physical_layout"] = "contiguous_flat"
     return payload, meta
 
 
@@ -734,16 +765,108 @@ def _bytes_rows(parts):
     offsets = np.zeros(len(parts) + 1, np.int64)
     for r, p in enumerate(parts):
         offsets[r + 1] = offsets[r] + (0 if p is None else len(p))
+    # bytes, not a uint8 array: its field spec is then {"encoding": "bytes"},
+    # as Mooncake writes the data of its byte-row codecs
     data = b"".join(bytes(p) for p in parts if p is not None)
-    return {"data": np.frombuffer(data, np.uint8) if data else np.zeros(0, np.uint8),
+    return {"data": data,
             "offsets": offsets,
             "nulls": np.asarray([p is None for p in parts], np.bool_)}
+
+
+# -- ragged_tensor_dict: rows that are dicts of tensors, named by a FieldSchema ----
+# Never inferred. Each key is its own ragged_tensor column (payload members
+# "<key>.data", "<key>.offsets", ... , None where a row is null or lacks the
+# key), plus "null_mask" for rows that are None; the metadata lists the keys
+# (the schema's metadata["keys"] in its order, else the rows' keys sorted)
+# and each key's column metadata, as Mooncake lays it out, so one key can be
+# read without the others.
+
+def _tensor_dict_keys(keys, path):
+    out = []
+    for k in keys:
+        if not isinstance(k, str):
+            raise TypeError("%s: ragged_tensor_dict keys must be str, got %s"
+                            % (path, type(k).__name__))
+        if not k:
+            raise ValueError("%s: ragged_tensor_dict keys must not be empty" % path)
+        if any(c in k for c in "./\\"):
+            raise ValueError("%s: ragged_tensor_dict key %r must not contain '.', '/' or '\\'"
+                             % (path, k))
+        if k in out:
+            raise ValueError("%s: ragged_tensor_dict key %r is named twice" % (path, k))
+        out.append(k)
+    return out
+
+
+def _encode_tensor_dicts(path, vals, schema_meta):
+    declared = schema_meta.get("keys")
+    if declared is not None:
+        if isinstance(declared, (str, bytes)):
+            raise TypeError("%s: FieldSchema metadata['keys'] must be a list of str" % path)
+        declared = _tensor_dict_keys(list(declared), path)
+    seen = set()
+    for r, v in enumerate(vals):
+        if v is None:
+            continue
+        if not isinstance(v, Mapping):
+            raise TypeError("%s: ragged_tensor_dict rows must be dicts or None; row %d is %s"
+                            % (path, r, type(v).__name__))
+        row_keys = _tensor_dict_keys(list(v), path)
+        nulls = [k for k in row_keys if v[k] is None]
+        if nulls:
+            raise TypeError("%s: row %d has explicit None for %s; leave the key out instead"
+                            % (path, r, nulls))
+        if declared is not None:
+            extra = sorted(set(row_keys) - set(declared))
+            if extra:
+                raise ValueError("%s: row %d has keys not declared in FieldSchema "
+                                 "metadata['keys']: %s" % (path, r, extra))
+        seen.update(row_keys)
+    keys = declared if declared is not None else sorted(seen)
+    payload = {"null_mask": np.asarray([v is None for v in vals], np.bool_)}
+    key_codecs = {}
+    for k in keys:
+        col = [None if v is None else v.get(k) for v in vals]
+        try:
+            _, sub, meta = _encode_column("%s.%s" % (path, k), col, "ragged_tensor")
+        except (TypeError, ValueError, AttributeError) as e:
+            raise ValueError("%s: ragged_tensor_dict key %r: %s" % (path, k, e)) from e
+        for n, x in sub.items():
+            payload["%s.%s" % (k, n)] = x
+        key_codecs[k] = meta
+    return "ragged_tensor_dict", payload, {"keys": list(keys), "key_codecs": key_codecs}
+
+
+def _decode_tensor_dicts(path, rows, payload, meta):
+    keys, codecs = meta.get("keys"), meta.get("key_codecs")
+    if not isinstance(keys, list) or not isinstance(codecs, dict):
+        raise ValueError("%s: ragged_tensor_dict metadata needs keys and key_codecs" % path)
+    keys = _tensor_dict_keys(keys, path)
+    if "null_mask" not in payload:
+        raise ValueError("%s: payload 'null_mask' is missing" % path)
+    nm = payload["null_mask"]
+    nm = np.frombuffer(bytes(nm), np.bool_) if isinstance(nm, (bytes, bytearray, memoryview)) \
+        else np.asarray(nm, np.bool_).reshape(-1)
+    if len(nm) != rows:
+        raise ValueError("%s: %d null flags for %d rows" % (path, len(nm), rows))
+    cols = {}
+    for k in keys:
+        pre = k + "."
+        sub = {n[len(pre):]: x for n, x in payload.items() if n.startswith(pre)}
+        cm = codecs.get(k)
+        if not isinstance(cm, dict):
+            raise ValueError("%s: ragged_tensor_dict key %r has no column metadata" % (path, k))
+        cols[k] = _decode_column("%s.%s" % (path, k), "ragged_tensor", rows, sub, cm)
+    return [None if nm[r] else {k: cols[k][r] for k in keys if cols[k][r] is not None}
+            for r in range(rows)]
 
 
 def _encode_column(path, values, codec, schema_meta=None):
     """(codec, payload {name: ndarray}, metadata) for a column of values."""
     schema_meta = schema_meta or {}
     vals = [None if v is _infer.MISSING else v for v in values]
+    if codec == "ragged_tensor_dict":
+        return _encode_tensor_dicts(path, vals, schema_meta)
     if codec == "ndarray":
         present = [v for v in vals if v is not None]
         dtype = np.dtype(schema_meta["dtype"]) if "dtype" in schema_meta else \
@@ -771,7 +894,9 @@ def _encode_column(path, values, codec, schema_meta=None):
             dtype = _np_dtype_of_torch(schema_meta["dtype"])
         else:
             present = [np.asarray(v) for v in rows if v is not None]
-            dtype = np.result_type(*present) if present else np.dtype(np.int64)
+            # no value to go by: Mooncake's defaults (torch.float32 for tensors)
+            dtype = np.result_type(*present) if present else \
+                np.dtype(np.float32 if codec == "ragged_tensor" else np.int64)
         payload, meta = _ragged_arrays(rows, dtype)
         if codec == "ragged_tensor":
             meta["dtype"] = str(tdtype) if tdtype is not None else "torch.%s" % np.dtype(dtype).name
@@ -794,10 +919,39 @@ def _encode_column(path, values, codec, schema_meta=None):
                 except (TypeError, ValueError) as e:
                     raise ValueError("%s: msgpack codec cannot encode row %d: %s" % (path, r, e))
             offsets[r + 1] = len(data)
-        return codec, {"data": np.frombuffer(bytes(data), np.uint8),
+        return codec, {"data": bytes(data),
                        "offsets": offsets,
                        "nulls": np.asarray([v is None for v in vals], np.bool_)}, {}
     raise ValueError("%s: unsupported codec %r" % (path, codec))
+
+
+# What Mooncake's inference writes next to a codec it chose (not one a
+# FieldSchema named): where the schema came from, what the rows were taken
+# to be and why, by codec. Readers on neither side act on them; they are
+# written so that a manifest reads the same whichever side wrote it.
+_INFERRED = {
+    "ndarray": ("all rows are numeric scalar", "numeric scalar"),
+    "bytes_ragged": ("all rows are bytes-like", "bytes-like"),
+    "utf8_ragged": ("all rows are str", "str"),
+    "msgpack_ragged": ("all rows are msgpack-like", "msgpack"),
+    "ragged_tensor": ("all non-null rows are Tensor", "torch.Tensor"),
+    "typed_ragged": ("all rows are numeric sequences", "numeric sequence"),
+    "json_ragged": ("all rows are null or missing", "json"),
+}
+
+
+def _note_inferred(codec, values, meta):
+    """meta (a column's metadata) with the inference's notes for codec."""
+    if codec not in _INFERRED:
+        return meta
+    reason, kind = _INFERRED[codec]
+    present = [v for v in values if v is not None and v is not _infer.MISSING]
+    if codec == "typed_ragged" and present and all(isinstance(v, np.ndarray) for v in present):
+        reason = "all rows are numeric ndarray"
+        meta["recursive_source"] = "ndarray"
+    meta.update({"schema_source": "inferred_from_runtime_values", "decision_reason": reason,
+                 "normalized_type": kind})
+    return meta
 
 
 def _auto_codec(path, values):
@@ -821,6 +975,8 @@ def _decode_column(path, codec, rows, payload, meta):
         for n in names:
             if n not in payload:
                 raise ValueError("%s: payload %r is missing" % (path, n))
+    if codec == "ragged_tensor_dict":
+        return _decode_tensor_dicts(path, rows, payload, meta)
     if codec != "ndarray":
         need("data", "offsets")
         offsets = np.asarray(payload["offsets"], np.int64)
@@ -924,6 +1080,7 @@ def _encode_recursive(path, values):
                 if not isinstance(k, str) or not k or any(c in k for c in "./\\["):
                     raise ValueError("%s: dict keys must be non-empty str and must not contain"
                                      " '.', '/', '\\' or '[' (got %r)" % (p, k))
+            keys.sort()     # Mooncake's order: a dict level's keys sorted
             i = len(nodes)
             node = {"id": i, "path": p, "node_type": "dict", "children": keys}
             nodes.append(node)
@@ -950,6 +1107,7 @@ def _encode_recursive(path, values):
         i = len(leaves)
         plain = [None if v is _infer.MISSING else v for v in vals]
         codec, lp, meta = _encode_column(p, plain, _auto_codec(p, plain))
+        _note_inferred(codec, plain, meta)
         members = {}
         for name, value in lp.items():
             payload["leaf.%d.%s" % (i, name)] = value
@@ -1028,9 +1186,33 @@ class _EncodedField:
         self.codec, self.rows, self.payload, self.metadata = codec, rows, payload, metadata
 
 
+def _needs_recursive(path, vals):
+    """True when rows of containers hold a column that Mooncake keeps out
+    of a flat msgpack blob: tensors, bytes, or numeric ndarrays. Mooncake
+    encodes such rows structured_recursive even when msgpack could pack
+    them (bytes), so the drop-in does too: the same rows, the same layout."""
+    leaves, nodes = [], []
+    try:
+        _infer.infer_structure(path, vals, leaves, nodes)
+    except ValueError:
+        return False
+    if not nodes:
+        return False
+    for lf in leaves:
+        present = [v for v in lf.values if not _is_null(v)]
+        if lf.decision.codec in ("ragged_tensor", "bytes_ragged") and lf.decision.accepted:
+            return True
+        if any(isinstance(v, np.ndarray) and not v.dtype.hasobject for v in present):
+            return True
+    return False
+
+
 def _infer_codec(path, vals):
-    """A column's inferred codec: the flat one that fits, else
-    structured_recursive when its rows can nest (ValueError otherwise)."""
+    """A column's inferred codec: structured_recursive where Mooncake's
+    inference picks it (_needs_recursive), else the flat one that fits,
+    else structured_recursive when its rows can nest (ValueError otherwise)."""
+    if _recursive_fits(vals) and _needs_recursive(path, vals):
+        return "structured_recursive"
     try:
         return _auto_codec(path, vals)
     except ValueError:
@@ -1043,12 +1225,15 @@ def _encode_with_schema(path, values, schema):
     """A column encoded by schema.codec ("auto": inferred)."""
     vals = list(values)
     codec = schema.codec
-    if codec == "auto":
+    inferred = codec == "auto"
+    if inferred:
         codec = _infer_codec(path, vals)
     if codec == "structured_recursive":
         codec, payload, meta = _encode_recursive(path, vals)
     else:
         codec, payload, meta = _encode_column(path, vals, codec, schema.metadata)
+        if inferred:
+            _note_inferred(codec, vals, meta)
     return _EncodedField(codec, len(vals), payload, meta)
 
 
@@ -1662,16 +1847,16 @@ class MooncakeBundleTransfer:
                     raise ValueError("non_tensor_batch field %r is not nullable but has None"
                                      % name)
                 path = "non_tensor_batch." + name
-                if schema is not None and schema.codec != "auto":
-                    codec = schema.codec
-                else:
-                    codec = _infer_codec(path, vals)
+                inferred = schema is None or schema.codec == "auto"
+                codec = _infer_codec(path, vals) if inferred else schema.codec
                 try:
                     if codec == "structured_recursive":
                         codec, payload, cmeta = _encode_recursive(path, vals)
                     else:
                         codec, payload, cmeta = _encode_column(path, vals, codec,
                                                                schema.metadata if schema else None)
+                        if inferred:
+                            _note_inferred(codec, vals, cmeta)
                 except (TypeError, ValueError, AttributeError) as e:
                     raise type(e)("failed to encode non_tensor_batch field %r with codec %r: %s"
                                   % (name, codec, e)) from e
@@ -1750,24 +1935,36 @@ class MooncakeBundleTransfer:
                                     encoded_non_tensor=enc, _storage_group_id=gid)
 
     def dataproto_manifest_view(self, ref):
-        """What the manifests say about a ref: {"namespace", "partition",
-        "batch_size", "stages": {stage: its DataProto stage metadata},
-        "batch_fields" / "non_tensor_fields": {name: {"stage", "member",
-        "spec"}} (spec: the member's field spec, or the codec of an encoded
-        non-tensor field), "meta_info_keys"}."""
+        """What the manifests say about a ref, in Mooncake's shape:
+        {"namespace", "partition", "batch_size", "meta_info_keys",
+        "stages": {stage: {"manifest_key", "dataproto": its stage metadata}},
+        "batch_fields" / "non_tensor_fields": {name: {"section", "stage",
+        "member", "spec"}}}. A plain member's spec is its field spec; an
+        encoded non-tensor field's is {"encoding": "structured_non_tensor",
+        "codec", "metadata", "payload_members", "payload_specs" (the field
+        spec of each payload member)}."""
         ref = _resolve_ref(ref)
         stages, specs = {}, {}
         for st, r in ref.stage_refs.items():
             meta, specs[st] = self._meta(self._manifest(r))
-            stages[st] = {k: v for k, v in meta.items() if k != STRUCTURED_FIELD_SPECS_KEY}
+            stages[st] = {"manifest_key": r.manifest_key, "dataproto": meta.get("dataproto", {})}
         view = {"namespace": ref.namespace, "partition": ref.partition,
-                "batch_size": ref.batch_size, "stages": stages, "batch_fields": {},
-                "non_tensor_fields": {}, "meta_info_keys": list(ref.meta_info)}
+                "batch_size": ref.batch_size, "batch_fields": {}, "non_tensor_fields": {},
+                "meta_info_keys": list(ref.meta_info), "stages": stages}
         for name, loc in ref.field_index.items():
+            fs = specs[loc.stage]
             e = ref.encoded_non_tensor.get(name)
-            spec = dict(e) if e is not None else dict(specs[loc.stage].get(loc.member, {"encoding": "bytes"}))
+            if e is None:
+                spec = dict(fs.get(loc.member, {"encoding": "bytes"}))
+            else:
+                pm = dict(e["payload_members"])
+                spec = {"encoding": "structured_non_tensor", "codec": e["codec"],
+                        "metadata": e.get("metadata"), "payload_members": pm,
+                        "payload_specs": {n: dict(fs.get(m, {"encoding": "bytes"}))
+                                          for n, m in pm.items()}}
             sec = "batch_fields" if loc.section == "batch" else "non_tensor_fields"
-            view[sec][name] = {"stage": loc.stage, "member": loc.member, "spec": spec}
+            view[sec][name] = {"section": loc.section, "stage": loc.stage,
+                               "member": loc.member, "spec": spec}
         return view
 
     def get(self, ref, *, type="dataproto", fields=None, batch_fields=None,

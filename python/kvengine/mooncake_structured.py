@@ -91,8 +91,8 @@ class LeafSpec:
 
 
 class NodeSpec:
-    """A container level: node_type "dict" (children: its keys, in first
-    seen order) or "list" (lengths: items per row, 0 for a null row);
+    """A container level: node_type "dict" (children: its keys, sorted,
+    as Mooncake's inference orders them) or "list" (lengths: items per row, 0 for a null row);
     row_mask says which rows hold a container (None when all do)."""
 
     __slots__ = ("path", "node_type", "children", "lengths", "row_mask")
@@ -191,6 +191,8 @@ def infer_structure(path, values, leaves, nodes, depth=0):
                 if k not in seen:
                     seen.add(k)
                     keys.append(k)
+        if all(isinstance(k, str) for k in keys):
+            keys.sort()     # Mooncake's order; keys of other types keep first-seen order
         mask = [isinstance(v, dict) for v in vals]
         node = NodeSpec(path, "dict", children=list(keys),
                         row_mask=None if all(mask) else mask)

@@ -849,9 +849,32 @@ def serialize_tensor(tensor):
 
 
 def deserialize_tensor(data):
-    """A tensor from tensor-object bytes (Mooncake's _deserialize_tensor), or None."""
+    """A tensor from tensor-object bytes, or None."""
     meta = parse(data)
     return None if meta is None else to_tensor(_torch(), bytearray(data), meta)
+
+
+def serialize_tensor_parts(tensor):
+    """Mooncake's _serialize_tensor: (the 304-byte metadata block, the
+    address of the tensor's bytes, their length, the tensor that owns them).
+    The bytes are not copied: Mooncake's structured object store gathers
+    metadata and data into one object itself, so the owner (the tensor, or
+    its contiguous copy) must stay referenced until they are written.
+    ValueError for a tensor that cannot be stored, as Mooncake raises."""
+    meta, t = tensor_meta(tensor)
+    return meta, (t.data_ptr() if t.numel() else 0), t.numel() * t.element_size(), t
+
+
+def deserialize_tensor_strict(data):
+    """Mooncake's _deserialize_tensor: a tensor (over its own copy of the
+    bytes) from metadata + data; ValueError, as Mooncake raises, for bytes
+    that are not a whole, valid tensor object."""
+    mem = bytearray(data)
+    meta = parse(mem)
+    t = None if meta is None else to_tensor(_torch(), mem, meta)
+    if t is None:
+        raise ValueError("invalid serialized Mooncake tensor payload")
+    return t
 
 
 # -- safetensors files ---------------------------------------------------------

@@ -26,9 +26,10 @@ Key design choices:
 import ctypes
 import os
 import threading
+import time
 
 from . import _lib
-from .engine import Engine, KvError, make_config
+from .engine import EBUSY as _EBUSY, Engine, KvError, make_config
 
 try:   # UCM's stores return numpy arrays from lookup; numpy is optional here
     import numpy as _np
@@ -311,10 +312,24 @@ class KvEngineStore(UcmKVStoreBaseV1):
         if extra is not None and not isinstance(extra, dict):
             raise UcmError("kvengine_settings is a dict of dotted keys")
         settings.update(extra or {})
-        try:
-            self.engine = Engine(config.get("kvengine_config"), settings)
-        except (TypeError, ValueError) as exc:
-            raise UcmError(str(exc)) from None
+        # UCM starts its workers together over one store (unique_id or the
+        # backend directory names it): while one of them is still building
+        # the store (faulting in a GiB of DRAM takes seconds on a loaded
+        # host), kv_open waits io.timeout_ms (5 s by default) for it to
+        # answer and then says EBUSY. A worker keeps asking, up to a
+        # minute, as long as that is the answer, as Mooncake's dummy
+        # clients do (kvengine.mooncake's setup_dummy).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.engine = Engine(config.get("kvengine_config"), settings)
+                break
+            except (TypeError, ValueError) as exc:
+                raise UcmError(str(exc)) from None
+            except KvError as exc:
+                if exc.code != _EBUSY or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     # -- UCM V1 interface ----------------------------------------------------
 

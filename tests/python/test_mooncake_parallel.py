@@ -11,6 +11,12 @@ import pytest
 import kvengine.mooncake as mc
 import kvengine.mooncake_tensor as mt
 
+
+def _blob(t):
+    """A tensor object's bytes (metadata block + data), as put_tensor stores it."""
+    meta, ptr, size, _owner = mc._serialize_tensor(t)
+    return meta + ctypes.string_at(ptr, size)
+
 torch = pytest.importorskip("torch")
 
 BAD = -600
@@ -125,7 +131,7 @@ def test_bad_identities_are_refused(store):
 
 def test_several_axes_from_and_into(store):
     full = torch.arange(32, dtype=torch.float32).reshape(4, 8)
-    blob = mc._serialize_tensor(full)
+    blob = _blob(full)
     src = (ctypes.c_ubyte * len(blob)).from_buffer_copy(blob)
     sp = ctypes.addressof(src)
     assert store.register_buffer(sp, len(blob)) == 0
@@ -149,7 +155,7 @@ def test_batch_put_tensor_with_tp_from_then_batch_get_with_tp_into(store):
     """Mooncake's test_tensor_api pattern; before: AttributeError (no
     batch_put_tensor_with_tp_from)."""
     tensors = [torch.randn(8, 6) for _ in range(3)]
-    blobs = [mc._serialize_tensor(t) for t in tensors]
+    blobs = [_blob(t) for t in tensors]
     srcs = [(ctypes.c_ubyte * len(b)).from_buffer_copy(b) for b in blobs]
     ptrs = [ctypes.addressof(s) for s in srcs]
     for p, b in zip(ptrs, blobs):

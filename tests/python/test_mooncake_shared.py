@@ -16,6 +16,12 @@ import pytest
 
 import kvengine.mooncake as mc
 
+
+def _blob(t):
+    """A tensor object's bytes (metadata block + data), as put_tensor stores it."""
+    meta, ptr, size, _owner = mc._serialize_tensor(t)
+    return meta + ctypes.string_at(ptr, size)
+
 torch = pytest.importorskip("torch")
 
 BAD = -600
@@ -297,7 +303,7 @@ def test_with_parallelism_several_axes(store):
 
 def test_with_parallelism_from_and_into(store):
     t = torch.arange(16, dtype=torch.float64).view(4, 4)
-    blob = mc._serialize_tensor(t)
+    blob = _blob(t)
     src = (ctypes.c_ubyte * len(blob)).from_buffer_copy(blob)
     sp = ctypes.addressof(src)
     assert store.register_buffer(sp, len(blob)) == 0
@@ -379,7 +385,7 @@ def test_with_parallelism_from_takes_a_writer_partition(store):
     """Mooncake's test_upsert_api passes writer_partition(s) to the _from
     forms: TypeError before."""
     full = torch.arange(8, dtype=torch.float32).view(4, 2)
-    blob = mc._serialize_tensor(full)
+    blob = _blob(full)
     src = (ctypes.c_ubyte * len(blob)).from_buffer_copy(blob)
     sp = ctypes.addressof(src)
     assert store.register_buffer(sp, len(blob)) == 0

@@ -135,3 +135,42 @@ def test_pipelines_kvengine_is_not_are_refused_by_name(tmp_path, name, why):
 def test_posix_without_a_directory_is_refused():
     with pytest.raises(RuntimeError, match="needs storage_backends"):
         KvEngineStore(_cfg(device_id=0, store_pipeline="Posix"))
+
+
+def test_a_worker_waits_for_a_peer_still_building_the_store(tmp_path):
+    # UCM's cache_on_empty_mp script starts two workers over one unique_id;
+    # while the first was still faulting in its GiB (seconds on a loaded
+    # host), the second's kv_open waited io.timeout_ms for it to answer and
+    # failed with KV_EBUSY, and the first then waited at the script's
+    # barrier for ever. Here the peer is this test holding the store's lock
+    # (the server holds it while it builds the store) past the open's
+    # timeout, then going away: the worker becomes the store's server.
+    import fcntl
+    import threading
+    uid = "ucm-wait-" + tmp_path.name[-12:]
+    os.chmod(tmp_path, 0o700)
+    fd = os.open(str(tmp_path / (uid + ".lock")), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    cfg = _cfg(store_pipeline="Cache|Empty", unique_id=uid, timeout_ms=200,
+               cache_buffer_capacity_gb=1)
+    cfg["kvengine_settings"]["store.dir"] = str(tmp_path)
+    got = {}
+
+    def open_it():
+        try:
+            got["store"] = KvEngineStore(cfg)
+        except Exception as exc:       # noqa: BLE001 - reported below
+            got["error"] = exc
+    t = threading.Thread(target=open_it)
+    t.start()
+    t.join(1.0)                        # several of the open's 200 ms timeouts
+    assert t.is_alive(), "gave up while a peer held the store: %r" % got.get("error")
+    os.unlink(str(tmp_path / (uid + ".lock")))
+    os.close(fd)                       # the peer is gone
+    t.join(60)
+    assert "error" not in got, got.get("error")
+    s = got["store"]
+    try:
+        _round_trip(s, s, 4)
+    finally:
+        s.close()

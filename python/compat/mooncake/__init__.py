@@ -3,7 +3,8 @@
 Provided so that code written for Mooncake Store runs unchanged with
 python/compat on PYTHONPATH: mooncake.store (kvengine.mooncake under
 Mooncake's name), mooncake.buffer_pool, mooncake.mooncake_config, and
-mooncake.engine (whose TransferEngine says why it cannot work here), and
+mooncake.engine (whose TransferEngine says why it cannot work here),
+mooncake.dataproto_catalog (logical rows to stored DataProto rows), and
 mooncake.mooncake_ep_buffer, mooncake.pg, mooncake.http_metadata_server
 and mooncake.spdk_tgt_create, which raise NotImplementedError naming why
 (GPU expert-parallel buffers, collectives and metadata of Mooncake's
