@@ -600,6 +600,17 @@ static bool can_collapse_shmem(void)
     return ok;
 }
 
+/* ShmemPmdMapped once it reaches want bytes, or after 45 s (then less):
+ * the background collapse (engine/segment.c) takes its time on a busy
+ * host, and no figure of it is asserted. */
+static uint64_t wait_pmd(uint64_t want)
+{
+    uint64_t until = tu_now_ms() + 45000, got;
+    while ((got = smaps_bytes("ShmemPmdMapped")) < want && tu_now_ms() < until)
+        usleep(20000);
+    return got;
+}
+
 static int huge_child(void *arg, int k)
 {
     struct world *w = arg;
@@ -658,11 +669,50 @@ START_TEST(a_shared_segment_gets_huge_pages_without_shmem_thp)
                   "store: {name: hugepg, dir: \"%s/rv\"}\n");
     pid_t p = child(huge_child, &w, huge);
     kv_engine *e = tu_open_yaml(w.yaml);
-    if (huge)
-        ck_assert_uint_ge(smaps_bytes("ShmemPmdMapped"), 254u << 20);
+    if (huge)   /* collapsed after the open, on the segment's own thread */
+        ck_assert_uint_ge(wait_pmd(254u << 20), 254u << 20);
     send_bytes(w.go[1], 1);
     int rc = reap(p);
     ck_assert_msg(rc == 0, "child exited %d", rc);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
+/* The segment is collapsed into 2 MiB pages after kv_open returns, not
+ * inside it (a loaded host waited seconds for it), and the store serves
+ * meanwhile: blocks dumped while the collapse runs read back whole once it
+ * is over, and ShmemPmdMapped then covers the segment. When open returns
+ * at most its first 2 MiB are huge: a collapse of the whole segment inside
+ * the open, as before, had all 512 MiB mapped huge by then (this test
+ * failed so). What it cannot do is finish 510 MiB of 2 MiB allocations
+ * and copies between the open's return and the next system call. */
+START_TEST(a_shared_segment_is_collapsed_after_open)
+{
+    if (!can_collapse_shmem()) {
+        fprintf(stderr, "note: this kernel cannot collapse shmem: not checked\n");
+        return;
+    }
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 512MiB, hugepages: auto}\n"
+                  "store: {name: collapse, dir: \"%s/rv\"}\n");
+    kv_engine *e = tu_open_yaml(w.yaml);
+    uint64_t at_open = smaps_bytes("ShmemPmdMapped");
+    ck_assert_msg(at_open < (256u << 20), "%llu bytes mapped huge when kv_open returned",
+                  (unsigned long long)at_open);
+    enum { N = 64, LEN = 1 << 20 };
+    uint8_t *b = malloc(LEN);
+    for (uint64_t n = 0; n < N; n++) {
+        tu_fill(b, LEN, n);
+        ck_assert_int_eq(tu_dump1(e, tu_id(n, 16), 0, b, LEN), KV_OK);
+    }
+    ck_assert_uint_ge(wait_pmd(510u << 20), 510u << 20);
+    for (uint64_t n = 0; n < N; n++) {
+        ck_assert_int_eq(tu_load1(e, tu_id(n, 16), 0, b, LEN), KV_OK);
+        ck_assert(tu_check_fill(b, LEN, n));
+    }
+    free(b);
     kv_close(e);
     world_free(&w);
 }
@@ -1884,6 +1934,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, an_unsafe_store_dir_is_refused);
     tcase_add_test(tc, the_dram_budget_is_counted_once);
     tcase_add_test(tc, a_shared_segment_gets_huge_pages_without_shmem_thp);
+    tcase_add_test(tc, a_shared_segment_is_collapsed_after_open);
     tcase_add_test(tc, pins_end_without_a_message_of_their_own);
     tcase_add_test(tc, a_peer_of_another_version_is_refused);
     tcase_add_test(tc, attached_bench_compares_kv_buffer_dumps);
