@@ -1001,10 +1001,22 @@ START_TEST(a_pin_ends_only_once_its_copy_is_marked_done)
 }
 END_TEST
 
+/* Whether object v has member key. */
+static bool jhas(const struct jv *v, const char *key)
+{
+    for (size_t i = 0; v->t == J_OBJ && i < v->n; i++)
+        if (strcmp(v->keys[i], key) == 0)
+            return true;
+    return false;
+}
+
 /* kvctl bench attached, with --compare dram: a last phase, write_kvbuf,
  * dumps new objects from kv_buffer_alloc memory, and the comparison with
  * the in-process run gives write_kvbuf over its write, printed and in the
- * JSON; the in-process run has no such phase. (Before: no such figure.) */
+ * JSON; the in-process run has no such phase. (Before: no such figure.)
+ * Each attached phase also has the serving process's CPU time (this one
+ * serves: it copied every dump in), printed as "server cpu"; the
+ * in-process run's phases have none. (Before: no server figure at all.) */
 START_TEST(attached_bench_compares_kv_buffer_dumps)
 {
     struct world w;
@@ -1032,6 +1044,13 @@ START_TEST(attached_bench_compares_kv_buffer_dumps)
     ck_assert_uint_eq(jget(cmp->items[0], "phases", J_ARR)->n, 3);   /* in process: none */
     const struct jv *ratio = jget(jget(cmp->items[0], "ratios", J_OBJ), "write_kvbuf/write", J_OBJ);
     ck_assert(jnum_of(ratio, "mib_s") > 0);
+    CK_HAS(r.out, "server cpu");
+    for (size_t i = 0; i < ph->n; i++)
+        ck_assert_msg(jnum_of(ph->items[i], "server_cpu_s") > 0, "phase %zu: server_cpu_s %g", i,
+                      jnum_of(ph->items[i], "server_cpu_s"));
+    const struct jv *cph = jget(cmp->items[0], "phases", J_ARR);
+    for (size_t i = 0; i < cph->n; i++)
+        ck_assert(!jhas(cph->items[i], "server_cpu_s"));
     /* the 16 new objects are in the store, beside the 16 of the other phases */
     ck_assert_uint_eq(stats(e).dram_blocks, 32);
     jfree(v);
