@@ -214,7 +214,6 @@ static void *collapse_main(void *arg)
         if (r != 0 && errno != EAGAIN)
             break;
     }
-    atomic_store(&s->collapse_done, true);
     return NULL;
 }
 
@@ -224,10 +223,7 @@ static void collapse_start(struct kv__segment *s)
 {
     atomic_store(&s->collapse_stop, false);
     s->owner = getpid();
-    if (pthread_create(&s->collapse_th, NULL, collapse_main, s) == 0)
-        s->collapsing = true;
-    else
-        atomic_store(&s->collapse_done, true);
+    s->collapsing = pthread_create(&s->collapse_th, NULL, collapse_main, s) == 0;
 }
 
 /* Whether shmem may get transparent huge pages here at all: the madvise
@@ -321,8 +317,6 @@ int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err,
     s->fault_ns = kv__now_ns() - t0;
     if (later)
         collapse_start(s);
-    else
-        atomic_store(&s->collapse_done, true);
     return KV_OK;
 }
 

@@ -26,7 +26,6 @@ struct kv__segment {
     bool collapsing;       /* collapse_th was started (and is joined by its owner) */
     pid_t owner;           /* the process that started it: a forked child has no such thread */
     _Atomic bool collapse_stop;
-    _Atomic bool collapse_done;
 };
 
 /* ORed into kv__segment_map's hugepages: back the segment with a sealable
@@ -41,8 +40,9 @@ struct kv__segment {
  * maps nothing and succeeds. KV_ENOMEM with a message on failure. A memfd
  * segment on a host whose shmem_enabled gives no huge pages returns with
  * 4 KiB pages (bar its first 2 MiB) and a thread that collapses the rest
- * into 2 MiB pages while the store serves (collapse_done once it is over);
- * s must then stay where it is until kv__segment_unmap. */
+ * into 2 MiB pages while the store serves (ShmemPmdMapped in
+ * /proc/self/smaps_rollup shows how far it got); s must then stay where it
+ * is until kv__segment_unmap. */
 int  kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err, size_t errlen);
 void kv__segment_unmap(struct kv__segment *s);
 
