@@ -14,12 +14,14 @@
  * can be passed to attached processes over a Unix socket: huge pages from
  * MFD_HUGETLB when reserved ones exist, else shmem pages (transparent huge
  * ones where shmem_enabled allows MADV_HUGEPAGE, or made huge by
- * MADV_COLLAPSE where it does not: collapse()). It is sealed once mapped
- * (kv__segment_seal), so that a descriptor for it can only ever give a
- * read-only mapping of a fixed size.
+ * MADV_COLLAPSE where it does not: collapse(), on a thread of its own after
+ * the open, collapse_main()). It is sealed once mapped (kv__segment_seal),
+ * so that a descriptor for it can only ever give a read-only mapping of a
+ * fixed size.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -30,6 +32,10 @@
 
 static bool shmem_thp(void);
 static bool collapse(uint8_t *p, size_t len);
+
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25   /* Linux 6.1; an older kernel says EINVAL */
+#endif
 
 #define HUGE_SZ (2u << 20)
 
@@ -90,9 +96,11 @@ static int map_plain(struct kv__segment *s, size_t len, bool thp)
 }
 
 /* A memfd of len bytes mapped shared and writable: hugetlb first (when
- * allowed), then shmem. */
-static int map_memfd(struct kv__segment *s, size_t len, int hugepages)
+ * allowed), then shmem. *later: the rest of it is to be collapsed into
+ * 2 MiB pages after the open (collapse_main). */
+static int map_memfd(struct kv__segment *s, size_t len, int hugepages, bool *later)
 {
+    *later = false;
 #ifdef MFD_HUGETLB
     if (hugepages != KV_HUGE_OFF) {
         size_t rounded = (len + HUGE_SZ - 1) & ~(size_t)(HUGE_SZ - 1);
@@ -140,9 +148,12 @@ static int map_memfd(struct kv__segment *s, size_t len, int hugepages)
     s->base = p;
     s->fd = fd;
     s->pages = "shmem";
-    if (hugepages != KV_HUGE_OFF && madvise(p, len, MADV_HUGEPAGE) == 0 &&
-        (shmem_thp() || collapse(p, len)))
-        s->pages = "shmem-thp";
+    if (hugepages != KV_HUGE_OFF && madvise(p, len, MADV_HUGEPAGE) == 0) {
+        if (shmem_thp())
+            s->pages = "shmem-thp";
+        else if (collapse(p, len))
+            s->pages = "shmem-thp", *later = len >= 2 * (size_t)HUGE_SZ;
+    }
     return 0;
 }
 
@@ -154,26 +165,65 @@ static int map_memfd(struct kv__segment *s, size_t len, int hugepages)
  * process's one-pass load spent about a quarter of its time there
  * (doc/perf.md). MADV_COLLAPSE (Linux 6.1) builds 2 MiB pages of a range
  * on request whatever shmem_enabled says, short of "deny" (the operator's
- * off switch, which it obeys); it needs a page present in each 2 MiB, so
- * one byte is written per 2 MiB first (the memory is fresh: zeros either
- * way). Then the file's pages are huge, and every mapping of it made 2 MiB
- * aligned (the attached clients', net/shm.c) maps a whole 2 MiB per
- * fault. It is also quicker than faulting 4 KiB pages in (about 0.2 s per
- * GiB here against 2). Where it fails (an older kernel, "deny", no free
- * huge pages) the segment keeps 4 KiB pages, as before; the prefault that
- * follows fills in whatever is left.
+ * off switch, which it obeys). Then the file's pages are huge, and every
+ * mapping of it made 2 MiB aligned (the attached clients', net/shm.c) maps
+ * a whole 2 MiB per fault. Where it fails (an older kernel, "deny", no free
+ * huge pages) the segment keeps 4 KiB pages, as before.
+ *
+ * Only the first 2 MiB are collapsed here, inside the open: it says whether
+ * the kernel will do it at all (the open log, and dram.hugepages: on, must
+ * not claim huge pages the segment will not get). It needs a page present,
+ * so one byte is written first (fresh memory: zeros either way). The rest
+ * is collapsed by collapse_main after the open has faulted it in with
+ * 4 KiB pages: a whole segment collapsed inside the open made a loaded host
+ * wait for it (1 GiB at load average 14: 7.1 s, against 4.2-5.9 s for the
+ * 4 KiB fill; the 2 MiB allocations compete with everyone's memory), and
+ * the store serves just as well from 4 KiB pages meanwhile.
  */
 static bool collapse(uint8_t *p, size_t len)
 {
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25   /* Linux 6.1; an older kernel says EINVAL */
-#endif
-    size_t whole = len & ~(size_t)(HUGE_SZ - 1);
-    if (whole == 0)
+    if (len < HUGE_SZ)
         return false;
-    for (size_t off = 0; off < whole; off += HUGE_SZ)
-        ((volatile uint8_t *)p)[off] = 0;
-    return madvise(p, whole, MADV_COLLAPSE) == 0;
+    ((volatile uint8_t *)p)[0] = 0;
+    return madvise(p, HUGE_SZ, MADV_COLLAPSE) == 0;
+}
+
+/*
+ * The background collapse: one 2 MiB extent per call, so that each holds
+ * the kernel's locks on the file for one extent only (a reader or writer
+ * that faults on it waits for that long, on the extent's folio lock; the
+ * kernel unmaps the small pages before it copies them, so nobody sees a
+ * half-copied extent), and kv__segment_unmap's stop is seen within one
+ * extent. The extents are in use meanwhile: dumps land in them, attached
+ * clients copy out of them; the collapse copies what they hold. An extent
+ * that is busy (EAGAIN) is tried again twice, then left with 4 KiB pages;
+ * any other failure (no free huge page, "deny" set meanwhile) ends the
+ * thread: the rest keeps 4 KiB pages, which serve as well, only slower.
+ * It runs at the default priority: a background thread at a lower one
+ * would, on a host that is always busy, never finish.
+ */
+static void *collapse_main(void *arg)
+{
+    struct kv__segment *s = arg;
+    size_t whole = s->len & ~(size_t)(HUGE_SZ - 1);
+    for (size_t off = HUGE_SZ; off < whole && !atomic_load(&s->collapse_stop); off += HUGE_SZ) {
+        int r = -1;
+        for (int tries = 0; r != 0 && tries < 3; tries++)
+            if ((r = madvise(s->base + off, HUGE_SZ, MADV_COLLAPSE)) != 0 && errno != EAGAIN)
+                break;
+        if (r != 0 && errno != EAGAIN)
+            break;
+    }
+    return NULL;
+}
+
+/* Starts collapse_main; where no thread can be had the segment keeps its
+ * 4 KiB pages (slower copies, nothing else). */
+static void collapse_start(struct kv__segment *s)
+{
+    atomic_store(&s->collapse_stop, false);
+    s->owner = getpid();
+    s->collapsing = pthread_create(&s->collapse_th, NULL, collapse_main, s) == 0;
 }
 
 /* Whether shmem may get transparent huge pages here at all: the madvise
@@ -236,9 +286,9 @@ int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err,
         return KV_ENOMEM;
     }
     uint64_t t0 = kv__now_ns();
-    bool done = false;
+    bool done = false, later = false;
     if (memfd) {
-        if (map_memfd(s, len, hugepages) != 0) {
+        if (map_memfd(s, len, hugepages, &later) != 0) {
             int e = errno;
             kv__errf(err, errlen, "dram.capacity: cannot map a %zu-byte memfd: %s", len, strerror(e));
             return KV_ENOMEM;
@@ -265,11 +315,20 @@ int kv__segment_map(struct kv__segment *s, size_t len, int hugepages, char *err,
         return KV_ENOMEM;
     }
     s->fault_ns = kv__now_ns() - t0;
+    if (later)
+        collapse_start(s);
     return KV_OK;
 }
 
 void kv__segment_unmap(struct kv__segment *s)
 {
+    /* The collapse first: it works on the mapping. A forked child has a
+     * copy of the flag but no thread to join. */
+    if (s->collapsing && s->owner == getpid()) {
+        atomic_store(&s->collapse_stop, true);
+        pthread_join(s->collapse_th, NULL);
+    }
+    s->collapsing = false;
     if (s->map_base)
         munmap(s->map_base, s->map_len);
     if (s->fd >= 0)

@@ -61,6 +61,11 @@ struct kvctl_backend {
     /* Optional (NULL: none): len bytes of the backend's own shared memory
      * (kv_buffer_alloc), freed by close; NULL when it has none to give. */
     void *(*buffer)(void *st, size_t len);
+    /* Optional (NULL: none): the CPU seconds used so far by the process
+     * that serves the host store this backend is attached to, < 0 when it
+     * is not attached or that cannot be read. With the client's own CPU it
+     * is what a phase cost the host, whoever the scheduler ran when. */
+    double (*server_cpu_s)(void *st);
 };
 
 extern const struct kvctl_backend kvctl_backend_kvengine;
@@ -130,6 +135,10 @@ struct kvctl_phase {
     double seconds;
     double cpu_s;               /* CPU time of this whole process in the phase
                                    (the client's side: job and engine threads) */
+    bool has_server_cpu;        /* attached to a host store: server_cpu_s is known */
+    double server_cpu_s;        /* CPU time of the process serving that store in
+                                   the phase (all its threads: its other clients'
+                                   work and its background collapse too) */
     double p50_us, p95_us, p99_us;
 };
 double kvctl_phase_mib_s(const struct kvctl_phase *p);

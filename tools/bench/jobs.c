@@ -629,18 +629,25 @@ void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void 
         for (size_t k = 0; jb->wbuf && k < js->slots; k++)
             memcpy(jb->wbuf + k * js->w.value_size, jb->payload, js->w.value_size);
     }
+    double srv0 = be->server_cpu_s ? be->server_cpu_s(st) : -1;
     double cpu0 = cpu_now();
     run_phase(js, be, st, kind, seconds, names[kind]);
     double secs = phase_seconds(js), cpu = cpu_now() - cpu0;
+    double srv1 = srv0 >= 0 ? be->server_cpu_s(st) : -1;
+    bool has_srv = srv0 >= 0 && srv1 >= srv0;
+    double srv = has_srv ? srv1 - srv0 : 0;
     if (kind == KVCTL_PH_MIXED) {
-        out[0] = (struct kvctl_phase){ .name = "mixed_read", .seconds = secs, .cpu_s = cpu };
-        out[1] = (struct kvctl_phase){ .name = "mixed_write", .seconds = secs, .cpu_s = cpu };
+        out[0] = (struct kvctl_phase){ .name = "mixed_read", .seconds = secs, .cpu_s = cpu,
+                                       .has_server_cpu = has_srv, .server_cpu_s = srv };
+        out[1] = (struct kvctl_phase){ .name = "mixed_write", .seconds = secs, .cpu_s = cpu,
+                                       .has_server_cpu = has_srv, .server_cpu_s = srv };
         gather(js, 0, &out[0]);
         gather(js, 1, &out[1]);
         return;
     }
     out[0] = (struct kvctl_phase){ .seconds = secs, .cpu_s = cpu,
-                                   .lookup = kind == KVCTL_PH_LOOKUP };
+                                   .lookup = kind == KVCTL_PH_LOOKUP,
+                                   .has_server_cpu = has_srv, .server_cpu_s = srv };
     snprintf(out[0].name, sizeof out[0].name, "%s", names[kind]);
     gather(js, 0, &out[0]);
 }

@@ -208,8 +208,12 @@ static void print_compare(FILE *f, const struct kvctl_report *r, const struct kv
  * each: the figures an issue asks for, in one place. */
 static void print_side_by_side(FILE *f, const struct kvctl_report *r)
 {
-    fprintf(f, "\n%-11s %-10s %12s %9s %9s %7s %12s\n", "phase", "backend", "MiB/s", "p50 us",
-            "p99 us", r->tcp_mib_s > 0 ? "tcp" : "", "client cpu");
+    bool srv = false;   /* an attached run: its server's CPU gets a column */
+    for (int k = 0; k < r->nruns; k++)
+        for (int i = 0; i < r->runs[k].nphases; i++)
+            srv |= r->runs[k].phases[i].has_server_cpu;
+    fprintf(f, "\n%-11s %-10s %12s %9s %9s %7s %12s%s\n", "phase", "backend", "MiB/s", "p50 us",
+            "p99 us", r->tcp_mib_s > 0 ? "tcp" : "", "client cpu", srv ? "   server cpu" : "");
     const struct kvctl_run *a = &r->runs[0];
     for (int i = 0; i < a->nphases; i++) {
         for (int k = 0; k < r->nruns; k++) {
@@ -234,8 +238,17 @@ static void print_side_by_side(FILE *f, const struct kvctl_report *r)
             char cpu[32] = "-";
             if (!run->trace.on)
                 snprintf(cpu, sizeof cpu, "%7.2f s/%s", per, p->lookup ? "M" : "G");
-            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s %12s\n", k ? "" : p->name,
-                    run->backend, rate, p->p50_us, p->p99_us, tcp, cpu);
+            /* The serving process's CPU per GiB (per M ids), beside it:
+             * client + server is the attached path's whole cost. */
+            char scpu[32] = "";
+            if (srv && p->has_server_cpu) {
+                double sper = p->lookup ? (p->ops ? p->server_cpu_s / ((double)p->ops / 1e6) : 0)
+                                        : (p->bytes ? p->server_cpu_s / ((double)p->bytes / (MIB * 1024))
+                                                    : 0);
+                snprintf(scpu, sizeof scpu, "   %7.2f s/%s", sper, p->lookup ? "M" : "G");
+            }
+            fprintf(f, "%-11s %-10s %12s %9.1f %9.1f %7s %12s%s\n", k ? "" : p->name,
+                    run->backend, rate, p->p50_us, p->p99_us, tcp, cpu, scpu);
         }
     }
 }
@@ -345,6 +358,8 @@ static void json_phases(FILE *f, const struct kvctl_run *run)
         jnum(f, p->seconds);
         jfield(f, "mib_s", kvctl_phase_mib_s(p));
         jfield(f, "client_cpu_s", p->cpu_s);
+        if (p->has_server_cpu)   /* attached: the serving process's */
+            jfield(f, "server_cpu_s", p->server_cpu_s);
         jfield(f, "kvs_s", kvctl_phase_kvs_s(p));
         fputs(",\"lat_us\":{\"p50\":", f);
         jnum(f, p->p50_us);
