@@ -17,6 +17,9 @@
 
 int main(void)
 {
+    const char *child = getenv("KV_TEST_MODES_CHILD");
+    if (child && tu_ssd_modes_child)
+        return tu_ssd_modes_child(child);
     SRunner *sr = srunner_create(NULL);
     int added = 0;
 #define ADD(name)                                                             \

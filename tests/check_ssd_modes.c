@@ -273,53 +273,109 @@ END_TEST
  * 'member' (in the group), and opening the store says only its owner may;
  * when not a member, 0 when nothing opens at all. Exits with the number of
  * the first check that failed. */
-static int as_other_user(const kv_config *c, gid_t gid, bool member)
+/* What as_other_user's process checks, as that user: 0 when it may read
+ * and not write (member) or not even list the store (outsider), else the
+ * code of the first thing that went otherwise. */
+static int other_user_checks(const kv_config *c, bool member)
 {
     const char *path = c->ssd.path;
+    char cmd[1200];
+    /* Both levels: ssd.path's files and those in vlog/. */
+    const char *subs[] = { "", "/vlog" };
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%.1000s%s", path, subs[k]);
+        DIR *d = opendir(cmd);
+        if (!d)
+            return member ? 91 : 0;
+        if (!member) {
+            closedir(d);
+            return 92;   /* an outsider listed the store */
+        }
+        struct dirent *de;
+        int files = 0;
+        while ((de = readdir(d))) {
+            char p[1400];
+            snprintf(p, sizeof p, "%.1000s/%.250s", cmd, de->d_name);
+            struct stat st;
+            if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode))
+                continue;
+            files++;
+            int fd = open(p, O_RDONLY | O_CLOEXEC);
+            char b;
+            int unreadable = fd < 0 || read(fd, &b, 1) < 0;
+            if (fd >= 0)
+                close(fd);
+            int wfd = unreadable ? -1 : open(p, O_WRONLY | O_CLOEXEC);
+            int writable = wfd >= 0 || (!unreadable && errno != EACCES);
+            if (wfd >= 0)
+                close(wfd);
+            if (unreadable || writable) {
+                closedir(d);
+                return unreadable ? 93 : 94;
+            }
+        }
+        closedir(d);
+        if (files == 0)
+            return 95;
+        snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "/planted");
+        int pfd = open(cmd, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+        if (pfd >= 0 || errno != EACCES) {
+            if (pfd >= 0)
+                close(pfd);
+            return 96;
+        }
+    }
+    struct kv__ssd *s = NULL;
+    char err[512] = "";
+    if (kv__ssd_open(c, &s, err, sizeof err) != KV_EPERM || !strstr(err, "only the owner"))
+        return 97;
+    return 0;
+}
+
+/* The process as_other_user starts: a fresh exec of this runner, so that
+ * nothing of the parent's threads comes with it. A fork of the test's own
+ * process (RocksDB's threads running) hung in CI under ASan: the child
+ * mallocs, and a lock another thread held at the fork is never released
+ * there. KV_TEST_MODES_CHILD is "gid:member:group:path". */
+int tu_ssd_modes_child(const char *spec)
+{
+    unsigned member = 0;
+    unsigned long gid = 0;
+    int at = 0;
+    if (sscanf(spec, "%lu:%u:%n", &gid, &member, &at) != 2 || at == 0)
+        return 80;
+    const char *group = spec + at, *sep = strchr(group, ':');
+    if (!sep)
+        return 81;
+    char grp[64];
+    snprintf(grp, sizeof grp, "%.*s", (int)(sep - group), group);
+    kv_config *c;
+    char err[256] = "";
+    if (kv_config_new(&c) != KV_OK)
+        return 82;
+    snprintf(c->ssd.path, sizeof c->ssd.path, "%s", sep + 1);
+    c->ssd.compression = KV_COMP_NONE;
+    if (kv__config_set(c, "ssd.group", grp, err, sizeof err) != KV_OK)
+        return 83;
+    gid_t g = member ? (gid_t)gid : NOBODY;
+    if (setgroups(member ? 1 : 0, &g) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
+        return 90;
+    int rc = other_user_checks(c, member != 0);
+    kv_config_free(c);
+    return rc;
+}
+
+static int as_other_user(const kv_config *c, gid_t gid, bool member)
+{
+    char spec[1400];
+    snprintf(spec, sizeof spec, "%lu:%u:%s:%s", (unsigned long)gid, member ? 1u : 0u,
+             c->ssd.group, c->ssd.path);
     pid_t pid = fork();
     if (pid == 0) {
-        gid_t g = member ? gid : NOBODY;
-        if (setgroups(member ? 1 : 0, &g) != 0 || setgid(NOBODY) != 0 || setuid(NOBODY) != 0)
-            _exit(90);
-        char cmd[1200];
-        /* Both levels: ssd.path's files and those in vlog/. */
-        const char *subs[] = { "", "/vlog" };
-        for (int k = 0; k < 2; k++) {
-            snprintf(cmd, sizeof cmd, "%.1000s%s", path, subs[k]);
-            DIR *d = opendir(cmd);
-            if (!d)
-                _exit(member ? 91 : 0);
-            if (!member)
-                _exit(92);   /* an outsider listed the store */
-            struct dirent *de;
-            int files = 0;
-            while ((de = readdir(d))) {
-                char p[1400];
-                snprintf(p, sizeof p, "%.1000s/%.250s", cmd, de->d_name);
-                struct stat st;
-                if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode))
-                    continue;
-                files++;
-                int fd = open(p, O_RDONLY | O_CLOEXEC);
-                char b;
-                if (fd < 0 || read(fd, &b, 1) < 0)
-                    _exit(93);
-                close(fd);
-                if (open(p, O_WRONLY | O_CLOEXEC) >= 0 || errno != EACCES)
-                    _exit(94);
-            }
-            closedir(d);
-            if (files == 0)
-                _exit(95);
-            snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), "/planted");
-            if (open(cmd, O_WRONLY | O_CREAT | O_CLOEXEC, 0600) >= 0 || errno != EACCES)
-                _exit(96);
-        }
-        struct kv__ssd *s = NULL;
-        char err[512] = "";
-        if (kv__ssd_open(c, &s, err, sizeof err) != KV_EPERM || !strstr(err, "only the owner"))
-            _exit(97);
-        _exit(0);
+        setenv("KV_TEST_MODES_CHILD", spec, 1);
+        char *argv[] = { (char *)"check_kvengine", NULL };
+        execv("/proc/self/exe", argv);
+        _exit(98);
     }
     int st = 0;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);

@@ -24,6 +24,9 @@
     X(ssd_modes)
 #define TU_DECLARE_SUITE(name) Suite *name##_suite(void) __attribute__((weak));
 TU_SUITES(TU_DECLARE_SUITE)
+/* check_ssd_modes' other-user process (KV_TEST_MODES_CHILD): the runner
+ * runs it instead of the suites when that is set. */
+int tu_ssd_modes_child(const char *spec) __attribute__((weak));
 
 /* A fresh directory under $TMPDIR (or /tmp); removed by tu_rmdir. */
 char *tu_mkdtemp(void);
