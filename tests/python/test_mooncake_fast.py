@@ -170,3 +170,70 @@ def test_task_types_import_and_copy_move_say_why(store):
         store.create_copy_task("k", ["localhost:10002"])
     with pytest.raises(NotImplementedError, match="hashing"):
         store.create_move_task("k", "localhost:10001", "localhost:10002")
+
+
+# Read leases are plain-key records stored by the read itself (one
+# kv_put_many on the caller's thread), not blocks dumped by a task: the
+# dump's hand-off to a pool worker cost Mooncake's benchmark's verify_read
+# about a context switch per batch_get_into.
+
+def test_a_read_takes_its_lease_without_a_task(store):
+    src, sa = _buf(64, b"l" * 64)
+    dst, da = _buf(64 * 4)
+    store.kv_lease_ttl_ms = 5000
+    keys = ["lease-%d" % i for i in range(4)]
+    assert store.batch_put_from(keys, [sa] * 4, [64] * 4) == [0] * 4
+    before = store._eng.stats()
+    assert store.batch_get_into(keys, [da + 64 * i for i in range(4)], [64] * 4) == [64] * 4
+    after = store._eng.stats()
+    # Before: the leases were one kv_dump (dumps_ok + 1) of 4 blocks.
+    assert after["dumps_ok"] == before["dumps_ok"]
+    assert after["dram_blocks"] == before["dram_blocks"]
+    assert after["keys"] == before["keys"] + 4          # one record per object
+    store._leases.clear()                                # as another process sees it
+    assert all(store._leases_in_store(store._key(k)) for k in keys)
+    assert store.batch_remove(keys) == [HAS_LEASE] * 4
+    # A miss takes no lease.
+    assert store.batch_get_into(["absent"], [da], [64]) == [NOT_FOUND]
+    assert not store._leases_in_store(store._key("absent"))
+
+
+def test_default_tenant_remove_all_keeps_the_leases_of_what_it_keeps(store):
+    src, sa = _buf(8, b"k" * 8)
+    dst, da = _buf(8)
+    store.kv_lease_ttl_ms = 5000
+    assert store.batch_put_from(["kept", "gone"], [sa, sa], [8, 8]) == [0, 0]
+    assert store.batch_get_into(["kept"], [da], [8]) == [8]
+    # The read's lease record is not counted as an object, and the object
+    # it keeps still shows its lease to other processes afterwards.
+    assert store.remove_all() == 1
+    assert store.is_exist("kept") == 1 and store.is_exist("gone") == 0
+    store._leases.clear()
+    assert store._leases_in_store(store._key("kept"))
+    assert store.remove("kept") == HAS_LEASE
+    assert store.remove_all(force=True) == 1
+
+
+def test_a_lease_taken_on_the_fast_path_holds_for_another_client(cluster):
+    cluster.start_node()
+    cluster.wait_owners(1)
+    stores = []
+    for _ in range(2):
+        s = mc.MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "", "0", "16MB", "tcp", "", cluster.master,
+                       kvengine_settings=dict(cluster.settings(), **QUIET)) == 0, s.last_error
+        stores.append(s)
+    a, b = stores
+    try:
+        a.kv_lease_ttl_ms = b.kv_lease_ttl_ms = 30000
+        src, sa = _buf(4096, os.urandom(4096))
+        dst, da = _buf(4096 * 3)
+        keys = ["c-%d" % i for i in range(3)]
+        assert b.batch_put_from(keys, [sa] * 3, [4096] * 3) == [0] * 3
+        assert a.batch_get_into(keys, [da + 4096 * i for i in range(3)], [4096] * 3) == [4096] * 3
+        assert bytes(dst) == bytes(src) * 3
+        assert b.batch_remove(keys) == [HAS_LEASE] * 3
+        assert b.batch_remove(keys, force=True) == [0] * 3
+    finally:
+        a.close()
+        b.close()
