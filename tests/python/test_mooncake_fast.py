@@ -250,3 +250,25 @@ def test_a_buffer_lease_outliving_its_engine_goes_quietly():
     lease.release()
     pool.close()
     s.close()
+
+
+def test_a_removes_lease_check_is_one_small_lookup(store, monkeypatch):
+    # In a cluster every lookup is a round trip: before, a remove asked for
+    # 252 lease records (20 ms buckets over 5 s) and then read the soft
+    # pin with a kv_get of its own; now 52 + the pin in one kv_exists_many.
+    src, sa = _buf(8, b"r" * 8)
+    assert store.batch_put_from(["plain", "pinned"], [sa, sa], [8, 8]) == [0, 0]
+    assert store.put("pinned", b"p", mc.ReplicateConfig(with_soft_pin=True)) == 0
+    calls = []
+    real_exists, real_get = mc._lib.kv_exists_many, mc._lib.kv_get
+    monkeypatch.setattr(mc._lib, "kv_exists_many",
+                        lambda h, a, n, r: calls.append(("exists", n)) or real_exists(h, a, n, r))
+    monkeypatch.setattr(mc._lib, "kv_get",
+                        lambda *a: calls.append(("get", 1)) or real_get(*a))
+    store._leases.clear()
+    store._pins.clear()
+    assert store._leases_in_store(store._key("plain")) is False
+    assert len(calls) == 1 and calls[0][0] == "exists" and calls[0][1] <= 60
+    del calls[:]
+    assert store._leases_in_store(store._key("pinned")) is True     # its pin, read once found
+    assert [c[0] for c in calls] == ["exists", "get"]
