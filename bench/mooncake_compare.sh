@@ -23,6 +23,11 @@
 #             one-member cluster), the same arguments;
 #   embedded  kvengine's drop-in with --master-server "" (a single-process
 #             engine, the drop-in's default).
+#   kvmaster0, embedded0  the same with the Python package of BASELINE_PY
+#             (another checkout's python/ directory, e.g. `git archive main
+#             python | tar -x -C DIR`, then DIR/python) and the library
+#             BASELINE_LIB (default: the same libkvengine.so.0): a change
+#             measured before and after in one run.
 # With TOPOLOGY=remote the segment lives in a second process instead (a
 # "holder": a store set up with the segment that sleeps), and the benchmark
 # sets up with --global-segment-size 0, so every byte crosses loopback TCP
@@ -41,11 +46,12 @@
 # (1024), WRITE_OBJECTS (2048), BATCH (4), NUMJOBS (1), RUNTIME (2 s, the
 # time-based phases), SEGMENT (384 MiB), LOCAL_BUF (128 MiB), RUN_TIMEOUT
 # (90 s a run), PORTS (25000-25999), OUT (a directory for the summaries and
-# logs; default a temp dir that is removed), TOPOLOGY (local | remote).
+# logs; default a temp dir that is removed), TOPOLOGY (local | remote),
+# BASELINE_PY and BASELINE_LIB (for kvmaster0 / embedded0).
 # Every process it starts is stopped on exit, however it exits.
 set -euo pipefail
 
-usage() { sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; echo "mooncake_compare.sh: give the Mooncake build dir" >&2; exit 2; }
 MC=$(cd "$1" 2>/dev/null && pwd) || { echo "mooncake_compare.sh: $1: no such directory" >&2; exit 2; }
 KB=$(cd "${2:-build}" 2>/dev/null && pwd) || { echo "mooncake_compare.sh: ${2:-build}: no such directory" >&2; exit 2; }
@@ -66,6 +72,11 @@ SRC=${MOONCAKE_SRC:-$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$MC/CMakeCa
 BENCH=$SRC/mooncake-store/benchmarks/store_kv_bench.py
 [ -f "$BENCH" ] || { echo "mooncake_compare.sh: $BENCH missing (set MOONCAKE_SRC to Mooncake's source tree)" >&2; exit 2; }
 [ -d "$SRC/mooncake-wheel/mooncake" ] || { echo "mooncake_compare.sh: $SRC/mooncake-wheel/mooncake missing" >&2; exit 2; }
+case " $SYSTEMS " in *"0 "*)
+    [ -f "${BASELINE_PY:-}/kvengine/mooncake.py" ] || { echo "mooncake_compare.sh: kvmaster0/embedded0 need BASELINE_PY, a python/ directory holding kvengine/" >&2; exit 2; }
+    BASELINE_PY=$(cd "$BASELINE_PY" && pwd)
+    BASELINE_LIB=$(realpath "${BASELINE_LIB:-$KB/libkvengine.so.0}") ;;
+esac
 for f in "$KB/libkvengine.so.0" "$KB/kvmaster"; do
     [ -e "$f" ] || { echo "mooncake_compare.sh: $f missing (make all)" >&2; exit 2; }
 done
@@ -197,6 +208,8 @@ run_one() {
     local sys=$1 sc=$2 api=$3 r=$4
     local tag="$sys-$sc-$api-r$r" log="$OUT/$sys-$sc-$api-r$r.log" json="$OUT/$sys-$sc-$api-r$r.json"
     local master="" meta="http://127.0.0.1:1/metadata" seg=$SEGMENT pp env=()
+    local py=$ROOT/python lib=$KB/libkvengine.so.0
+    case "$sys" in *0) py=$BASELINE_PY lib=$BASELINE_LIB ;; esac
     local extra=()
     case "$sc" in
         verify_write) extra=(--verify --pattern 0xab) ;;
@@ -227,7 +240,7 @@ run_one() {
             env=(PYTHONPATH="$TMP/mcpkg:$TMP" LD_LIBRARY_PATH="$MC/mooncake-common${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
             [ "$MC_SHIM" = 1 ] && env+=(MOONCAKE_STORE_MODULE=mcshim)
             ;;
-        kvmaster)
+        kvmaster|kvmaster0)
             local kp
             kp=$(port)
             "$KB/kvmaster" --set cluster.master=127.0.0.1:"$kp" --set log.level=warn \
@@ -235,11 +248,11 @@ run_one() {
             PIDS+=($!)
             wait_port "$kp" kvmaster "$OUT/$tag.master.log" || return 1
             master=127.0.0.1:$kp
-            env=(PYTHONPATH="$ROOT/python/compat:$ROOT/python" KVENGINE_LIBRARY="$KB/libkvengine.so.0"
+            env=(PYTHONPATH="$py/compat:$py" KVENGINE_LIBRARY="$lib"
                  KVENGINE_SETTINGS="cluster.listen=127.0.0.1:0 log.level=warn")
             ;;
-        embedded)
-            env=(PYTHONPATH="$ROOT/python/compat:$ROOT/python" KVENGINE_LIBRARY="$KB/libkvengine.so.0"
+        embedded|embedded0)
+            env=(PYTHONPATH="$py/compat:$py" KVENGINE_LIBRARY="$lib"
                  KVENGINE_SETTINGS="log.level=warn")
             ;;
     esac
@@ -268,7 +281,7 @@ echo "mooncake_compare.sh: Mooncake $MC (source $SRC), kvengine $KB; topology $T
      "value $VALUE_SIZE B, $NR_OBJECTS objects, batch $BATCH, $NUMJOBS job(s), runtime $RUNTIME s; $ROUNDS rounds"
 systems=()
 for s in $SYSTEMS; do
-    [ "$TOPOLOGY" = remote ] && [ "$s" = embedded ] && continue
+    case "$s" in embedded|embedded0) [ "$TOPOLOGY" = remote ] && continue ;; esac
     systems+=("$s")
 done
 for r in $(seq "$ROUNDS"); do

@@ -31,7 +31,6 @@
 #include "task.h"
 
 #define STRIPES 16
-#define CHUNK_BYTES (1u << 20)    /* a task is spread in ~1 MiB pieces */
 #define STANDBY_NS 200000u        /* the standby worker's look at the queue */
 #define ACTIVE_NS 2000000u        /* a standby while tasks came this recently */
 
@@ -306,18 +305,18 @@ int kv__pool_submit(struct kv__pool *p, struct kv__task *t, kv_task *handle)
     uint64_t bytes = 0;
     for (size_t i = 0; t->shards && i < t->n; i++)
         bytes += kv__iov_len(t->shards[i].iov, t->shards[i].iovcnt);
-    size_t pieces = bytes / CHUNK_BYTES + 1;
+    size_t pieces = bytes / KV__CHUNK_BYTES + 1;
     if (pieces > t->n)
         pieces = t->n;
     if (pieces > p->nthreads)
         pieces = p->nthreads;
     if (pieces == 0)
         pieces = 1;
-    /* A small task (under CHUNK_BYTES) is one chunk: whoever claims it first
+    /* A small task (under KV__CHUNK_BYTES) is one chunk: whoever claims it first
      * (a worker, or the caller waiting for it) runs all of it, so a cluster
      * batch goes to each owner in one frame. Larger ones are cut into two
      * chunks per worker, so the caller can help too. */
-    t->chunk = bytes < CHUNK_BYTES ? t->n : (t->n + pieces * 2 - 1) / (pieces * 2);
+    t->chunk = bytes < KV__CHUNK_BYTES ? t->n : (t->n + pieces * 2 - 1) / (pieces * 2);
     if (t->chunk == 0)
         t->chunk = 1;
     t->want = (int)pieces;

@@ -40,6 +40,10 @@ struct kv__task {
 
 struct kv__pool;
 
+/* A task is spread over the workers in pieces of about this many bytes; a
+ * smaller one is a single chunk, run whole by whichever thread claims it. */
+#define KV__CHUNK_BYTES (1u << 20)
+
 /* run() processes items [begin, end) and records failures with
  * kv__task_fail; finish() is called once when the task is done. */
 struct kv__pool_ops {

@@ -373,8 +373,15 @@ def _tenant_prefix(tenant_id):
 # $MOONCAKE_OFFLOAD_FILE_STORAGE_PATH names one (it must exist there too).
 _OFFLOAD_DEFAULT = "/data/file_storage"
 
-_LEASE_MS = 20              # a read lease's expiry is rounded down to this
+# A read lease's expiry is rounded down to this. A remove asks for every
+# bucket of its horizon (5 s or the TTL): at 20 ms that was 252 records, and
+# in a cluster the lookup and its packing took ~200 us of a remove that
+# Mooncake's master answers in one RPC; at 100 ms it is 52. The cost: a
+# lease may end up to 100 ms before Mooncake's would (never after).
+_LEASE_MS = 100
 _PIN_NS = b"\0\0mc-pin\0"   # no tenant prefix or user key starts with two NULs
+_LEASE_NS = b"\0\0mc-ls\0"   # a read lease's plain key: this, then two words (8 bytes, one word)
+_LEASE_NS_WORD = struct.unpack("=Q", _LEASE_NS)[0]
 
 
 def _now_ms():
@@ -383,20 +390,25 @@ def _now_ms():
 
 _M64 = (1 << 64) - 1
 _WORDS = struct.Struct("=QQ")
+# Copied, not built, per key: building a personalized blake2b costs about
+# twice what copying a built one does, and a fresh read hashes every key.
+_LEASE_HASH = hashlib.blake2b(digest_size=16, person=b"mooncake-lease")
 
 
 def _lease_hi(k):
-    """The first word of every lease id of engine key k; the second is the
-    lease's bucket. One hash per key, not per bucket: a remove asks for
-    every bucket of the lease horizon (~250 ids), and hashing each was
-    ~250 us of Python per remove. Two keys' ids meet only when their first
-    words do (a 64-bit collision)."""
-    return _WORDS.unpack(hashlib.blake2b(k, digest_size=16, person=b"mooncake-lease").digest())[0]
+    """The first word of every lease record of engine key k; the second is
+    the lease's bucket. One hash per key, not per bucket: a remove asks for
+    every bucket of the lease horizon (~250 records), and hashing each was
+    ~250 us of Python per remove. Two keys' records meet only when their
+    first words do (a 64-bit collision)."""
+    h = _LEASE_HASH.copy()
+    h.update(k)
+    return _WORDS.unpack(h.digest())[0]
 
 
-# Bucket numbers around now as native words, so that a horizon's ids are
-# two array slice assignments (building 250 words from ints each time cost
-# more than the lookup): (first bucket, array), replaced whole as time
+# Bucket numbers around now as native words, so that a horizon's records
+# are two array slice assignments (building 250 words from ints each time
+# cost more than the lookup): (first bucket, array), replaced whole as time
 # moves on.
 _BUCKET_SPAN = 1 << 14
 _buckets = (0, array.array("Q"))
@@ -412,13 +424,20 @@ def _bucket_words(b0, b1):
     return words[b0 - first:b1 - first]
 
 
-def _lease_ids(k, b0, b1):
-    """The ids of k's read leases expiring at buckets b0..b1-1, back to back."""
+def _lease_records(hi, b0, b1):
+    """The lease records of one key (first word hi) at buckets b0..b1-1:
+    their keys (_LEASE_NS, hi, bucket: 24 bytes each) back to back in one
+    array, and the kv_pair array naming them (no values)."""
     m = b1 - b0
-    a = array.array("Q", bytes(16 * m))
-    a[0::2] = array.array("Q", [_lease_hi(k)]) * m
-    a[1::2] = _bucket_words(b0, b1)
-    return a.tobytes(), m
+    rec = array.array("Q", bytes(24 * m))
+    rec[0::3] = array.array("Q", [_LEASE_NS_WORD]) * m
+    rec[1::3] = array.array("Q", [hi]) * m
+    rec[2::3] = _bucket_words(b0, b1)
+    base = rec.buffer_info()[0]
+    pairs = array.array("Q", bytes(32 * m))
+    pairs[0::4] = array.array("Q", range(base, base + 24 * m, 24))
+    pairs[1::4] = array.array("Q", [24]) * m
+    return rec, pairs
 
 
 def _pin_key(k, prefix=b""):
@@ -430,7 +449,6 @@ def _pin_key(k, prefix=b""):
 
 
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
-_SHARD_SIZE = ctypes.sizeof(_lib.kv_shard)
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
@@ -721,16 +739,23 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
     # leases, so they are kept in the store itself, where every process
     # (and every attached host-store client) that opens it sees them:
     #
-    # - A read lease is a block whose id is a hash of the object's key and
-    #   the lease's expiry, rounded down to _LEASE_MS (an 8-byte shard 0). A
-    #   block is never rewritten, so renewing writes the next one; a remove
-    #   asks kv_lookup, in one call, for the ids of every expiry between now
-    #   and the lease horizon. Blocks stay out of the plain-key namespace,
-    #   so kv_remove_all neither counts nor drops them; an expired one is
-    #   simply never asked for again and is evicted as the coldest data
-    #   (bounded by the tiers, never cleaned key by key). A process renews
-    #   an object's lease only when the one it wrote last has less than 3/4
-    #   of the TTL left: at most one block per object per TTL/4 of reads.
+    # - A read lease is a plain key (_LEASE_NS, then a hash of the object's
+    #   key and the lease's expiry rounded down to _LEASE_MS, as two words)
+    #   holding that expiry; the read that takes it stores it with one
+    #   kv_put_many, on the reader's thread, before it returns. (They were
+    #   blocks, stored by kv_dump + kv_wait: that task woke a pool worker
+    #   and kept one on standby, about one context switch per read on a
+    #   busy host, which cost Mooncake's benchmark's verify_read a third of
+    #   its speed.) A record is never rewritten, so renewing writes the next
+    #   one; a remove asks kv_exists_many, in one call, for the records of
+    #   every expiry between now and the lease horizon. No tenant prefix or
+    #   user key starts with two NULs, so no tenant's remove_all reaches
+    #   them, and the default tenant's drops them first, uncounted; an
+    #   expired one is simply never asked for again and is evicted as the
+    #   coldest data (bounded by the tiers, never cleaned key by key). A
+    #   process renews an object's lease only when the one it wrote last has
+    #   less than 3/4 of the TTL left: at most one record per object per
+    #   TTL/4 of reads.
     # - A soft pin is a plain key (_PIN_NS + a hash of the object's key)
     #   holding its expiry: pins are rare and must also be dropped early
     #   (soft_pin_action DISABLE, remove), which a block cannot be. It goes
@@ -753,9 +778,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 now = time.monotonic()
                 self._leases = {x: t for x, t in self._leases.items() if t > now}
 
-    def _share_leases(self, ks):
-        """Read leases on the objects ks, in the store (one kv_dump of the
-        lease blocks not already fresh) and here."""
+    def _share_leases(self, ks, h=None):
+        """Read leases on the objects ks, in the store (one kv_put_many of the
+        lease records not already fresh) and here. h: the engine's handle
+        when the caller holds it (entered) already."""
         ttl = self.kv_lease_ttl_ms
         eng = self._eng
         if ttl <= 0 or not ks or eng is None:
@@ -765,11 +791,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         # sleeps the TTL and then removes succeeds), but past the next step.
         bucket = max((now + ttl) // _LEASE_MS, now // _LEASE_MS + 1)
         fresh = now + ttl * 3 // 4
-        val = struct.pack("<Q", bucket * _LEASE_MS)
         fresh_ks = []
         until = time.monotonic() + ttl / 1000.0
         expiry = bucket * _LEASE_MS
-        nsh = self._block_shards
         with self._llock:
             wrote = self._wrote
             leases = self._leases
@@ -787,61 +811,66 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 self._leases = {x: t for x, t in leases.items() if t > m}
         if not fresh_ks:
             return
-        # Packed here rather than through Engine.dump: every shard is the
-        # same 8-byte value, so one kv_iov serves them all.
-        sargs = []
-        for k in fresh_ks:
-            bid = _WORDS.pack(_lease_hi(k), bucket)
-            if nsh == 1:
-                sargs += (bid, 0, 0, 1)
-            else:
-                for i in range(nsh):
-                    sargs += (bid, i, 0, 1)
-        n = len(sargs) >> 2
-        mem = bytearray(16 + 8 + _SHARD_SIZE * n)
-        arr = ctypes.c_char.from_buffer(mem)
-        base = ctypes.addressof(arr)
-        mem[16:24] = val
-        _WORDS.pack_into(mem, 0, base + 16, 8)
-        sargs[2::4] = [base] * n
-        _engine._shards_struct(n).pack_into(mem, 24, *sargs)
-        task = ctypes.c_uint64()
-        eng2, h = self._enter()
+        # One array: the records' keys (3 words each), then the value (the
+        # expiry) that every record shares; the pairs point into it.
+        n = len(fresh_ks)
+        rec = array.array("Q", [w for k in fresh_ks for w in (_LEASE_NS_WORD, _lease_hi(k), bucket)])
+        rec.append(expiry)
+        base = rec.buffer_info()[0]
+        val = base + 24 * n
+        pairs = array.array("Q", [w for i in range(n) for w in (base + 24 * i, 24, val, 8)])
+        res = array.array("i", bytes(4 * n))
+        eng2 = None
         if h is None:
-            return
+            eng2, h = self._enter()
+            if h is None:
+                return
         try:
-            rc = _lib.kv_dump(h, base + 24, n, ctypes.byref(task))
-            if rc == 0:
-                rc = _lib.kv_wait(h, task.value, 0)
+            if _lib.kv_put_many is not None:
+                rc = _lib.kv_put_many(h, pairs.buffer_info()[0], n, res.buffer_info()[0])
+            else:   # pragma: no cover - an older library
+                for i in range(n):
+                    res[i] = _lib.kv_put(h, base + 24 * i, 24, val, 8)
+                rc = 0
         finally:
-            eng2._leave()
-        del arr
+            if eng2 is not None:
+                eng2._leave()
+        rc = rc or next((r for r in res if r), 0)
         if rc:                 # a cache may refuse (ENOSPC): the lease is lost
-            log.debug("read lease not stored: %s", _engine.KvError(rc, "kv_dump"))
+            log.debug("read lease not stored: %s", _engine.KvError(rc, "kv_put_many"))
 
     def _leases_in_store(self, k):
-        """True while any process holds a read lease or a soft pin on k."""
+        """True while any process holds a read lease or a soft pin on k. One
+        kv_exists_many asks for the lease records of the horizon and the
+        pin record together (in a cluster one round per owner; the pin,
+        which is rare, is read only when it is there)."""
         eng = self._eng
         if eng is None:
             return False
         now = _now_ms()
         horizon = max(self.kv_lease_ttl_ms, 5000)
-        blob, m = _lease_ids(k, now // _LEASE_MS + 1, (now + horizon) // _LEASE_MS + 2)
-        hit = ctypes.create_string_buffer(m)
-        eng2, h = self._enter()
-        if h is None:
-            return False
-        try:
-            rc = _lib.kv_lookup(h, blob, m, hit)
-        finally:
-            eng2._leave()
-        if rc == 0 and hit.raw.count(0) != m:
-            return True
+        rec, pairs = _lease_records(_lease_hi(k), now // _LEASE_MS + 1,
+                                    (now + horizon) // _LEASE_MS + 2)
         pk = _pin_key(k, self._prefix)
+        pairs.extend((id(pk) + _buffers.BYTES_OFFSET if _buffers.BYTES_OFFSET is not None
+                      else ctypes.cast(ctypes.c_char_p(pk), ctypes.c_void_p).value, len(pk), 0, 0))
+        m = len(pairs) >> 2
+        res = array.array("i", bytes(4 * m))
         eng2, h = self._enter()
         if h is None:
             return False
         try:
+            if _lib.kv_exists_many is not None:
+                rc = _lib.kv_exists_many(h, pairs.buffer_info()[0], m, res.buffer_info()[0])
+            else:   # pragma: no cover - an older library
+                for i in range(m - 1):
+                    res[i] = _lib.kv_exists(h, pairs[4 * i], 24)
+                res[m - 1] = _lib.kv_exists(h, pk, len(pk))
+                rc = 0
+            if rc == 0 and 1 in res[:m - 1]:
+                return True
+            if rc == 0 and res[m - 1] == 0:
+                return False
             buf = ctypes.create_string_buffer(8)
             vlen = ctypes.c_size_t()
             rc = _lib.kv_get(h, pk, len(pk), buf, 8, ctypes.byref(vlen))
@@ -852,7 +881,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             _lib.kv_remove(h, pk, len(pk))     # an expired pin goes when met
             return False
         finally:
-            eng2._leave()
+            eng2._leave()           # (rec, the keys pairs points into, lives to here)
 
     def _leased(self, k):
         with self._llock:
@@ -1604,20 +1633,16 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         the buffers ptrs/sizes, or None when a pointer or size is not a
         64-bit int or a non-empty buffer is at address 0. The keys' bytes
         must outlive the call that reads the array."""
-        n = len(ks)
+        off = _buffers.BYTES_OFFSET
+        # One flat list into one array: at Mooncake's batch of 4 the four
+        # column arrays and slice assignments cost twice this.
         try:
-            ap = array.array("Q", ptrs)
-            az = array.array("Q", sizes)
+            a = array.array("Q", [w for k, p, z in zip(ks, ptrs, sizes)
+                                  for w in (id(k) + off, len(k), p, z)])
         except (TypeError, OverflowError):
             return None
-        if n and min(ap) == 0 and any(z and not q for q, z in zip(ap, az)):
+        if not all(ptrs) and any(z and not q for q, z in zip(ptrs, sizes)):
             return None
-        off = _buffers.BYTES_OFFSET
-        a = array.array("Q", bytes(32 * n))
-        a[0::4] = array.array("Q", [id(k) + off for k in ks])
-        a[1::4] = array.array("Q", map(len, ks))
-        a[2::4] = ap
-        a[3::4] = az
         return a
 
     def _run_pairs(self, fn, a, n):
@@ -1671,16 +1696,23 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return None
         ks, a = got
         n = len(ks)
-        res = self._run_pairs(_lib.kv_get_many, a, n)
-        if res is None:
+        # The read and its leases under one _enter (each costs two lock
+        # round trips, a tenth of a 4-key batch's Python).
+        res = array.array("i", bytes(4 * n))
+        eng, h = self._enter()
+        if h is None:
             return [_NOT_SET_UP] * n
+        try:
+            rc = _lib.kv_get_many(h, a.buffer_info()[0], n, res.buffer_info()[0])
+            res = [rc] * n if rc else res.tolist()
+            if self.kv_lease_ttl_ms > 0:
+                self._share_leases(ks if not any(res) else
+                                   [k for k, r in zip(ks, res) if r == 0], h)
+        finally:
+            eng._leave()
         lens = a[3::4].tolist()
         if not any(res):
-            if self.kv_lease_ttl_ms > 0:
-                self._share_leases(ks)
             return lens
-        if self.kv_lease_ttl_ms > 0:
-            self._share_leases([k for k, rc in zip(ks, res) if rc == 0])
         return [ln if rc == 0 else to_mooncake(rc) for rc, ln in zip(res, lens)]
 
     def is_exist(self, key):
@@ -1808,6 +1840,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         try:
             # The pin records first, so that they are not counted as objects.
             self._eng.remove_prefix(self._prefix + _PIN_NS)
+            if not self._prefix:      # the read leases, which kv_remove_all would count
+                self._eng.remove_prefix(_LEASE_NS)
             n = self._eng.remove_prefix(self._prefix) if self._prefix else \
                 self._eng.remove_all()
         except _engine.KvError:
@@ -1829,6 +1863,11 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                             self._pins[k] = until
         finally:
             eng._leave()
+        if keep and not self._prefix:     # their read leases went with the others'
+            with self._llock:
+                for k, _ in keep:
+                    self._wrote.pop(k, None)
+            self._share_leases([k for k, _ in keep])
         if force:
             with self._llock:
                 self._leases.clear()

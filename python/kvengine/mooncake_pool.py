@@ -156,7 +156,10 @@ class BufferPool:
             with self._store._llock:
                 self._store._regs.pop(addr, None)
             if eng is not None:
-                h = eng._enter()
+                try:
+                    h = eng._enter()
+                except RuntimeError:     # closing: its buffers go with its segment
+                    return
                 try:
                     _lib.kv_buffer_free(h, addr)
                 finally:

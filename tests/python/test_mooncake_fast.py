@@ -170,3 +170,105 @@ def test_task_types_import_and_copy_move_say_why(store):
         store.create_copy_task("k", ["localhost:10002"])
     with pytest.raises(NotImplementedError, match="hashing"):
         store.create_move_task("k", "localhost:10001", "localhost:10002")
+
+
+# Read leases are plain-key records stored by the read itself (one
+# kv_put_many on the caller's thread), not blocks dumped by a task: the
+# dump's hand-off to a pool worker cost Mooncake's benchmark's verify_read
+# about a context switch per batch_get_into.
+
+def test_a_read_takes_its_lease_without_a_task(store):
+    src, sa = _buf(64, b"l" * 64)
+    dst, da = _buf(64 * 4)
+    store.kv_lease_ttl_ms = 5000
+    keys = ["lease-%d" % i for i in range(4)]
+    assert store.batch_put_from(keys, [sa] * 4, [64] * 4) == [0] * 4
+    before = store._eng.stats()
+    assert store.batch_get_into(keys, [da + 64 * i for i in range(4)], [64] * 4) == [64] * 4
+    after = store._eng.stats()
+    # Before: the leases were one kv_dump (dumps_ok + 1) of 4 blocks.
+    assert after["dumps_ok"] == before["dumps_ok"]
+    assert after["dram_blocks"] == before["dram_blocks"]
+    assert after["keys"] == before["keys"] + 4          # one record per object
+    store._leases.clear()                                # as another process sees it
+    assert all(store._leases_in_store(store._key(k)) for k in keys)
+    assert store.batch_remove(keys) == [HAS_LEASE] * 4
+    # A miss takes no lease.
+    assert store.batch_get_into(["absent"], [da], [64]) == [NOT_FOUND]
+    assert not store._leases_in_store(store._key("absent"))
+
+
+def test_default_tenant_remove_all_keeps_the_leases_of_what_it_keeps(store):
+    src, sa = _buf(8, b"k" * 8)
+    dst, da = _buf(8)
+    store.kv_lease_ttl_ms = 5000
+    assert store.batch_put_from(["kept", "gone"], [sa, sa], [8, 8]) == [0, 0]
+    assert store.batch_get_into(["kept"], [da], [8]) == [8]
+    # The read's lease record is not counted as an object, and the object
+    # it keeps still shows its lease to other processes afterwards.
+    assert store.remove_all() == 1
+    assert store.is_exist("kept") == 1 and store.is_exist("gone") == 0
+    store._leases.clear()
+    assert store._leases_in_store(store._key("kept"))
+    assert store.remove("kept") == HAS_LEASE
+    assert store.remove_all(force=True) == 1
+
+
+def test_a_lease_taken_on_the_fast_path_holds_for_another_client(cluster):
+    cluster.start_node()
+    cluster.wait_owners(1)
+    stores = []
+    for _ in range(2):
+        s = mc.MooncakeDistributedStore()
+        assert s.setup("127.0.0.1", "", "0", "16MB", "tcp", "", cluster.master,
+                       kvengine_settings=dict(cluster.settings(), **QUIET)) == 0, s.last_error
+        stores.append(s)
+    a, b = stores
+    try:
+        a.kv_lease_ttl_ms = b.kv_lease_ttl_ms = 30000
+        src, sa = _buf(4096, os.urandom(4096))
+        dst, da = _buf(4096 * 3)
+        keys = ["c-%d" % i for i in range(3)]
+        assert b.batch_put_from(keys, [sa] * 3, [4096] * 3) == [0] * 3
+        assert a.batch_get_into(keys, [da + 4096 * i for i in range(3)], [4096] * 3) == [4096] * 3
+        assert bytes(dst) == bytes(src) * 3
+        assert b.batch_remove(keys) == [HAS_LEASE] * 3
+        assert b.batch_remove(keys, force=True) == [0] * 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_buffer_lease_outliving_its_engine_goes_quietly():
+    # At interpreter exit the engine may be finalized before a BufferPool
+    # lease: releasing it raised KvError ("engine is closed") from __del__.
+    s = _store()
+    pool = mc.BufferPool(s, max_bytes=32 << 20, max_regions=1)
+    lease = pool.acquire(1 << 20, block=False)
+    assert lease.ptr
+    s._eng.close()
+    lease.release()
+    pool.close()
+    s.close()
+
+
+def test_a_removes_lease_check_is_one_small_lookup(store, monkeypatch):
+    # In a cluster every lookup is a round trip: before, a remove asked for
+    # 252 lease records (20 ms buckets over 5 s) and then read the soft
+    # pin with a kv_get of its own; now 52 + the pin in one kv_exists_many.
+    src, sa = _buf(8, b"r" * 8)
+    assert store.batch_put_from(["plain", "pinned"], [sa, sa], [8, 8]) == [0, 0]
+    assert store.put("pinned", b"p", mc.ReplicateConfig(with_soft_pin=True)) == 0
+    calls = []
+    real_exists, real_get = mc._lib.kv_exists_many, mc._lib.kv_get
+    monkeypatch.setattr(mc._lib, "kv_exists_many",
+                        lambda h, a, n, r: calls.append(("exists", n)) or real_exists(h, a, n, r))
+    monkeypatch.setattr(mc._lib, "kv_get",
+                        lambda *a: calls.append(("get", 1)) or real_get(*a))
+    store._leases.clear()
+    store._pins.clear()
+    assert store._leases_in_store(store._key("plain")) is False
+    assert len(calls) == 1 and calls[0][0] == "exists" and calls[0][1] <= 60
+    del calls[:]
+    assert store._leases_in_store(store._key("pinned")) is True     # its pin, read once found
+    assert [c[0] for c in calls] == ["exists", "get"]

@@ -145,10 +145,10 @@ def test_lease_state_is_bounded_and_leaves_with_the_object():
         assert s.put("o", b"v", mc.ReplicateConfig(with_soft_pin=True)) == 0
         pin = mc._pin_key(s._key("o"))
         assert s._eng.exists(pin)
-        before = s._eng.stats()["dram_blocks"]
+        before = s._eng.stats()["keys"]
         for _ in range(50):                      # fresh leases are not written again
             assert s.get("o") == b"v"
-        assert s._eng.stats()["dram_blocks"] - before == 1
+        assert s._eng.stats()["keys"] - before == 1
         assert s.remove("o") == HAS_LEASE
         assert s.remove("o", force=True) == 0
         assert not s._eng.exists(pin)            # the pin went with the object
