@@ -7,8 +7,10 @@
  * Key design choice: the lock decides, as in SQLite. <dir>/<id>.lock is
  * flock'ed by the one process that serves <id>; it binds <dir>/<id>.sock
  * once its tiers are open. Everyone else connects to the socket. A process
- * that finds neither an answer nor a free lock waits (the holder is still
- * opening) up to the timeout, then says KV_EBUSY. The kernel drops the lock
+ * that finds neither an answer nor a free lock waits: while the holder is
+ * alive and has not bound its socket (it is still opening: faulting in its
+ * DRAM, opening RocksDB) for up to HOLDER_OPEN_MS, else up to the timeout;
+ * then it says KV_EBUSY. The kernel drops the lock
  * of a dead holder, so whoever tries next becomes the server: a restarted
  * daemon, or an attached engine whose call found its server gone (it opens
  * the tiers itself: SSD blocks survive, DRAM-only ones are misses).
@@ -19,6 +21,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/file.h>
@@ -146,6 +149,37 @@ static int take_lock(struct kv__host *h)
     return KV_EBUSY;
 }
 
+/* The pid the lock's holder wrote into it (take_lock), 0 when none yet. */
+static long lock_holder_pid(const char *lock_path)
+{
+    long pid = 0;
+    FILE *f = fopen(lock_path, "r");
+    if (f) {
+        if (fscanf(f, "%ld", &pid) != 1)
+            pid = 0;
+        fclose(f);
+    }
+    return pid;
+}
+
+/* How long a holder that is still opening is waited for. Opening a large
+ * DRAM tier on a loaded host takes longer than io.timeout_ms (a UCM worker
+ * gave up after 5 s while its scheduler was building the store, then the
+ * scheduler waited 580 s for it). */
+#define HOLDER_OPEN_MS 60000u
+
+/* The lock's holder is alive and has not bound the socket yet: it is still
+ * opening. A bound socket that does not answer is a stalled server, and a
+ * holder that is gone left the lock free for take_lock. An unwritten pid
+ * (it has just taken the lock) counts as alive. */
+static bool holder_opening(const struct kv__host *h)
+{
+    if (access(h->sock_path, F_OK) == 0)
+        return false;
+    long pid = lock_holder_pid(h->lock_path);
+    return pid <= 0 || kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 static void give_lock(struct kv__host *h)
 {
     if (h->lock_fd < 0)
@@ -160,7 +194,8 @@ static void give_lock(struct kv__host *h)
  * held), 0 attached (h->cli), or an error with err. */
 static int rendezvous(kv_engine *e, struct kv__host *h, char *err, size_t errlen)
 {
-    uint64_t deadline = kv__now_ms() + h->timeout_ms;
+    uint64_t t0 = kv__now_ms(), deadline = t0 + h->timeout_ms;
+    uint64_t open_deadline = t0 + (h->timeout_ms > HOLDER_OPEN_MS ? h->timeout_ms : HOLDER_OPEN_MS);
     char why[256] = "";
     for (;;) {
         int rc = kv__shm_connect(h->sock_path, e->cfg.cluster.token, h->timeout_ms, e->buffers,
@@ -179,9 +214,16 @@ static int rendezvous(kv_engine *e, struct kv__host *h, char *err, size_t errlen
                      kv_strerror(got));
             return got;
         }
-        if (kv__now_ms() >= deadline) {
-            kv__errf(err, errlen, "store %s is held by another process (%s) that does not answer "
-                     "on %s: %s", h->id, h->lock_path, h->sock_path, why);
+        uint64_t now = kv__now_ms();
+        bool opening = now >= deadline && holder_opening(h);
+        if (now >= deadline && (!opening || now >= open_deadline)) {
+            if (opening)
+                kv__errf(err, errlen, "store %s: its holder (pid %ld, %s) has been opening it for "
+                         "%u s and does not serve %s yet", h->id, lock_holder_pid(h->lock_path),
+                         h->lock_path, HOLDER_OPEN_MS / 1000, h->sock_path);
+            else
+                kv__errf(err, errlen, "store %s is held by another process (%s) that does not "
+                         "answer on %s: %s", h->id, h->lock_path, h->sock_path, why);
             return KV_EBUSY;
         }
         usleep(10000);
@@ -436,13 +478,7 @@ int kv__host_lock_offline(const struct kv_config *cfg, int *fd, char *err, size_
         return got;
     }
     /* Held: the holder wrote its pid there when it took it. */
-    long pid = 0;
-    FILE *f = fopen(h.lock_path, "r");
-    if (f) {
-        if (fscanf(f, "%ld", &pid) != 1)
-            pid = 0;
-        fclose(f);
-    }
+    long pid = lock_holder_pid(h.lock_path);
     if (pid > 0)
         kv__errf(err, errlen, "store %s is served by pid %ld (%s); stop it first", id, pid,
                  h.lock_path);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <pthread.h>
 #include <sys/prctl.h>
@@ -465,6 +466,51 @@ START_TEST(a_second_host_of_one_ssd_path_is_busy)
     ck_assert_ptr_null(b);
     ck_assert_int_eq(rc, KV_EBUSY);
     kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
+/* The store's lock held by a process that is still opening it (alive, its
+ * socket not bound yet) for longer than io.timeout_ms: an engine opening
+ * the store meanwhile waits for it instead of failing, and serves it once
+ * that process is gone. Before: KV_EBUSY after the timeout (a UCM worker
+ * gave up so while its scheduler built the store under load). */
+START_TEST(an_opening_holder_is_waited_for)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 16MiB, hugepages: off}\n"
+                  "store: {name: slow-open, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2, timeout_ms: 300}\n");
+    char rv[1100], lock[1200];
+    snprintf(rv, sizeof rv, "%s/rv", w.dir);
+    ck_assert_int_eq(mkdir(rv, 0700), 0);
+    snprintf(lock, sizeof lock, "%s/slow-open.lock", rv);
+    pid_t holder = fork();
+    ck_assert_int_ge(holder, 0);
+    if (holder == 0) {
+        /* what take_lock does, and then a long open */
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0)
+            _exit(1);
+        dprintf(fd, "%ld\n", (long)getpid());
+        if (write(w.done[1], "L", 1) != 1)
+            _exit(2);
+        usleep(1500 * 1000);
+        _exit(0);
+    }
+    wait_byte(w.done[0]);
+    int rc = KV_OK;
+    kv_engine *e = open_cfg(w.yaml, &rc);
+    ck_assert_msg(e != NULL, "kv_open while the holder opens: %s", kv_strerror(rc));
+    int st = 0;
+    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    kv_stats s;
+    ck_assert_int_eq(kv_stats_get(e, &s), KV_OK);
+    ck_assert(!s.host_attached);   /* the holder never served: this one does */
+    ck_assert_int_eq(dump_one(e, 7, BLK), 0);
+    kv_close(e);
     world_free(&w);
 }
 END_TEST
@@ -1951,6 +1997,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, many_calls_are_one_round_trip_per_chunk);
     tcase_add_test(tc, a_second_host_of_one_ssd_path_is_busy);
     tcase_add_test(tc, an_unsafe_store_dir_is_refused);
+    tcase_add_test(tc, an_opening_holder_is_waited_for);
     tcase_add_test(tc, the_dram_budget_is_counted_once);
     tcase_add_test(tc, a_shared_segment_gets_huge_pages_without_shmem_thp);
     tcase_add_test(tc, a_shared_segment_is_collapsed_after_open);
