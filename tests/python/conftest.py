@@ -169,3 +169,40 @@ def cluster(tmp_path):
         yield c
     finally:
         c.stop()
+
+
+MC_QUIET = {"dram.hugepages": "off", "log.level": "warn"}
+
+
+def mooncake_embedded_store(segment="64MB", buffer="16MB"):
+    """The drop-in's MooncakeDistributedStore set up embedded (no master),
+    as the Mooncake tests' store fixtures use it; the caller closes it."""
+    import kvengine.mooncake as mc
+    s = mc.MooncakeDistributedStore()
+    assert s.setup("localhost", "P2PHANDSHAKE", segment, buffer, "tcp", "", "",
+                   kvengine_settings=MC_QUIET) == 0, s.last_error
+    return s
+
+
+class DataProtoLike:
+    """A DataProto-like object: what MooncakeBundleTransfer's put_dataproto
+    reads (batch, non_tensor_batch, meta_info)."""
+
+    def __init__(self, batch=None, non_tensor_batch=None, meta_info=None):
+        self.batch = batch or {}
+        self.non_tensor_batch = non_tensor_batch or {}
+        self.meta_info = meta_info or {}
+
+    @classmethod
+    def from_dict(cls, batch, non_tensor_batch=None, meta_info=None):
+        return cls(batch, non_tensor_batch, meta_info)
+
+
+def objarr(values):
+    """A 1-d numpy object array of values, as is (np.asarray would make
+    ragged rows 2-d or refuse them)."""
+    import numpy as np
+    a = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        a[i] = v
+    return a

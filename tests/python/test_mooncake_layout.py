@@ -16,7 +16,7 @@ import uuid
 import numpy as np
 import pytest
 
-import kvengine.mooncake as mc
+from conftest import objarr, DataProtoLike, mooncake_embedded_store
 from kvengine import mooncake_structured
 from mooncake import store as mstore
 from mooncake.structured_object_store import (FieldSchema, MooncakeBundleTransfer,
@@ -24,14 +24,10 @@ from mooncake.structured_object_store import (FieldSchema, MooncakeBundleTransfe
 
 torch = pytest.importorskip("torch")
 
-QUIET = {"dram.hugepages": "off", "log.level": "warn"}
-
 
 @pytest.fixture(scope="module")
 def store():
-    s = mc.MooncakeDistributedStore()
-    assert s.setup("localhost", "P2PHANDSHAKE", "64MB", "16MB", "tcp", "", "",
-                   kvengine_settings=QUIET) == 0, s.last_error
+    s = mooncake_embedded_store("64MB", "16MB")
     yield s
     s.close()
 
@@ -41,18 +37,7 @@ def transfer(store):
     return MooncakeBundleTransfer(store, key_prefix="lay-%s" % uuid.uuid4().hex[:8])
 
 
-class Proto:
-    def __init__(self, batch=None, non_tensor_batch=None, meta_info=None):
-        self.batch = batch or {}
-        self.non_tensor_batch = non_tensor_batch or {}
-        self.meta_info = meta_info or {}
-
-
-def objarr(values):
-    a = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        a[i] = v
-    return a
+Proto = DataProtoLike
 
 
 def encoded(transfer, col, schema=None):

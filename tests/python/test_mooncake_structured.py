@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import kvengine.mooncake as mc
+from conftest import objarr, MC_QUIET as QUIET, DataProtoLike, mooncake_embedded_store
 from kvengine import mooncake_bundle as mb, mooncake_tensor
 from mooncake.structured_object_store import (BundleTransferPolicy, FieldSchema,
                                               MooncakeBundleTransfer, MooncakeDataProtoRef,
@@ -25,14 +26,10 @@ from mooncake.structured_object_store import (BundleTransferPolicy, FieldSchema,
 
 torch = pytest.importorskip("torch")
 
-QUIET = {"dram.hugepages": "off", "log.level": "warn"}
-
 
 @pytest.fixture
 def store():
-    s = mc.MooncakeDistributedStore()
-    assert s.setup("localhost", "P2PHANDSHAKE", "64MB", "16MB", "tcp", "", "",
-                   kvengine_settings=QUIET) == 0, s.last_error
+    s = mooncake_embedded_store("64MB", "16MB")
     yield s
     s.close()
 
@@ -42,24 +39,7 @@ def transfer(store):
     return MooncakeBundleTransfer(store, key_prefix="t-%s" % uuid.uuid4().hex[:8])
 
 
-class Proto:
-    """A DataProto-like object."""
-
-    def __init__(self, batch=None, non_tensor_batch=None, meta_info=None):
-        self.batch = batch or {}
-        self.non_tensor_batch = non_tensor_batch or {}
-        self.meta_info = meta_info or {}
-
-    @classmethod
-    def from_dict(cls, batch, non_tensor_batch=None, meta_info=None):
-        return cls(batch, non_tensor_batch, meta_info)
-
-
-def objarr(values):
-    a = np.empty(len(values), dtype=object)
-    for i, v in enumerate(values):
-        a[i] = v
-    return a
+Proto = DataProtoLike
 
 
 def all_keys(transfer, ref):

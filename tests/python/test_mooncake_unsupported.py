@@ -10,16 +10,12 @@ import sys
 
 import pytest
 
-import kvengine.mooncake as mc
-
-QUIET = {"dram.hugepages": "off", "log.level": "warn"}
+from conftest import mooncake_embedded_store
 
 
 @pytest.fixture(scope="module")
 def store():
-    s = mc.MooncakeDistributedStore()
-    assert s.setup("localhost", "P2PHANDSHAKE", "16MB", "4MB", "tcp", "", "",
-                   kvengine_settings=QUIET) == 0, s.last_error
+    s = mooncake_embedded_store("16MB", "4MB")
     yield s
     s.close()
 
