@@ -3423,6 +3423,24 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     return rc;
 }
 
+/* The fallback of size_once: asks owners[0..n) of v that are not down, in
+ * turn, until one knows the size; KV_OK with *len, else KV_ENOTFOUND. */
+static int size_from(struct kv__cluster *c, struct view *v, int ns, const kv_block_id *id,
+                     uint32_t index, const size_t *owners, size_t n, uint64_t *len)
+{
+    for (size_t j = 0; j < n; j++) {
+        if (peer_is_down(v->owners[owners[j]]))
+            continue;
+        struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
+        size_t own = owners[j];
+        if (run_grouped(c, v, &o, &own, 1) == KV_OK && o.result == KV_OK) {
+            *len = o.len;
+            return KV_OK;
+        }
+    }
+    return KV_ENOTFOUND;
+}
+
 static int size_once(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
                      uint64_t *len, uint64_t *ver)
 {
@@ -3453,30 +3471,14 @@ static int size_once(struct kv__cluster *c, int ns, const kv_block_id *id, uint3
     size_t st[KV_PLACE_MAX];
     size_t nsc = rc == KV_OK && res != KV_OK ? stay_candidates(v, id, c->replicas, cand, m, st)
                                              : 0;
-    for (size_t j = 0; j < nsc && res != KV_OK; j++) {
-        if (peer_is_down(v->owners[st[j]]))
-            continue;
-        struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
-        size_t own = st[j];
-        if (run_grouped(c, v, &o, &own, 1) == KV_OK && o.result == KV_OK) {
-            *len = o.len;
-            res = KV_OK;
-        }
-    }
+    if (nsc && size_from(c, v, ns, id, index, st, nsc, len) == KV_OK)
+        res = KV_OK;
     struct view *pv = rc == KV_OK && res != KV_OK ? prev_get(c) : NULL;
     if (pv) {
         size_t prev[KV_PLACE_MAX];
         size_t e = prev_candidates(v, pv, id, c->replicas, cand, m, prev);
-        for (size_t j = 0; j < e && res != KV_OK; j++) {
-            if (peer_is_down(v->owners[prev[j]]))
-                continue;
-            struct kv__op o = { .kind = KV_OP_SIZE, .ns = (uint8_t)ns, .index = index, .id = *id };
-            size_t own = prev[j];
-            if (run_grouped(c, v, &o, &own, 1) == KV_OK && o.result == KV_OK) {
-                *len = o.len;
-                res = KV_OK;
-            }
-        }
+        if (size_from(c, v, ns, id, index, prev, e, len) == KV_OK)
+            res = KV_OK;
         view_put(pv);
     }
     view_put(v);
