@@ -246,6 +246,10 @@ static const struct key keys[] = {
     STR("store.dir", store.dir, "",
         "the rendezvous directory of shared stores (<id>.lock, <id>.sock), created 0700; "
         "empty = $XDG_RUNTIME_DIR/kvengine, else /tmp/kvengine-<euid>"),
+    BOOL("store.direct_reads", store.direct_reads, "true",
+         "an attached process loads the shards its store holds in DRAM straight from the shared "
+         "segment, with no round trip (checked against the segment's directory); false = each "
+         "load asks the serving process, which pins them (and refreshes their recency)"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",

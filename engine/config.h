@@ -85,6 +85,7 @@ struct kv_config {
         char name[KV_CFG_STR];          /* "" = shared by ssd.path alone (or not at all) */
         uint32_t block_shards;          /* shards a block has when complete (lookup), >= 1 */
         char dir[KV_CFG_STR];           /* rendezvous directory; "" = the default */
+        bool direct_reads;              /* attached loads read the segment's directory */
     } store;
     struct {
         char listen[KV_CFG_STR];        /* "" = off */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "net/dir.h"
 #include "dram.h"
 
 /* How long an allocation may wait for write-back to release memory. */
@@ -37,6 +38,7 @@ void kv__dram_close(struct kv__dram *d)
         kv__alloc_free_all(d->alloc);
     }
     pthread_mutex_destroy(&d->evict_lock);
+    kv__dir_free(atomic_load(&d->dir));
     kv__segment_unmap(&d->seg);
     free(d);
 }
@@ -71,6 +73,21 @@ int kv__dram_open(const struct kv_config *cfg, uint64_t epoch_ns, struct kv__dra
 void kv__dram_set_sink(struct kv__dram *d, struct kv__sink sink)
 {
     d->sink = sink;
+}
+
+void kv__dram_set_dir(struct kv__dram *d, struct kv__dir *dir)
+{
+    atomic_store(&d->dir, dir);
+}
+
+void kv__dram_unlinked(struct kv__dram *d, int ns, const struct kv__blk *b)
+{
+    struct kv__dir *dir = atomic_load_explicit(&d->dir, memory_order_acquire);
+    if (!dir || ns != KV_NS_BLOCK)
+        return;
+    const struct kv__sref *r = kv__blk_srefs((struct kv__blk *)b);
+    for (uint32_t i = 0; i < b->nshards; i++)
+        kv__dir_retract(dir, &b->id, r[i].index);
 }
 
 void kv__dram_segment(struct kv__dram *d, void **base, size_t *len)
@@ -210,15 +227,20 @@ static struct kv__at lock_find(struct kv__dram *d, int ns, const kv_block_id *id
     return kv__dram_lock_find(d, ns, id, index, kv__id_hash(id));
 }
 
-/* Links p as the found shard; 1 when another copy got there first (the
- * caller frees p), KV_ENOMEM. */
-static int do_insert(struct kv__dram *d, struct kv__at *a, const kv_block_id *id, uint32_t index,
-                     void *p, uint32_t len)
+/* Links p as the found shard (and mirrors a block shard for attached
+ * readers); 1 when another copy got there first (the caller frees p),
+ * KV_ENOMEM. */
+static int do_insert(struct kv__dram *d, struct kv__at *a, int ns, const kv_block_id *id,
+                     uint32_t index, void *p, uint32_t len)
 {
     if (a->r)
         return 1;
     uint32_t off64 = (uint32_t)(((const uint8_t *)p - d->seg.base) / 64);
-    return kv__blk_add(a->ts, a->h, id, index, off64, len, kv__dram_now(d), NULL);
+    int rc = kv__blk_add(a->ts, a->h, id, index, off64, len, kv__dram_now(d), NULL);
+    struct kv__dir *dir = atomic_load_explicit(&d->dir, memory_order_acquire);
+    if (rc == KV_OK && dir && ns == KV_NS_BLOCK)
+        kv__dir_publish(dir, id, index, off64, len);
+    return rc;
 }
 
 static int do_pin(struct kv__dram *d, struct kv__at *a, int ns, const void **data,
@@ -246,9 +268,10 @@ static bool do_unpin(struct kv__blk *b)
 
 /* Unlinks the found block; true when nobody has it pinned (the caller frees
  * it), else the last unpin will. */
-static bool do_unlink(struct kv__at *a)
+static bool do_unlink(struct kv__dram *d, int ns, struct kv__at *a)
 {
     kv__blk_unlink(a->ts, a->h, a->b);
+    kv__dram_unlinked(d, ns, a->b);
     if (!a->b->pins)
         return true;
     a->b->pins |= KV_BLK_DEAD;
@@ -261,7 +284,7 @@ int kv__dram_insert(struct kv__dram *d, int ns, const kv_block_id *id, uint32_t 
                     void *p, uint32_t len)
 {
     struct kv__at a = lock_find(d, ns, id, index);
-    int rc = do_insert(d, &a, id, index, p, len);
+    int rc = do_insert(d, &a, ns, id, index, p, len);
     kv__dram_unlock(&a);
     if (rc != KV_OK)
         kv__dram_free(d, p, len);
@@ -344,7 +367,7 @@ int kv__dram_copy_out(struct kv__dram *d, int ns, const kv_block_id *id, uint32_
 bool kv__dram_remove(struct kv__dram *d, int ns, const kv_block_id *id)
 {
     struct kv__at a = lock_find(d, ns, id, KV__ANY_SHARD);
-    bool free_now = a.b && do_unlink(&a);
+    bool free_now = a.b && do_unlink(d, ns, &a);
     kv__dram_unlock(&a);
     if (free_now)
         kv__dram_free_blk(d, a.b);

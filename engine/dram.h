@@ -18,6 +18,8 @@
 #include "segment.h"
 
 /* The tier's state: fields are dram.c's and evict.c's alone. */
+struct kv__dir;
+
 struct kv__dram {
     struct kv__segment seg;
     struct kv__alloc *alloc;
@@ -30,6 +32,7 @@ struct kv__dram {
     uint64_t lease_ns;
     pthread_mutex_t evict_lock;
     struct kv__sink sink;          /* accept NULL: victims are dropped */
+    struct kv__dir *_Atomic dir;   /* the mirror attached processes read (dir.c); NULL: none */
     _Atomic uint64_t evictions, enospc;
 };
 
@@ -44,6 +47,13 @@ void kv__dram_close(struct kv__dram *d);
 
 /* Where victims go from now on (the next tier's write-back). */
 void kv__dram_set_sink(struct kv__dram *d, struct kv__sink sink);
+/* Mirrors every block shard linked from now on into dir, which the DRAM
+ * tier then owns (freed at close): what a host store's server hands its
+ * clients (engine/host.c). */
+void kv__dram_set_dir(struct kv__dram *d, struct kv__dir *dir);
+/* b was just unlinked (table-shard lock held): its shards leave the
+ * mirror before their memory can be freed. */
+void kv__dram_unlinked(struct kv__dram *d, int ns, const struct kv__blk *b);
 void kv__dram_segment(struct kv__dram *d, void **base, size_t *len);
 /* "dram=N bytes (P pages, faulted in T ms) shards=S", for the open log line. */
 void kv__dram_describe(struct kv__dram *d, char *buf, size_t len);

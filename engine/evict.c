@@ -107,8 +107,10 @@ static uint64_t take(struct kv__dram *d, const struct offer *o)
     struct kv__at a = kv__dram_lock_find(d, o->ns, &o->c.id, KV__ANY_SHARD, o->c.hash);
     struct kv__blk *b = a.b;
     bool ok = b && !b->pins && b->stamp == o->c.stamp;   /* else gone, in use, or used since */
-    if (ok)
+    if (ok) {
         kv__blk_unlink(a.ts, a.h, b);
+        kv__dram_unlinked(d, o->ns, b);
+    }
     kv__dram_unlock(&a);
     return ok ? hand_off(d, o->ns, b) : 0;
 }

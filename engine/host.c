@@ -29,6 +29,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "net/dir.h"
 #include "dram.h"
 #include "host.h"
 #include "net/shm.h"
@@ -200,8 +201,10 @@ static int rendezvous(kv_engine *e, struct kv__host *h, char *err, size_t errlen
     for (;;) {
         int rc = kv__shm_connect(h->sock_path, e->cfg.cluster.token, h->timeout_ms, e->buffers,
                                  &h->cli, why, sizeof why);
-        if (rc == KV_OK)
+        if (rc == KV_OK) {
+            kv__shm_set_direct(h->cli, e->cfg.store.direct_reads);
             return 0;
+        }
         if (rc != KV_ENET) {
             kv__errf(err, errlen, "cannot attach to the host store %s: %s", h->id, why);
             return rc;
@@ -316,7 +319,7 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
         .ctx = e, .lookup = h_lookup, .prefetch = h_prefetch, .pin = h_pin, .unpin = h_unpin,
         .load = h_load, .dump = h_dump, .put = h_put, .get = h_get, .exists = h_exists,
         .remove = h_remove, .remove_all = h_remove_all, .stats = h_stats, .many = h_many,
-        .seg_fd = -1, .remove_prefix = h_remove_prefix,
+        .seg_fd = -1, .dir_fd = -1, .remove_prefix = h_remove_prefix,
     };
     sh.ssd_scan = h_ssd_scan;
     sh.ssd_scrub = h_ssd_scrub;
@@ -332,6 +335,18 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
         sh.seg_len = e->dram->seg.len;
         sh.seg_fd = e->dram->seg.fd;
         kv__fork_close(sh.seg_fd, true);   /* a child must not keep a dead server's DRAM */
+        /* The segment's directory: the DRAM tier mirrors every block shard
+         * it links from now on, and clients load those without asking. */
+        struct kv__dir *dir;
+        rc = kv__dir_new(sh.seg_len, &dir);
+        if (rc == KV_OK) {
+            kv__dram_set_dir(e->dram, dir);
+            sh.dir_fd = kv__dir_fd(dir);
+            sh.dir_len = kv__dir_len(dir);
+        } else {
+            KV_WARN("store %s: no directory for direct loads (%s): every attached load is a "
+                    "round trip", h->id, kv_strerror(rc));
+        }
     }
     int rc = kv__shm_serve(h->sock_path, e->cfg.cluster.token, h->timeout_ms, &sh, &h->srv, err,
                            errlen);
@@ -447,8 +462,11 @@ void kv__host_stats(kv_engine *e, kv_stats *out)
     struct kv__host *h = e->host;
     if (!h)
         return;
-    if (h->srv)
-        kv__shm_server_stats(h->srv, &out->host_clients, &out->host_pins);
+    if (h->srv) {
+        uint64_t direct;
+        kv__shm_server_stats(h->srv, &out->host_clients, &out->host_pins, &direct);
+        out->hits_dram += direct;   /* the clients' loads that never reached us */
+    }
     out->host_attached = !atomic_load(&h->serving);
 }
 

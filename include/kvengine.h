@@ -383,9 +383,12 @@ KV_EXPORT int kv_unregister_buffer(kv_engine *e, void *addr);
  * `<id>.sock`. An engine alone behaves exactly as an unshared one.
  *
  * What is shared, and what a client may touch: the server's DRAM segment
- * is mapped READ-ONLY into attached processes (a sealed memfd): a load
- * copies straight from it into the caller's buffer, while the server holds
- * a pin on the shard. A dump is copied into the segment by the server, from
+ * is mapped READ-ONLY into attached processes (a sealed memfd), and so is
+ * its directory (where each block shard in DRAM lies): a load of shards in
+ * DRAM copies each straight from the segment into the caller's buffer and
+ * asks the server nothing, checking afterwards that the shard was not moved
+ * meanwhile (else it asks; `store.direct_reads: false`: every load asks,
+ * and the server pins the shards while they are copied). A dump is copied into the segment by the server, from
  * the caller's staging memory (or straight from a kv_buffer_alloc buffer):
  * no attached process can write stored bytes. Only the same uid (checked
  * on the socket, which lives in a 0700 directory) that proves

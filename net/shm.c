@@ -5,10 +5,14 @@
  *
  * Key design choice: bytes never cross the socket on the block path. The
  * store's segment is a sealed memfd that each client maps READ-ONLY (a
- * descriptor reopened O_RDONLY, passed with SCM_RIGHTS): a load pins the
- * shards DRAM holds (net/serve.c's policy) and answers their offsets, the
- * client copies each straight from the segment into the caller's buffer,
- * then marks the pin's slot on its pin board (below). What is not in DRAM
+ * descriptor reopened O_RDONLY, passed with SCM_RIGHTS), and so is the
+ * segment's directory (net/dir.c): a load first copies every shard the
+ * directory names straight from the segment into the caller's buffer,
+ * each copy checked against the directory afterwards, and sends the
+ * server only the rest (blocks()). Those the server pins where DRAM holds
+ * them (net/serve.c's policy) and answers their offsets, the client
+ * copies each straight from the segment, then marks the pin's slot on its
+ * pin board (below). What is not in DRAM
  * (SSD, a remote owner) the server copies into memory the client shares
  * with it: a kvengine shared buffer (kv_buffer_alloc) when the destination
  * lies in one, else the connection's staging memfd. A dump is copied into
@@ -26,7 +30,9 @@
  *            token's challenge-response (auth.h); client: boot id[40],
  *            u32 sizeof(kv_stats), u32 magic, u32 version + its pin board
  *            (a memfd of BOARD_LEN bytes); server: i32 status, u32 has-
- *            segment, u64 segment length + the segment (read-only memfd).
+ *            segment, u64 segment length + the segment (read-only memfd);
+ *            then u64 directory length (0: none) + the directory (a memfd
+ *            sealed against writes, net/dir.c).
  *            Each side refuses another version (SHM_VERSION), naming both.
  *   frame    u32 body length, u32 op (request) or rc (response), body
  *   loc      u8 kind (0 inline, 1 staging, 2 region), u32 region, u64 offset
@@ -58,6 +64,9 @@
  *            then the last (rc the call's): u32 n, n x entry, u64 checked, u64 bad
  *   entry    u8 ns, id, u32 index, u64 size, u64 seq, u64 total, i32 status
  *
+ * The board's last 64 bytes: u64 the loads this client read straight from
+ * the segment (its count; the server adds it to hits_dram, and trusts it
+ * with nothing else).
  * Pins end without a message: the client sets byte `pin` of its board once
  * it has copied that shard, and the server ends the marked pins before it
  * serves the connection's next request (any op), or after HOLD_MS of quiet
@@ -84,6 +93,7 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "dir.h"
 #include "serve.h"
 #include "shm.h"
 #include "sock.h"
@@ -95,7 +105,8 @@
 #define INLINE_MAX     (1u << 20)    /* plain-key values carried in the frame */
 #define STAGE_MIN      (64ull << 20) /* sparse: only what is written is memory */
 #define PINS_MAX       8192u         /* per connection; past it loads are copied */
-#define BOARD_LEN      PINS_MAX      /* the pin board: one byte per pin slot */
+#define BOARD_HITS     PINS_MAX      /* the board's tail: u64 loads the client read directly */
+#define BOARD_LEN      (PINS_MAX + 64) /* the pin board: one byte per pin slot, then that */
 #define HOLD_MS        10u           /* a quiet connection's copied pins end this soon */
 #define HOLD_MAX_MS    1000u         /* the wait doubles up to this while none are done */
 #define REGIONS_MAX    256u          /* mappings one connection may hand over */
@@ -410,6 +421,7 @@ struct sconn {
     uint32_t nfree;
     struct smap board;       /* the client's pin board (BOARD_LEN bytes) */
     uint32_t *held;          /* slots answered to the client and not yet ended */
+    bool board_live;         /* under mu: kv__shm_server_stats may read the board */
     uint32_t nheld;
     unsigned hold_ms;        /* the next quiet wait before looking at the board */
     uint8_t *rbuf, *wbuf;
@@ -428,6 +440,7 @@ struct kv__shm_server {
     pthread_mutex_t mu;      /* conns */
     struct sconn *conns;
     _Atomic uint64_t nconns, npins, requests;
+    uint64_t direct_gone;    /* direct reads of connections that ended (under mu) */
     _Atomic bool stopping;
 };
 
@@ -521,6 +534,17 @@ static void quiet_reap(struct sconn *c)
 {
     c->hold_ms = board_reap(c) ? HOLD_MS
                : c->hold_ms * 2 > HOLD_MAX_MS ? HOLD_MAX_MS : c->hold_ms * 2;
+}
+
+/* The loads the client says it read straight from the segment (its board's
+ * tail): a figure for kv_stats, nothing more, so a client that writes
+ * nonsense there misleads only the counters. */
+static uint64_t board_direct(const struct sconn *c)
+{
+    if (!c->board.base || c->board.len < BOARD_LEN)
+        return 0;
+    return atomic_load_explicit((_Atomic uint64_t *)(c->board.base + BOARD_HITS),
+                                memory_order_relaxed);
 }
 
 static void sconn_free(struct sconn *c)
@@ -1180,7 +1204,14 @@ static int server_hello(struct sconn *c)
     kv__put32(out + 4, s->ro_fd >= 0 && status == KV_OK);
     kv__put64(out + 8, s->host.seg_len);
     rc = send_with_fd(c->fd, out, sizeof out, status == KV_OK ? s->ro_fd : -1, dl);
-    return rc != KV_OK ? rc : status;
+    if (rc != KV_OK || status != KV_OK)
+        return rc != KV_OK ? rc : status;
+    /* The directory of the segment (net/dir.c), sealed: read-only to
+     * the client whatever descriptor it holds. Length 0: none. */
+    bool dir = s->ro_fd >= 0 && s->host.dir_fd >= 0;
+    uint8_t dout[8];
+    kv__put64(dout, dir ? s->host.dir_len : 0);
+    return send_with_fd(c->fd, dout, sizeof dout, dir ? s->host.dir_fd : -1, dl);
 }
 
 static void *sconn_main(void *arg)
@@ -1189,6 +1220,9 @@ static void *sconn_main(void *arg)
     struct kv__shm_server *s = c->srv;
     int rc = server_hello(c);
     c->hold_ms = HOLD_MS;
+    pthread_mutex_lock(&s->mu);
+    c->board_live = rc == KV_OK;
+    pthread_mutex_unlock(&s->mu);
     while (rc == KV_OK && !atomic_load(&s->stopping)) {
         struct pollfd p[2] = { { c->fd, POLLIN, 0 }, { s->stop_pipe[0], POLLIN, 0 } };
         int k = poll(p, 2, c->nheld ? (int)c->hold_ms : -1);
@@ -1242,6 +1276,9 @@ static void *sconn_main(void *arg)
     pthread_mutex_lock(&s->mu);
     close_listed(c->fd);
     c->fd = -1;
+    if (c->board_live)
+        s->direct_gone += board_direct(c);
+    c->board_live = false;
     pthread_mutex_unlock(&s->mu);
     sconn_free(c);
     atomic_fetch_sub(&s->nconns, 1);
@@ -1414,10 +1451,20 @@ void kv__shm_stop(struct kv__shm_server *s)
     free(s);
 }
 
-void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins)
+void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins,
+                          uint64_t *direct)
 {
     *clients = s ? atomic_load(&s->nconns) : 0;
     *pins = s ? atomic_load(&s->npins) : 0;
+    *direct = 0;
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->mu);
+    *direct = s->direct_gone;
+    for (struct sconn *c = s->conns; c; c = c->next)
+        if (c->board_live)
+            *direct += board_direct(c);
+    pthread_mutex_unlock(&s->mu);
 }
 
 uint64_t kv__shm_server_requests(struct kv__shm_server *s)
@@ -1449,6 +1496,8 @@ struct kv__shm_client {
     size_t seg_len;
     dev_t seg_dev;
     ino_t seg_ino;
+    struct kv__dir_view dir; /* the segment's directory, read-only (net/dir.c) */
+    _Atomic bool direct;     /* loads try the directory first */
     pthread_mutex_t mu;      /* idle */
     struct cconn **idle;
     size_t nidle, capidle;
@@ -1724,6 +1773,19 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
         if (rc != KV_OK)
             goto fail;
     }
+    /* The directory: mapped with the first connection, as the segment is
+     * (the same server's: the segment's identity was checked). One that
+     * does not map is no directory, and loads ask the server. */
+    uint8_t dans[8];
+    int dfd = -1;
+    if ((rc = recv_with_fd(k->fd, dans, sizeof dans, &dfd, dl)) != KV_OK)
+        goto fail;
+    uint64_t dir_len = kv__get64(dans);
+    if (dfd >= 0 && dir_len && c->seg && !c->dir.base && dir_len < MAP_MAX &&
+        kv__dir_map(dfd, (size_t)dir_len, &c->dir) != KV_OK)
+        KV_WARN("host store %s: its directory does not map: every load asks the server", c->path);
+    if (dfd >= 0)
+        close(dfd);
     *out = k;
     return KV_OK;
 fail:
@@ -1811,8 +1873,14 @@ void kv__shm_disconnect(struct kv__shm_client *c)
     free(c->idle);
     if (c->seg)
         munmap((void *)c->seg, c->seg_len);
+    kv__dir_unmap(&c->dir);
     pthread_mutex_destroy(&c->mu);
     free(c);
+}
+
+void kv__shm_set_direct(struct kv__shm_client *c, bool on)
+{
+    atomic_store(&c->direct, on);
 }
 
 bool kv__shm_broken(struct kv__shm_client *c)
@@ -1981,17 +2049,14 @@ static const kv_iov *single_iov(const kv_shard *s)
  * come from) a shared buffer when its one iovec lies in one, else a slot
  * of the staging memfd.
  */
-static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_t n, int *results)
+/* The shards of a load or dump the server is asked for, on k. */
+static int blocks_rpc(struct kv__shm_client *c, struct cconn *k, bool load, const kv_shard *sh,
+                      size_t n, int *results)
 {
-    struct cconn *k;
-    int rc = cconn_get(c, &k);
-    if (rc != KV_OK)
-        return rc;
+    int rc = KV_OK;
     uint8_t (*loc)[LOC_LEN] = malloc((n < ITEMS_MAX ? n : ITEMS_MAX) * LOC_LEN);
-    if (!loc) {
-        cconn_put(c, k, KV_OK);
+    if (!loc)
         return KV_ENOMEM;
-    }
     for (size_t i = 0; rc == KV_OK && i < n;) {
         /* This request: shards [i, j), staging bytes laid out as we go. */
         size_t j = i;
@@ -2050,14 +2115,14 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
             if (r == KV_OK && a[4] == HOW_PINNED) {
                 uint64_t off = kv__get64(a + 5);
                 uint32_t slot = kv__get32(a + 13);
-                if (!c->seg || off > c->seg_len || len > c->seg_len - off || slot >= BOARD_LEN)
+                if (!c->seg || off > c->seg_len || len > c->seg_len - off || slot >= PINS_MAX)
                     r = KV_EPROTO;   /* a server that points outside its segment */
                 else if (len)
                     kv__iov_scatter(s->iov, s->iovcnt, c->seg + off);
                 /* Copied: the pin may end. No message; the server looks at
                  * the board with our next request, or when we go quiet. The
                  * release orders the copy's reads before the mark. */
-                if (slot < BOARD_LEN)
+                if (slot < PINS_MAX)
                     atomic_store_explicit(&k->board[slot], 1, memory_order_release);
             } else if (r == KV_OK && a[4] == HOW_COPIED) {
                 if (loc[x][0] == LOC_STAGE && len)
@@ -2070,6 +2135,64 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
         i = j;
     }
     free(loc);
+    return rc;
+}
+
+/*
+ * A load first copies what the server's directory names straight out of
+ * the segment (net/dir.c: each copy checked against the slot's
+ * sequence afterwards, so a shard moved or freed meanwhile is asked for
+ * instead, never read wrong) and asks the server only for the rest: a load
+ * of shards in DRAM is one copy each and no round trip. Only while the
+ * server is there: a connection with anything to read (its close, or a
+ * frame nobody asked for) sends the whole load to the server, which finds
+ * out what happened. A direct read neither pins nor refreshes the block's
+ * recency; what a lookup does for it is unchanged.
+ */
+static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_t n, int *results)
+{
+    struct cconn *k;
+    int rc = cconn_get(c, &k);
+    if (rc != KV_OK)
+        return rc;
+    size_t left = n;
+    uint8_t *done = NULL;
+    struct pollfd p = { k->fd, POLLIN, 0 };
+    if (load && c->dir.base && atomic_load_explicit(&c->direct, memory_order_relaxed) &&
+        poll(&p, 1, 0) == 0 && (done = calloc(n, 1))) {
+        uint64_t hits = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t len = kv__iov_len(sh[i].iov, sh[i].iovcnt);
+            if (kv__dir_copy(&c->dir, c->seg, c->seg_len, &sh[i].block, sh[i].index, sh[i].iov,
+                             sh[i].iovcnt, len)) {
+                results[i] = KV_OK;
+                done[i] = 1;
+                hits++;
+            }
+        }
+        left -= hits;
+        atomic_fetch_add_explicit((_Atomic uint64_t *)(k->board + BOARD_HITS), hits,
+                                  memory_order_relaxed);
+    }
+    if (left == n) {
+        rc = blocks_rpc(c, k, load, sh, n, results);
+    } else if (left) {
+        /* The rest, in order, as one load of its own. */
+        kv_shard *rest = malloc(left * sizeof *rest);
+        int *res = malloc(left * sizeof *res);
+        rc = rest && res ? KV_OK : KV_ENOMEM;
+        for (size_t i = 0, j = 0; rc == KV_OK && i < n; i++)
+            if (!done[i])
+                rest[j++] = sh[i];
+        if (rc == KV_OK)
+            rc = blocks_rpc(c, k, load, rest, left, res);
+        for (size_t i = 0, j = 0; rc == KV_OK && i < n; i++)
+            if (!done[i])
+                results[i] = res[j++];
+        free(rest);
+        free(res);
+    }
+    free(done);
     cconn_put(c, k, rc);
     return rc;
 }

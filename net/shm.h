@@ -51,6 +51,10 @@ struct kv__shm_host {
     const void *seg_base;
     size_t seg_len;
     int seg_fd;
+    /* The segment's directory (net/dir.c), a sealed memfd the clients
+     * map read-only to load DRAM shards without asking (-1: none). */
+    int dir_fd;
+    size_t dir_len;
     /* kv_ssd_scan / _scrub / _compact / _remove of the served engine; cb
      * runs on the connection's thread (the server streams the entries to
      * the client, whose cb runs on its caller's). */
@@ -65,7 +69,8 @@ struct kv__shm_host {
  * the client (its error names both versions) and by the server (it logs
  * both), before the token is proved. */
 #define KV__SHM_MAGIC   0x4d53564bu   /* "KVSM" */
-#define KV__SHM_VERSION 2u            /* 2: pins end through the client's pin board */
+#define KV__SHM_VERSION 3u            /* 2: pins end through the client's pin board;
+                                         3: the segment's directory, direct loads */
 
 /* ---- the server ---------------------------------------------------------- */
 struct kv__shm_server;
@@ -81,7 +86,10 @@ int  kv__shm_serve(const char *path, const char *token, unsigned timeout_ms,
  * and mappings), unlinks the socket. NULL is a no-op. */
 void kv__shm_stop(struct kv__shm_server *s);
 /* Connections served now, and pins they hold. */
-void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins);
+/* Attached clients, pins they hold, and the loads they read straight from
+ * the segment (their counts, as they report them). */
+void kv__shm_server_stats(struct kv__shm_server *s, uint64_t *clients, uint64_t *pins,
+                          uint64_t *direct);
 /* Requests (frames) answered since kv__shm_serve: round trips, counted. */
 uint64_t kv__shm_server_requests(struct kv__shm_server *s);
 
@@ -120,6 +128,9 @@ void kv__shm_disconnect(struct kv__shm_client *c);
 /* True once a call lost the server: every further call fails KV_ENET, the
  * caller reconnects. */
 bool kv__shm_broken(struct kv__shm_client *c);
+/* Loads of shards the server's directory names are copied with no round
+ * trip (on: the default; store.direct_reads). */
+void kv__shm_set_direct(struct kv__shm_client *c, bool on);
 
 /* The calls, with the public API's contracts; any number of shards (split
  * as needed). A connection error is KV_ENET / KV_ETIMEDOUT / KV_EPROTO for
