@@ -1739,6 +1739,7 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
         kv__errf(err, errlen, "%s: handshake refused (%s)", c->path, kv_err_name(rc));
         goto fail;
     }
+    bool first = !c->seg;   /* kv__shm_connect's own connection: nobody else sees c yet */
     if (sfd >= 0) {
         struct stat st;
         if (fstat(sfd, &st) != 0 || (uint64_t)st.st_size < seg_len) {
@@ -1774,14 +1775,15 @@ static int cconn_open(struct kv__shm_client *c, struct cconn **out, char *err, s
             goto fail;
     }
     /* The directory: mapped with the first connection, as the segment is
-     * (the same server's: the segment's identity was checked). One that
-     * does not map is no directory, and loads ask the server. */
+     * (later ones are the same server's: the segment's identity was
+     * checked). One that does not map is no directory, and loads ask the
+     * server. */
     uint8_t dans[8];
     int dfd = -1;
     if ((rc = recv_with_fd(k->fd, dans, sizeof dans, &dfd, dl)) != KV_OK)
         goto fail;
     uint64_t dir_len = kv__get64(dans);
-    if (dfd >= 0 && dir_len && c->seg && !c->dir.base && dir_len < MAP_MAX &&
+    if (first && dfd >= 0 && dir_len && c->seg && dir_len < MAP_MAX &&
         kv__dir_map(dfd, (size_t)dir_len, &c->dir) != KV_OK)
         KV_WARN("host store %s: its directory does not map: every load asks the server", c->path);
     if (dfd >= 0)
