@@ -249,7 +249,7 @@ static const struct key keys[] = {
     BOOL("store.direct_reads", store.direct_reads, "true",
          "an attached process loads the shards its store holds in DRAM straight from the shared "
          "segment, with no round trip (checked against the segment's directory); false = each "
-         "load asks the serving process, which pins them (and refreshes their recency)"),
+         "load asks the serving process, which pins them while they are copied"),
 
     SECTION("metrics", "the HTTP endpoint for /metrics and /health"),
     LISTEN("metrics.listen", metrics.listen, true, "",

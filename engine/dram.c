@@ -364,6 +364,17 @@ int kv__dram_copy_out(struct kv__dram *d, int ns, const kv_block_id *id, uint32_
     return rc;
 }
 
+void kv__dram_touch(struct kv__dram *d, int ns, const kv_block_id *ids, size_t n)
+{
+    uint64_t now = kv__dram_now(d);
+    for (size_t i = 0; i < n; i++) {
+        struct kv__at a = lock_find(d, ns, &ids[i], KV__ANY_SHARD);
+        if (a.b)
+            kv__blk_touch(a.b, now);
+        kv__dram_unlock(&a);
+    }
+}
+
 bool kv__dram_remove(struct kv__dram *d, int ns, const kv_block_id *id)
 {
     struct kv__at a = lock_find(d, ns, id, KV__ANY_SHARD);

@@ -95,6 +95,9 @@ int  kv__dram_copy_out(struct kv__dram *d, int ns, const kv_block_id *id, uint32
 /* Unlinks the whole block (id) and frees it, or leaves the free to its last
  * reader's unpin. True when there was one. */
 bool kv__dram_remove(struct kv__dram *d, int ns, const kv_block_id *id);
+/* Refreshes the recency of the blocks among ids that are stored, as a
+ * pinned read does (a lease is never shortened). */
+void kv__dram_touch(struct kv__dram *d, int ns, const kv_block_id *ids, size_t n);
 /* hit[i] = shard 0 of ids[i] is held; each hit is leased (lease_ttl). */
 void kv__dram_lookup(struct kv__dram *d, int ns, const kv_block_id *ids, size_t n, uint8_t *hit);
 /* kv__local_scan's walk (engine.h), one table shard at a time; returns

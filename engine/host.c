@@ -298,6 +298,12 @@ static int h_remove_all(void *c, uint64_t *n) { return kv_remove_all(c, n); }
 static int h_stats(void *c, kv_stats *out) { return kv_stats_get(c, out); }
 static int h_remove_prefix(void *c, const void *p, size_t len, uint64_t *n)
 { return kv_remove_prefix(c, p, len, n); }
+static void h_touch(void *c, const kv_block_id *ids, size_t n)
+{
+    kv_engine *e = c;
+    if (e->dram)
+        kv__dram_touch(e->dram, KV_NS_BLOCK, ids, n);
+}
 static int h_many(void *c, int what, kv_pair *items, size_t n, int *res)
 {
     return what == 0 ? kv_put_many(c, items, n, res)
@@ -319,7 +325,7 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
         .ctx = e, .lookup = h_lookup, .prefetch = h_prefetch, .pin = h_pin, .unpin = h_unpin,
         .load = h_load, .dump = h_dump, .put = h_put, .get = h_get, .exists = h_exists,
         .remove = h_remove, .remove_all = h_remove_all, .stats = h_stats, .many = h_many,
-        .seg_fd = -1, .dir_fd = -1, .remove_prefix = h_remove_prefix,
+        .seg_fd = -1, .dir_fd = -1, .remove_prefix = h_remove_prefix, .touch = h_touch,
     };
     sh.ssd_scan = h_ssd_scan;
     sh.ssd_scrub = h_ssd_scrub;

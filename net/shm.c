@@ -105,8 +105,13 @@
 #define INLINE_MAX     (1u << 20)    /* plain-key values carried in the frame */
 #define STAGE_MIN      (64ull << 20) /* sparse: only what is written is memory */
 #define PINS_MAX       8192u         /* per connection; past it loads are copied */
-#define BOARD_HITS     PINS_MAX      /* the board's tail: u64 loads the client read directly */
-#define BOARD_LEN      (PINS_MAX + 64) /* the pin board: one byte per pin slot, then that */
+#define BOARD_HITS     PINS_MAX      /* u64: the loads the client read directly */
+#define BOARD_HEAD     (PINS_MAX + 8) /* u64: block ids it has written to the touch ring */
+#define BOARD_RING     (PINS_MAX + 64) /* the touch ring: TOUCH_N block ids */
+#define TOUCH_N        1024u
+#define BOARD_LEN      KV__SHM_BOARD_LEN
+#define TOUCH_MS       50u           /* how often the server reads the touch rings */
+_Static_assert(BOARD_LEN == BOARD_RING + TOUCH_N * KV_BLOCK_ID_LEN, "the board's layout");
 #define HOLD_MS        10u           /* a quiet connection's copied pins end this soon */
 #define HOLD_MAX_MS    1000u         /* the wait doubles up to this while none are done */
 #define REGIONS_MAX    256u          /* mappings one connection may hand over */
@@ -422,6 +427,7 @@ struct sconn {
     struct smap board;       /* the client's pin board (BOARD_LEN bytes) */
     uint32_t *held;          /* slots answered to the client and not yet ended */
     bool board_live;         /* under mu: kv__shm_server_stats may read the board */
+    uint64_t touch_tail;     /* the ring's entries read so far (under mu) */
     uint32_t nheld;
     unsigned hold_ms;        /* the next quiet wait before looking at the board */
     uint8_t *rbuf, *wbuf;
@@ -1306,13 +1312,73 @@ static void reap(struct kv__shm_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
+/*
+ * Direct loads refresh their blocks' recency here, a little late: a client
+ * writes the id of each shard it read straight from the segment into the
+ * touch ring of its board (BOARD_RING, TOUCH_N ids, BOARD_HEAD counting
+ * them), and every TOUCH_MS the accept thread reads each live ring's new
+ * entries and touches those blocks, as a pinned load would have. The ring
+ * is the client's memory: an id it overwrites before we read it is lost (a
+ * block not refreshed, as before), one torn by a concurrent write touches
+ * a block nobody read, and a head that runs past TOUCH_N ids at once is
+ * cut to the last TOUCH_N. Nothing else is read from it.
+ */
+/* Entry i of a touch ring, and setting it: two 8-byte words each, read and
+ * written whole (the two sides run at once by design). */
+static void ring_get(const uint8_t *board, uint64_t i, kv_block_id *id)
+{
+    _Atomic uint64_t *w = (_Atomic uint64_t *)(board + BOARD_RING) + 2 * (i % TOUCH_N);
+    uint64_t v[2] = { atomic_load_explicit(&w[0], memory_order_relaxed),
+                      atomic_load_explicit(&w[1], memory_order_relaxed) };
+    memcpy(id->bytes, v, sizeof v);
+}
+
+static void ring_set(_Atomic uint8_t *board, uint64_t i, const kv_block_id *id)
+{
+    _Atomic uint64_t *w = (_Atomic uint64_t *)((uint8_t *)board + BOARD_RING) + 2 * (i % TOUCH_N);
+    uint64_t v[2];
+    memcpy(v, id->bytes, sizeof v);
+    atomic_store_explicit(&w[0], v[0], memory_order_relaxed);
+    atomic_store_explicit(&w[1], v[1], memory_order_relaxed);
+}
+
+static void touch_all(struct kv__shm_server *s, kv_block_id *buf)
+{
+    for (bool more = true; more;) {
+        more = false;
+        size_t n = 0;
+        pthread_mutex_lock(&s->mu);
+        for (struct sconn *c = s->conns; c && n < TOUCH_N; c = c->next) {
+            if (!c->board_live)
+                continue;
+            const uint8_t *b = c->board.base;
+            uint64_t head = atomic_load_explicit((_Atomic uint64_t *)(b + BOARD_HEAD),
+                                                 memory_order_acquire);
+            if (head - c->touch_tail > TOUCH_N)
+                c->touch_tail = head - TOUCH_N;
+            for (; c->touch_tail != head && n < TOUCH_N; c->touch_tail++)
+                ring_get(b, c->touch_tail, &buf[n++]);
+            more |= c->touch_tail != head;
+        }
+        pthread_mutex_unlock(&s->mu);
+        if (n && s->host.touch)
+            s->host.touch(s->host.ctx, buf, n);
+    }
+}
+
 static void *accept_main(void *arg)
 {
     struct kv__shm_server *s = arg;
+    kv_block_id *touch = malloc(TOUCH_N * sizeof *touch);
+    uint64_t touched_ms = kv__now_ms();
     while (!atomic_load(&s->stopping)) {
         struct pollfd p[2] = { { s->lfd, POLLIN, 0 }, { s->stop_pipe[0], POLLIN, 0 } };
-        if (poll(p, 2, 1000) < 0 && errno != EINTR)
+        if (poll(p, 2, (int)TOUCH_MS) < 0 && errno != EINTR)
             break;
+        if (touch && kv__now_ms() - touched_ms >= TOUCH_MS) {
+            touch_all(s, touch);
+            touched_ms = kv__now_ms();
+        }
         reap(s, false);
         if (p[1].revents)
             break;
@@ -1361,6 +1427,7 @@ static void *accept_main(void *arg)
         s->conns = c;
         pthread_mutex_unlock(&s->mu);
     }
+    free(touch);
     return NULL;
 }
 
@@ -2148,8 +2215,8 @@ static int blocks_rpc(struct kv__shm_client *c, struct cconn *k, bool load, cons
  * of shards in DRAM is one copy each and no round trip. Only while the
  * server is there: a connection with anything to read (its close, or a
  * frame nobody asked for) sends the whole load to the server, which finds
- * out what happened. A direct read neither pins nor refreshes the block's
- * recency; what a lookup does for it is unchanged.
+ * out what happened. A direct read takes no pin; it refreshes its blocks'
+ * recency through the touch ring (touch_all), a little late.
  */
 static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_t n, int *results)
 {
@@ -2162,7 +2229,8 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
     struct pollfd p = { k->fd, POLLIN, 0 };
     if (load && c->dir.base && atomic_load_explicit(&c->direct, memory_order_relaxed) &&
         poll(&p, 1, 0) == 0 && (done = calloc(n, 1))) {
-        uint64_t hits = 0;
+        uint64_t hits = 0, head = atomic_load_explicit((_Atomic uint64_t *)(k->board + BOARD_HEAD),
+                                                       memory_order_relaxed);
         for (size_t i = 0; i < n; i++) {
             uint64_t len = kv__iov_len(sh[i].iov, sh[i].iovcnt);
             if (kv__dir_copy(&c->dir, c->seg, c->seg_len, &sh[i].block, sh[i].index, sh[i].iov,
@@ -2170,11 +2238,16 @@ static int blocks(struct kv__shm_client *c, bool load, const kv_shard *sh, size_
                 results[i] = KV_OK;
                 done[i] = 1;
                 hits++;
+                if (i == 0 || memcmp(&sh[i].block, &sh[i - 1].block, KV_BLOCK_ID_LEN) != 0)
+                    ring_set(k->board, head++, &sh[i].block);
             }
         }
         left -= hits;
         atomic_fetch_add_explicit((_Atomic uint64_t *)(k->board + BOARD_HITS), hits,
                                   memory_order_relaxed);
+        /* The ids before the head that counts them (touch_all). */
+        atomic_store_explicit((_Atomic uint64_t *)(k->board + BOARD_HEAD), head,
+                              memory_order_release);
     }
     if (left == n) {
         rc = blocks_rpc(c, k, load, sh, n, results);

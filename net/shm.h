@@ -46,6 +46,9 @@ struct kv__shm_host {
      * is one call here, so a cluster member batches it per owner too. */
     int  (*many)(void *ctx, int what, kv_pair *items, size_t n, int *results);
     int  (*remove_prefix)(void *ctx, const void *prefix, size_t len, uint64_t *removed);
+    /* The blocks clients read straight from the segment: their recency, as a
+     * pinned load refreshes it (ids of blocks not stored are ignored). */
+    void (*touch)(void *ctx, const kv_block_id *ids, size_t n);
     /* The segment pins point into, and its sealed memfd (-1: none, then
      * nothing is pinned and every load is copied). */
     const void *seg_base;
@@ -69,6 +72,9 @@ struct kv__shm_host {
  * the client (its error names both versions) and by the server (it logs
  * both), before the token is proved. */
 #define KV__SHM_MAGIC   0x4d53564bu   /* "KVSM" */
+/* A client's pin board: 8192 pin bytes, 64 bytes of counters, a ring of
+ * 1024 block ids (net/shm.c). */
+#define KV__SHM_BOARD_LEN (8192u + 64u + 1024u * 16u)
 #define KV__SHM_VERSION 3u            /* 2: pins end through the client's pin board;
                                          3: the segment's directory, direct loads */
 

@@ -1028,6 +1028,54 @@ START_TEST(attached_loads_of_dram_shards_ask_nothing)
 }
 END_TEST
 
+/* A direct load refreshes its block's recency, as a pinned load does, only a
+ * little later (the server reads the clients' touch rings every 50 ms): of
+ * two sets of blocks dumped one after the other, the older set A read
+ * through the directory since, eviction takes the newer set B first.
+ * (Before the rings: A was taken first, the direct loads having left its
+ * stamps where its dumps put them.) */
+START_TEST(a_direct_load_keeps_its_block_warm)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 16MiB, hugepages: off}\n"
+                  "eviction: {lease_ttl_ms: 0}\n"
+                  "store: {name: warm, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2}\n");
+    kv_engine *a = tu_open_yaml(w.yaml);
+    kv_engine *b = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(b).host_attached, 1);
+    enum { LEN = 256 << 10, SET = 20 };
+    for (uint64_t n = 0; n < 2 * SET; n++) {   /* A = 0..19, then B = 20..39 */
+        ck_assert_int_eq(dump_one(a, n, LEN), KV_OK);
+        usleep(1000);
+    }
+    uint64_t r0 = kv__host_requests(a);
+    for (uint64_t n = 0; n < SET; n++)
+        ck_assert_int_eq(load_one(b, n, LEN), 0);
+    ck_assert_uint_eq(kv__host_requests(a) - r0, 0);   /* direct, all of them */
+    usleep(300 * 1000);                                 /* the rings are read */
+    uint64_t ev0 = stats(a).evictions;
+    for (uint64_t n = 1000; n < 1000 + 30; n++)
+        ck_assert_int_eq(dump_one(a, n, LEN), KV_OK);
+    uint64_t ev = stats(a).evictions - ev0;
+    ck_assert_uint_ge(ev, 10);
+    int in_a = 0, in_b = 0;
+    for (uint64_t n = 0; n < 2 * SET; n++) {
+        uint8_t hit = 0;
+        kv_block_id id = tu_id(n, 16);
+        ck_assert_int_eq(kv_lookup(a, &id, 1, &hit), KV_OK);
+        *(n < SET ? &in_a : &in_b) += hit;
+    }
+    ck_assert_msg(in_a >= SET - 2 && in_b <= SET - (int)ev + 2,
+                  "A kept %d, B kept %d of %d, %llu evicted",
+                  in_a, in_b, SET, (unsigned long long)ev);
+    kv_close(b);
+    kv_close(a);
+    world_free(&w);
+}
+END_TEST
+
 /* A direct load never returns bytes the store reused: while the server
  * dumps new blocks as fast as it can into a small DRAM tier (every dump
  * evicts, and the freed memory is written again at once), another process
@@ -1105,7 +1153,7 @@ START_TEST(direct_loads_never_read_reused_memory)
     ck_assert_msg(rc == 0, "child exited %d", rc);
     uint64_t bad = atomic_load(&c->bad), ok = atomic_load(&c->ok);
     ck_assert_uint_eq(bad, 0);
-    ck_assert_uint_gt(ok, 100);
+    ck_assert_uint_gt(ok, 20);   /* thousands here, about a hundred under TSan */
     ck_assert_uint_gt(stats(a).evictions, 100);   /* churned (TSan: a few hundred) */
     /* Most loads asked nothing (the misses did). */
     ck_assert_uint_lt(kv__host_requests(a) - r0, atomic_load(&c->loads));
@@ -1136,11 +1184,11 @@ static int raw_client(const char *sock, uint8_t **board)
     kv__put32(mine + 44, KV__SHM_MAGIC);
     kv__put32(mine + 48, KV__SHM_VERSION);
     int mfd = memfd_create("test-board", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    /* 8192 pin slots, then 64 bytes of counters (net/shm.c's BOARD_LEN). */
-    if (mfd < 0 || ftruncate(mfd, 8192 + 64) != 0 ||
+    /* 8192 pin slots, counters, the touch ring (net/shm.h). */
+    if (mfd < 0 || ftruncate(mfd, KV__SHM_BOARD_LEN) != 0 ||
         fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
         return -1;
-    *board = mmap(NULL, 8192 + 64, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    *board = mmap(NULL, KV__SHM_BOARD_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
     union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } u;
     memset(&u, 0, sizeof u);
     struct iovec iov = { mine, sizeof mine };
@@ -2199,6 +2247,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, pins_end_without_a_message_of_their_own);
     tcase_add_test(tc, attached_loads_of_dram_shards_ask_nothing);
     tcase_add_test(tc, direct_loads_never_read_reused_memory);
+    tcase_add_test(tc, a_direct_load_keeps_its_block_warm);
     tcase_add_test(tc, a_peer_of_another_version_is_refused);
     tcase_add_test(tc, attached_bench_compares_kv_buffer_dumps);
     tcase_add_test(tc, a_pin_ends_only_once_its_copy_is_marked_done);
