@@ -448,6 +448,56 @@ def _pin_key(k, prefix=b""):
     return prefix + _PIN_NS + hashlib.blake2b(k, digest_size=16, person=b"mooncake-pin").digest()
 
 
+# ECMAScript's syntax characters: outside them a pattern character is itself.
+_RE_SYNTAX = frozenset("^$\\.*+?()[]{}|")
+
+
+def _regex_prefix(pattern):
+    """The key prefix (UTF-8 bytes) that a remove_by_regex pattern selects
+    exactly, or None when it is not one: "^", then characters that are not
+    syntax characters or are escaped ("\\" and a character that is not a
+    letter, digit or "_": ECMAScript's identity escapes), then nothing,
+    ".*" or ".*$"."""
+    if isinstance(pattern, bytes):
+        try:
+            pattern = pattern.decode()
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(pattern, str) or not pattern.startswith("^"):
+        return None
+    body = pattern[1:]
+    for tail in (".*$", ".*"):
+        if body.endswith(tail) and not _escaped_end(body, len(body) - len(tail)):
+            body = body[:-len(tail)]
+            break
+    out = []
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            if i + 1 == len(body):
+                return None
+            c = body[i + 1]
+            if c.isalnum() or c == "_" or not c.isascii():
+                return None       # a class (\d, \w), an assertion, a number escape
+            i += 2
+        elif c in _RE_SYNTAX:
+            return None
+        else:
+            i += 1
+        out.append(c)
+    return "".join(out).encode()
+
+
+def _escaped_end(s, n):
+    """True when s[:n] ends in an odd number of backslashes (so s[n] is
+    escaped)."""
+    k = 0
+    while n - k - 1 >= 0 and s[n - k - 1] == "\\":
+        k += 1
+    return k % 2 == 1
+
+
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
@@ -1800,8 +1850,91 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         return [self.remove(k, force) for k in keys]
 
     def remove_by_regex(self, regex_pattern, force=False):
-        raise NotImplementedError(
-            "remove_by_regex: kvengine's API has no listing of keys to match a pattern against")
+        """Removes the objects of this store's tenant whose keys the pattern
+        matches (Mooncake: std::regex_search, ECMAScript) and returns how
+        many; INVALID_PARAMS (-600) for a pattern that is not a regex.
+        Without force an object under a lease or soft pin stays and is not
+        counted, as Mooncake's master skips it; force removes it too.
+
+        kvengine cannot list keys, so only patterns that name a key prefix
+        are served: "^" and a literal (metacharacters escaped with "\\" or
+        absent), optionally followed by ".*" or ".*$"; those are one
+        kv_remove_prefix of the tenant's prefix and the literal, in a
+        cluster on every owner. An empty literal is remove_all. Any other
+        pattern raises NotImplementedError.
+
+        What a prefix removal cannot do that Mooncake's does: ".*$" does
+        not match a key holding "\\n" or "\\r" after the prefix in Mooncake
+        (its "." stops there), here such a key is removed too; and, as in
+        remove_all, only this process's leases and pins keep their objects
+        (another process's, kept in the store under a hash of each key, are
+        found only from the key). A removed object's read lease records
+        expire by themselves; its soft pin record is dropped when this
+        process set the pin, and another process's stays until its TTL (a
+        new object under that key reads as pinned until then)."""
+        lit = _regex_prefix(regex_pattern)
+        if lit is None:
+            try:
+                re.compile(regex_pattern)
+            except (re.error, TypeError):
+                return _BAD
+            raise NotImplementedError(
+                "remove_by_regex(%r): only '^literal', '^literal.*' and '^literal.*$' are "
+                "served (a key prefix); kvengine's API has no listing of keys to match "
+                "another pattern against" % (regex_pattern,))
+        if self._eng is None:
+            return -1
+        if not lit:
+            return self.remove_all(force)
+        if lit[0] == 0 or b"\0" in lit:
+            return 0                      # no Mooncake key holds a NUL
+        p = self._prefix + lit
+        if len(p) > _lib.KV_KEY_MAX:
+            return 0
+        if self._keys is not None:        # a library without kv_remove_prefix
+            n = 0
+            for k in [k for k in self._keys if k.startswith(p)]:
+                rc = self.remove(k[len(self._prefix):], force)
+                if rc == 0:
+                    n += 1
+                elif rc not in (int(ErrorCode.OBJECT_HAS_LEASE), int(ErrorCode.OBJECT_NOT_FOUND)):
+                    return rc
+            return n
+        with self._llock:
+            now = time.monotonic()
+            mine = {k for k, t in self._leases.items() if t > now and k.startswith(p)}
+            mine.update(k for k in self._pins if k.startswith(p))
+        # Without force, this process's leased and pinned objects are read
+        # first and put back after the removal (kv_remove_prefix takes no
+        # exceptions), uncounted, with their pins; a reader sees them
+        # missing in between, as in remove_all.
+        keep = []
+        if not force:
+            for k in mine:
+                if self._leased(k):
+                    v = self._read(k)
+                    if v is not None:
+                        keep.append((k, v))
+        try:
+            n = self._eng.remove_prefix(p)
+        except _engine.KvError as e:
+            return to_mooncake(e.code)
+        kept = {k for k, _ in keep}
+        for k in mine:
+            if k not in kept:
+                self._drop_lease(k, pin=True)
+        if keep:
+            # Their pin records live outside the prefix (_pin_key) and stay.
+            eng, h = self._enter()
+            if h is None:
+                return -1
+            try:
+                for k, v in keep:
+                    if self._put_raw(h, k, _buffers.span(v, False)[0], len(v)) == 0:
+                        n -= 1
+            finally:
+                eng._leave()
+        return max(n, 0)
 
     def remove_all(self, force=False):
         """Removes every object of this store's tenant, in a cluster on
