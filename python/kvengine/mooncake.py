@@ -499,6 +499,10 @@ def _escaped_end(s, n):
 
 
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
+# get / get_batch read straight into bytes of the last size seen up to this
+# (a wrong guess above it would allocate, and for get_batch zero-fill
+# nothing but still map, a large buffer per key for nothing).
+_HINT_MAX = 16 << 20
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
@@ -521,6 +525,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         self._block_shards = 1
         self._llock = threading.Lock()
         self._regs = {}          # registered buffers: address -> size (get_into_ranges)
+        # The size of the objects read last when a whole batch had one size
+        # (0 when not): get and get_batch read straight into bytes of that
+        # size, one kv_get_many instead of a size query and then the read.
+        self._size_hint = 0
         self.dummy = False
         # Mooncake's master grants a read lease of default_kv_lease_ttl
         # (5 s); its tests read the same DEFAULT_KV_LEASE_TTL to know it.
@@ -620,6 +628,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             if named_port is not None or not clustered:
                 self._hostname = str(local_hostname)
             self._local_buffer = buf
+            self._size_hint = 0
             self._prefix = prefix
             # remove_all is kv_remove_prefix of the tenant's prefix; a
             # library without it leaves the keys this store put to be
@@ -703,6 +712,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 return rc
             self._hostname = server_address
             self._local_buffer = buf
+            self._size_hint = 0
             self._cluster_settings = None
             self._config_file = None
             self.dummy = True
@@ -1054,6 +1064,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 if rc:
                     return rc
             return 0
+        fast = self._fast_put_bytes(keys, values, config)
+        if fast is not None:
+            return fast
         items = []
         pins = []
         for key, v in zip(keys, values):
@@ -1084,6 +1097,34 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 first = to_mooncake(rc)
         return first
 
+    def _fast_put_bytes(self, keys, values, config):
+        """put_batch's fast path, for str keys and bytes values (what
+        Mooncake's callers pass): one packed kv_put_many, no per-key span.
+        Its answer, or None to take the general path."""
+        off = _buffers.BYTES_OFFSET
+        if off is None or not values or any(type(v) is not bytes for v in values):
+            return None
+        if max(map(len, values)) > self._local_buffer:
+            return None
+        ks = self._fast_keys(keys)
+        if ks is None:
+            return None
+        a = self._fast_pairs(ks, [id(v) + off for v in values], list(map(len, values)))
+        if a is None:
+            return None
+        res = self._run_pairs(_lib.kv_put_many, a, len(ks))     # values live in `values`
+        if res is None:
+            return _NOT_SET_UP
+        pinning = config is not None and self._pinning(config) is not None
+        if self._keys is not None or pinning:
+            for k, rc in zip(ks, res):
+                if rc == 0:
+                    if self._keys is not None:
+                        self._keys.add(k)
+                    if pinning:
+                        self._pin(k, config)
+        return next((to_mooncake(rc) for rc in res if rc), 0)
+
     def _read(self, k):
         """The object's bytes (a bytes object), or None; leases it."""
         eng, h = self._enter()
@@ -1091,7 +1132,21 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return None
         try:
             vlen = ctypes.c_size_t()
-            rc = _lib.kv_get(h, k, len(k), None, 0, ctypes.byref(vlen))
+            hint = self._size_hint
+            if hint:
+                # Most objects have the size of the last ones read: read into
+                # bytes of that size at once (a size query first cost a
+                # second engine call per get).
+                out, addr = _engine._new_bytes(hint)
+                rc = _lib.kv_get(h, k, len(k), addr, hint, ctypes.byref(vlen))
+                if rc == 0:
+                    self._share_leases([k], h)
+                    if vlen.value == hint:
+                        return out
+                    self._size_hint = 0
+                    return out[:vlen.value]
+            else:
+                rc = _lib.kv_get(h, k, len(k), None, 0, ctypes.byref(vlen))
             for _ in range(16):
                 if rc not in (0, _engine.ENOBUFS):
                     return None
@@ -1101,8 +1156,11 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 out, addr = _engine._new_bytes(need)
                 rc = _lib.kv_get(h, k, len(k), addr if need else None, need, ctypes.byref(vlen))
                 if rc == 0:
-                    self._share_leases([k])
-                    return out if vlen.value == need else out[:vlen.value]
+                    self._share_leases([k], h)
+                    if vlen.value == need:
+                        self._size_hint = need if 0 < need <= _HINT_MAX else 0
+                        return out
+                    return out[:vlen.value]
             return None
         finally:
             eng._leave()
@@ -1117,9 +1175,15 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     def get_batch(self, keys):
         """[bytes] per key (b"" when missing): the sizes in one kv_get_many,
-        then the values in a second."""
+        then the values in a second; or, while the objects read last were
+        all of one size, straight into bytes of that size in one call, the
+        objects of another size then read as before."""
         if self._eng is None or _lib.kv_get_many is None:
             return [self.get(k) for k in keys]
+        if self._size_hint and keys:
+            got = self._hinted_batch(keys)
+            if got is not None:
+                return got
         out = [b""] * len(keys)
         ks = [(i, self._key(key)) for i, key in enumerate(keys)]
         ks = [(i, k) for i, k in ks if k is not None]
@@ -1149,7 +1213,62 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                     read.append(k)
                 elif rc == _engine.ENOBUFS:     # it grew in between: read it alone
                     out[i] = self.get(keys[i])
+            sizes = set(n for _, _, _, _, n in want)
+            if len(sizes) == 1 and len(want) == len(ks):
+                n = sizes.pop()
+                self._size_hint = n if n <= _HINT_MAX else 0
         self._share_leases(read)
+        return out
+
+    def _hinted_batch(self, keys):
+        """get_batch in one kv_get_many into bytes of _size_hint each (and
+        its leases under the same _enter); the objects of another size are
+        read by a second call. None to take the general path (a key that
+        needs checking one by one)."""
+        if _buffers.BYTES_OFFSET is None:
+            return None
+        ks = self._fast_keys(keys)
+        if ks is None:
+            return None
+        hint = self._size_hint
+        n = len(ks)
+        objs = [_engine._new_bytes(hint) for _ in range(n)]
+        a = self._fast_pairs(ks, [addr for _, addr in objs], [hint] * n)
+        if a is None:
+            return None
+        res = array.array("i", bytes(4 * n))
+        eng, h = self._enter()
+        if h is None:
+            return [b""] * n
+        try:
+            rc = _lib.kv_get_many(h, a.buffer_info()[0], n, res.buffer_info()[0])
+            if rc:
+                return [b""] * n
+            lens = a[3::4]
+            out = [b""] * n
+            read = []
+            again = []
+            for i in range(n):
+                r = res[i]
+                if r == 0:
+                    ln = lens[i]
+                    obj = objs[i][0]
+                    out[i] = obj if ln == hint else obj[:ln]
+                    if ln != hint:
+                        self._size_hint = 0
+                    read.append(ks[i])
+                elif r == _engine.ENOBUFS:
+                    again.append(i)
+            if self.kv_lease_ttl_ms > 0 and read:
+                self._share_leases(read, h)
+        finally:
+            eng._leave()
+        if again:
+            # Larger than the hint: the general path for those (sizes, then
+            # values), which also sets the hint anew.
+            self._size_hint = 0
+            for i, v in zip(again, self.get_batch([keys[i] for i in again])):
+                out[i] = v
         return out
 
     def get_buffer(self, key):

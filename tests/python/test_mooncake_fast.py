@@ -272,3 +272,26 @@ def test_a_removes_lease_check_is_one_small_lookup(store, monkeypatch):
     del calls[:]
     assert store._leases_in_store(store._key("pinned")) is True     # its pin, read once found
     assert [c[0] for c in calls] == ["exists", "get"]
+
+
+def test_reads_guessing_the_last_size_answer_as_exact_ones(store):
+    # get / get_batch read straight into bytes of the size read last while
+    # a batch was all of one size: every other size, a miss, an empty
+    # object and a tenant's keys must still read exactly.
+    vals = {"u%d" % i: os.urandom(4096) for i in range(4)}
+    vals.update({"big": os.urandom(9000), "small": os.urandom(100), "empty": b""})
+    for k, v in vals.items():
+        assert store.put(k, v) == 0
+    u = ["u0", "u1", "u2", "u3"]
+    assert store.get_batch(u) == [vals[k] for k in u]
+    assert store._size_hint == 4096
+    assert store.get_batch(u) == [vals[k] for k in u]          # on the guess
+    mixed = ["u0", "big", "missing", "small", "empty", "u1"]
+    assert store.get_batch(mixed) == [vals.get(k, b"") for k in mixed]
+    assert store.get_batch(["big", "big"]) == [vals["big"]] * 2
+    assert store._size_hint == 9000
+    for k in ("u2", "small", "empty", "missing", "big"):
+        assert store.get(k) == vals.get(k, b"")
+    assert store.get_batch(["small", "u3"]) == [vals["small"], vals["u3"]]
+    assert store.get_batch([]) == []
+    assert store.get_batch(["u0", 5]) == [vals["u0"], b""]     # not a key
