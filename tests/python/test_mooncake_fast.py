@@ -295,3 +295,22 @@ def test_reads_guessing_the_last_size_answer_as_exact_ones(store):
     assert store.get_batch(["small", "u3"]) == [vals["small"], vals["u3"]]
     assert store.get_batch([]) == []
     assert store.get_batch(["u0", 5]) == [vals["u0"], b""]     # not a key
+
+
+def test_live_leases_past_the_prune_size_are_not_rebuilt_every_read(store, monkeypatch):
+    # This process's lease copies are pruned of expired entries when they
+    # pass a size; with more live leases than that, pruning every read made
+    # each read rebuild the whole dict. Now the next prune waits for twice
+    # what was left.
+    monkeypatch.setattr(mc, "_PRUNE_AT", 8)
+    store._leases_max = store._wrote_max = 8
+    store.kv_lease_ttl_ms = 60000
+    keys = ["lease%d" % i for i in range(40)]
+    assert store.put_batch(keys, [b"v"] * 40) == 0
+    sizes = []
+    for i in range(0, 40, 4):
+        assert store.get_batch(keys[i:i + 4]) == [b"v"] * 4
+        sizes.append(store._leases_max)
+    assert len(store._leases) == 40 and len(store._wrote) == 40    # all live, all kept
+    assert sizes[-1] >= 40 and len(set(sizes)) <= 4                # grew by doubling
+    assert store.remove(keys[0]) == HAS_LEASE
