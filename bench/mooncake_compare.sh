@@ -23,6 +23,13 @@
 #             one-member cluster), the same arguments;
 #   embedded  kvengine's drop-in with --master-server "" (a single-process
 #             engine, the drop-in's default).
+#   null      a "null store" (bench/null_store.py through the benchmark's
+#             MOONCAKE_STORE_MODULE): the calls the benchmark makes, as cheap
+#             as Python allows (a dict of bytes, memmove into the caller's
+#             buffers). No store can do less, so what it reaches is the most
+#             any store could reach in this harness on this machine: the
+#             table adds X/null for every other system when it runs. A
+#             measurement tool, not a store (one process; no leases).
 #   kvmaster0, embedded0  the same with the Python package of BASELINE_PY
 #             (another checkout's python/ directory, e.g. `git archive main
 #             python | tar -x -C DIR`, then DIR/python) and the library
@@ -32,7 +39,7 @@
 # "holder": a store set up with the segment that sleeps), and the benchmark
 # sets up with --global-segment-size 0, so every byte crosses loopback TCP
 # (Mooncake's transfer engine; kvengine's tcp transport); embedded is
-# skipped there (it has no second process).
+# skipped there (it has no second process), and so is null.
 #
 # Real Mooncake has no isExist, which the benchmark calls in metadata_smoke,
 # mixed_metadata, remove_perf and replay (and in zcopy reads that fail): it
@@ -51,7 +58,7 @@
 # Every process it starts is stopped on exit, however it exits.
 set -euo pipefail
 
-usage() { sed -n '2,51p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,58p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; echo "mooncake_compare.sh: give the Mooncake build dir" >&2; exit 2; }
 MC=$(cd "$1" 2>/dev/null && pwd) || { echo "mooncake_compare.sh: $1: no such directory" >&2; exit 2; }
 KB=$(cd "${2:-build}" 2>/dev/null && pwd) || { echo "mooncake_compare.sh: ${2:-build}: no such directory" >&2; exit 2; }
@@ -255,6 +262,10 @@ run_one() {
             env=(PYTHONPATH="$py/compat:$py" KVENGINE_LIBRARY="$lib"
                  KVENGINE_SETTINGS="log.level=warn")
             ;;
+        null)
+            env=(PYTHONPATH="$ROOT/bench" MOONCAKE_STORE_MODULE=null_store)
+            ;;
+        *) echo "mooncake_compare.sh: unknown system $sys" >&2; return 1 ;;
     esac
     if [ "$TOPOLOGY" = remote ]; then
         pp=$(port)
@@ -281,7 +292,7 @@ echo "mooncake_compare.sh: Mooncake $MC (source $SRC), kvengine $KB; topology $T
      "value $VALUE_SIZE B, $NR_OBJECTS objects, batch $BATCH, $NUMJOBS job(s), runtime $RUNTIME s; $ROUNDS rounds"
 systems=()
 for s in $SYSTEMS; do
-    case "$s" in embedded|embedded0) [ "$TOPOLOGY" = remote ] && continue ;; esac
+    case "$s" in embedded|embedded0|null) [ "$TOPOLOGY" = remote ] && continue ;; esac
     systems+=("$s")
 done
 for r in $(seq "$ROUNDS"); do
@@ -311,9 +322,14 @@ def load(s, sc, api, r):
     except (OSError, ValueError):
         return None
 kv = [s for s in systems if s != "mooncake"]
+# With null in the run: X/null for every other system (how close each gets
+# to what the harness itself allows).
+vsnull = [s for s in kv if s != "null"] if "null" in kv else []
 hdr = "%-15s %-6s %-14s %-7s %12s" % ("scenario", "api", "phase", "metric", "mooncake")
 for s in kv:
     hdr += " %12s %8s" % (s, "ratio")
+for s in vsnull:
+    hdr += " %12s" % (s + "/null")
 print(hdr)
 def med(xs):
     return statistics.median(xs) if xs else None
@@ -353,9 +369,15 @@ for sc in scenarios:
                     if m and k:
                         ratio = "%.2fx" % ((k / m) if higher else (m / k))
                     line += " %11s%1s %8s" % (fmt(k), okr.get(s, ""), ratio)
+                for s in vsnull:
+                    z, k = vals.get("null"), vals.get(s)
+                    ratio = "-"
+                    if z and k:
+                        ratio = "%.2fx" % ((k / z) if higher else (z / k))
+                    line += " %12s" % ratio
                 print(line)
-print("(medians of %d rounds; ratio = kvengine/Mooncake throughput, Mooncake/kvengine p99: "
-      "above 1 is kvengine ahead; * = a round had failed kvs or verify failures; "
+print("(medians of %d rounds; ratio = system/Mooncake throughput, Mooncake/system p99; X/null the same against null: "
+      "above 1 is the system ahead; * = a round had failed kvs or verify failures; "
       "- = no successful kvs)" % rounds)
 EOF
 [ "$KEEP_OUT" = 1 ] && echo "summaries and logs in $OUT"

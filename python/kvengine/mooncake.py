@@ -448,7 +448,62 @@ def _pin_key(k, prefix=b""):
     return prefix + _PIN_NS + hashlib.blake2b(k, digest_size=16, person=b"mooncake-pin").digest()
 
 
+# ECMAScript's syntax characters: outside them a pattern character is itself.
+_RE_SYNTAX = frozenset("^$\\.*+?()[]{}|")
+
+
+def _regex_prefix(pattern):
+    """The key prefix (UTF-8 bytes) that a remove_by_regex pattern selects
+    exactly, or None when it is not one: "^", then characters that are not
+    syntax characters or are escaped ("\\" and a character that is not a
+    letter, digit or "_": ECMAScript's identity escapes), then nothing,
+    ".*" or ".*$"."""
+    if isinstance(pattern, bytes):
+        try:
+            pattern = pattern.decode()
+        except UnicodeDecodeError:
+            return None
+    if not isinstance(pattern, str) or not pattern.startswith("^"):
+        return None
+    body = pattern[1:]
+    for tail in (".*$", ".*"):
+        if body.endswith(tail) and not _escaped_end(body, len(body) - len(tail)):
+            body = body[:-len(tail)]
+            break
+    out = []
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            if i + 1 == len(body):
+                return None
+            c = body[i + 1]
+            if c.isalnum() or c == "_" or not c.isascii():
+                return None       # a class (\d, \w), an assertion, a number escape
+            i += 2
+        elif c in _RE_SYNTAX:
+            return None
+        else:
+            i += 1
+        out.append(c)
+    return "".join(out).encode()
+
+
+def _escaped_end(s, n):
+    """True when s[:n] ends in an odd number of backslashes (so s[n] is
+    escaped)."""
+    k = 0
+    while n - k - 1 >= 0 and s[n - k - 1] == "\\":
+        k += 1
+    return k % 2 == 1
+
+
 _NOT_SET_UP = int(ErrorCode.INTERNAL_ERROR)
+_PRUNE_AT = 65536
+# get / get_batch read straight into bytes of the last size seen up to this
+# (a wrong guess above it would allocate, and for get_batch zero-fill
+# nothing but still map, a large buffer per key for nothing).
+_HINT_MAX = 16 << 20
 _PAIR = ctypes.sizeof(_lib.kv_pair)
 _BAD = int(ErrorCode.INVALID_PARAMS)
 
@@ -468,9 +523,18 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         self._leases = {}
         self._wrote = {}         # key -> expiry of the read lease this process stored last
         self._pins = {}          # key -> expiry of the soft pins this process stored
+        # The lease copies are pruned of expired entries when they pass
+        # these sizes, then set to twice what is left: with a fixed bound,
+        # more live leases than it (65536 keys read within the TTL) rebuilt
+        # the whole dict on every read (two thirds of a read's CPU).
+        self._leases_max = self._wrote_max = _PRUNE_AT
         self._block_shards = 1
         self._llock = threading.Lock()
         self._regs = {}          # registered buffers: address -> size (get_into_ranges)
+        # The size of the objects read last when a whole batch had one size
+        # (0 when not): get and get_batch read straight into bytes of that
+        # size, one kv_get_many instead of a size query and then the read.
+        self._size_hint = 0
         self.dummy = False
         # Mooncake's master grants a read lease of default_kv_lease_ttl
         # (5 s); its tests read the same DEFAULT_KV_LEASE_TTL to know it.
@@ -570,6 +634,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             if named_port is not None or not clustered:
                 self._hostname = str(local_hostname)
             self._local_buffer = buf
+            self._size_hint = 0
             self._prefix = prefix
             # remove_all is kv_remove_prefix of the tenant's prefix; a
             # library without it leaves the keys this store put to be
@@ -653,6 +718,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 return rc
             self._hostname = server_address
             self._local_buffer = buf
+            self._size_hint = 0
             self._cluster_settings = None
             self._config_file = None
             self.dummy = True
@@ -774,9 +840,10 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         with self._llock:
             if self._leases.get(k, 0) < until:
                 self._leases[k] = until
-            if len(self._leases) > 65536:
+            if len(self._leases) > self._leases_max:
                 now = time.monotonic()
                 self._leases = {x: t for x, t in self._leases.items() if t > now}
+                self._leases_max = max(_PRUNE_AT, 2 * len(self._leases))
 
     def _share_leases(self, ks, h=None):
         """Read leases on the objects ks, in the store (one kv_put_many of the
@@ -804,11 +871,13 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                     continue
                 wrote[k] = expiry
                 fresh_ks.append(k)
-            if len(wrote) > 65536:
+            if len(wrote) > self._wrote_max:
                 self._wrote = {x: t for x, t in wrote.items() if t > now}
-            if len(leases) > 65536:
+                self._wrote_max = max(_PRUNE_AT, 2 * len(self._wrote))
+            if len(leases) > self._leases_max:
                 m = time.monotonic()
                 self._leases = {x: t for x, t in leases.items() if t > m}
+                self._leases_max = max(_PRUNE_AT, 2 * len(self._leases))
         if not fresh_ks:
             return
         # One array: the records' keys (3 words each), then the value (the
@@ -1004,6 +1073,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 if rc:
                     return rc
             return 0
+        fast = self._fast_put_bytes(keys, values, config)
+        if fast is not None:
+            return fast
         items = []
         pins = []
         for key, v in zip(keys, values):
@@ -1034,6 +1106,34 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 first = to_mooncake(rc)
         return first
 
+    def _fast_put_bytes(self, keys, values, config):
+        """put_batch's fast path, for str keys and bytes values (what
+        Mooncake's callers pass): one packed kv_put_many, no per-key span.
+        Its answer, or None to take the general path."""
+        off = _buffers.BYTES_OFFSET
+        if off is None or not values or any(type(v) is not bytes for v in values):
+            return None
+        if max(map(len, values)) > self._local_buffer:
+            return None
+        ks = self._fast_keys(keys)
+        if ks is None:
+            return None
+        a = self._fast_pairs(ks, [id(v) + off for v in values], list(map(len, values)))
+        if a is None:
+            return None
+        res = self._run_pairs(_lib.kv_put_many, a, len(ks))     # values live in `values`
+        if res is None:
+            return _NOT_SET_UP
+        pinning = config is not None and self._pinning(config) is not None
+        if self._keys is not None or pinning:
+            for k, rc in zip(ks, res):
+                if rc == 0:
+                    if self._keys is not None:
+                        self._keys.add(k)
+                    if pinning:
+                        self._pin(k, config)
+        return next((to_mooncake(rc) for rc in res if rc), 0)
+
     def _read(self, k):
         """The object's bytes (a bytes object), or None; leases it."""
         eng, h = self._enter()
@@ -1041,7 +1141,21 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return None
         try:
             vlen = ctypes.c_size_t()
-            rc = _lib.kv_get(h, k, len(k), None, 0, ctypes.byref(vlen))
+            hint = self._size_hint
+            if hint:
+                # Most objects have the size of the last ones read: read into
+                # bytes of that size at once (a size query first cost a
+                # second engine call per get).
+                out, addr = _engine._new_bytes(hint)
+                rc = _lib.kv_get(h, k, len(k), addr, hint, ctypes.byref(vlen))
+                if rc == 0:
+                    self._share_leases([k], h)
+                    if vlen.value == hint:
+                        return out
+                    self._size_hint = 0
+                    return out[:vlen.value]
+            else:
+                rc = _lib.kv_get(h, k, len(k), None, 0, ctypes.byref(vlen))
             for _ in range(16):
                 if rc not in (0, _engine.ENOBUFS):
                     return None
@@ -1051,8 +1165,11 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 out, addr = _engine._new_bytes(need)
                 rc = _lib.kv_get(h, k, len(k), addr if need else None, need, ctypes.byref(vlen))
                 if rc == 0:
-                    self._share_leases([k])
-                    return out if vlen.value == need else out[:vlen.value]
+                    self._share_leases([k], h)
+                    if vlen.value == need:
+                        self._size_hint = need if 0 < need <= _HINT_MAX else 0
+                        return out
+                    return out[:vlen.value]
             return None
         finally:
             eng._leave()
@@ -1067,9 +1184,15 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
 
     def get_batch(self, keys):
         """[bytes] per key (b"" when missing): the sizes in one kv_get_many,
-        then the values in a second."""
+        then the values in a second; or, while the objects read last were
+        all of one size, straight into bytes of that size in one call, the
+        objects of another size then read as before."""
         if self._eng is None or _lib.kv_get_many is None:
             return [self.get(k) for k in keys]
+        if self._size_hint and keys:
+            got = self._hinted_batch(keys)
+            if got is not None:
+                return got
         out = [b""] * len(keys)
         ks = [(i, self._key(key)) for i, key in enumerate(keys)]
         ks = [(i, k) for i, k in ks if k is not None]
@@ -1099,7 +1222,62 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                     read.append(k)
                 elif rc == _engine.ENOBUFS:     # it grew in between: read it alone
                     out[i] = self.get(keys[i])
+            sizes = set(n for _, _, _, _, n in want)
+            if len(sizes) == 1 and len(want) == len(ks):
+                n = sizes.pop()
+                self._size_hint = n if n <= _HINT_MAX else 0
         self._share_leases(read)
+        return out
+
+    def _hinted_batch(self, keys):
+        """get_batch in one kv_get_many into bytes of _size_hint each (and
+        its leases under the same _enter); the objects of another size are
+        read by a second call. None to take the general path (a key that
+        needs checking one by one)."""
+        if _buffers.BYTES_OFFSET is None:
+            return None
+        ks = self._fast_keys(keys)
+        if ks is None:
+            return None
+        hint = self._size_hint
+        n = len(ks)
+        objs = [_engine._new_bytes(hint) for _ in range(n)]
+        a = self._fast_pairs(ks, [addr for _, addr in objs], [hint] * n)
+        if a is None:
+            return None
+        res = array.array("i", bytes(4 * n))
+        eng, h = self._enter()
+        if h is None:
+            return [b""] * n
+        try:
+            rc = _lib.kv_get_many(h, a.buffer_info()[0], n, res.buffer_info()[0])
+            if rc:
+                return [b""] * n
+            lens = a[3::4]
+            out = [b""] * n
+            read = []
+            again = []
+            for i in range(n):
+                r = res[i]
+                if r == 0:
+                    ln = lens[i]
+                    obj = objs[i][0]
+                    out[i] = obj if ln == hint else obj[:ln]
+                    if ln != hint:
+                        self._size_hint = 0
+                    read.append(ks[i])
+                elif r == _engine.ENOBUFS:
+                    again.append(i)
+            if self.kv_lease_ttl_ms > 0 and read:
+                self._share_leases(read, h)
+        finally:
+            eng._leave()
+        if again:
+            # Larger than the hint: the general path for those (sizes, then
+            # values), which also sets the hint anew.
+            self._size_hint = 0
+            for i, v in zip(again, self.get_batch([keys[i] for i in again])):
+                out[i] = v
         return out
 
     def get_buffer(self, key):
@@ -1800,8 +1978,91 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         return [self.remove(k, force) for k in keys]
 
     def remove_by_regex(self, regex_pattern, force=False):
-        raise NotImplementedError(
-            "remove_by_regex: kvengine's API has no listing of keys to match a pattern against")
+        """Removes the objects of this store's tenant whose keys the pattern
+        matches (Mooncake: std::regex_search, ECMAScript) and returns how
+        many; INVALID_PARAMS (-600) for a pattern that is not a regex.
+        Without force an object under a lease or soft pin stays and is not
+        counted, as Mooncake's master skips it; force removes it too.
+
+        kvengine cannot list keys, so only patterns that name a key prefix
+        are served: "^" and a literal (metacharacters escaped with "\\" or
+        absent), optionally followed by ".*" or ".*$"; those are one
+        kv_remove_prefix of the tenant's prefix and the literal, in a
+        cluster on every owner. An empty literal is remove_all. Any other
+        pattern raises NotImplementedError.
+
+        What a prefix removal cannot do that Mooncake's does: ".*$" does
+        not match a key holding "\\n" or "\\r" after the prefix in Mooncake
+        (its "." stops there), here such a key is removed too; and, as in
+        remove_all, only this process's leases and pins keep their objects
+        (another process's, kept in the store under a hash of each key, are
+        found only from the key). A removed object's read lease records
+        expire by themselves; its soft pin record is dropped when this
+        process set the pin, and another process's stays until its TTL (a
+        new object under that key reads as pinned until then)."""
+        lit = _regex_prefix(regex_pattern)
+        if lit is None:
+            try:
+                re.compile(regex_pattern)
+            except (re.error, TypeError):
+                return _BAD
+            raise NotImplementedError(
+                "remove_by_regex(%r): only '^literal', '^literal.*' and '^literal.*$' are "
+                "served (a key prefix); kvengine's API has no listing of keys to match "
+                "another pattern against" % (regex_pattern,))
+        if self._eng is None:
+            return -1
+        if not lit:
+            return self.remove_all(force)
+        if lit[0] == 0 or b"\0" in lit:
+            return 0                      # no Mooncake key holds a NUL
+        p = self._prefix + lit
+        if len(p) > _lib.KV_KEY_MAX:
+            return 0
+        if self._keys is not None:        # a library without kv_remove_prefix
+            n = 0
+            for k in [k for k in self._keys if k.startswith(p)]:
+                rc = self.remove(k[len(self._prefix):], force)
+                if rc == 0:
+                    n += 1
+                elif rc not in (int(ErrorCode.OBJECT_HAS_LEASE), int(ErrorCode.OBJECT_NOT_FOUND)):
+                    return rc
+            return n
+        with self._llock:
+            now = time.monotonic()
+            mine = {k for k, t in self._leases.items() if t > now and k.startswith(p)}
+            mine.update(k for k in self._pins if k.startswith(p))
+        # Without force, this process's leased and pinned objects are read
+        # first and put back after the removal (kv_remove_prefix takes no
+        # exceptions), uncounted, with their pins; a reader sees them
+        # missing in between, as in remove_all.
+        keep = []
+        if not force:
+            for k in mine:
+                if self._leased(k):
+                    v = self._read(k)
+                    if v is not None:
+                        keep.append((k, v))
+        try:
+            n = self._eng.remove_prefix(p)
+        except _engine.KvError as e:
+            return to_mooncake(e.code)
+        kept = {k for k, _ in keep}
+        for k in mine:
+            if k not in kept:
+                self._drop_lease(k, pin=True)
+        if keep:
+            # Their pin records live outside the prefix (_pin_key) and stay.
+            eng, h = self._enter()
+            if h is None:
+                return -1
+            try:
+                for k, v in keep:
+                    if self._put_raw(h, k, _buffers.span(v, False)[0], len(v)) == 0:
+                        n -= 1
+            finally:
+                eng._leave()
+        return max(n, 0)
 
     def remove_all(self, force=False):
         """Removes every object of this store's tenant, in a cluster on

@@ -272,3 +272,45 @@ def test_a_removes_lease_check_is_one_small_lookup(store, monkeypatch):
     del calls[:]
     assert store._leases_in_store(store._key("pinned")) is True     # its pin, read once found
     assert [c[0] for c in calls] == ["exists", "get"]
+
+
+def test_reads_guessing_the_last_size_answer_as_exact_ones(store):
+    # get / get_batch read straight into bytes of the size read last while
+    # a batch was all of one size: every other size, a miss, an empty
+    # object and a tenant's keys must still read exactly.
+    vals = {"u%d" % i: os.urandom(4096) for i in range(4)}
+    vals.update({"big": os.urandom(9000), "small": os.urandom(100), "empty": b""})
+    for k, v in vals.items():
+        assert store.put(k, v) == 0
+    u = ["u0", "u1", "u2", "u3"]
+    assert store.get_batch(u) == [vals[k] for k in u]
+    assert store._size_hint == 4096
+    assert store.get_batch(u) == [vals[k] for k in u]          # on the guess
+    mixed = ["u0", "big", "missing", "small", "empty", "u1"]
+    assert store.get_batch(mixed) == [vals.get(k, b"") for k in mixed]
+    assert store.get_batch(["big", "big"]) == [vals["big"]] * 2
+    assert store._size_hint == 9000
+    for k in ("u2", "small", "empty", "missing", "big"):
+        assert store.get(k) == vals.get(k, b"")
+    assert store.get_batch(["small", "u3"]) == [vals["small"], vals["u3"]]
+    assert store.get_batch([]) == []
+    assert store.get_batch(["u0", 5]) == [vals["u0"], b""]     # not a key
+
+
+def test_live_leases_past_the_prune_size_are_not_rebuilt_every_read(store, monkeypatch):
+    # This process's lease copies are pruned of expired entries when they
+    # pass a size; with more live leases than that, pruning every read made
+    # each read rebuild the whole dict. Now the next prune waits for twice
+    # what was left.
+    monkeypatch.setattr(mc, "_PRUNE_AT", 8)
+    store._leases_max = store._wrote_max = 8
+    store.kv_lease_ttl_ms = 60000
+    keys = ["lease%d" % i for i in range(40)]
+    assert store.put_batch(keys, [b"v"] * 40) == 0
+    sizes = []
+    for i in range(0, 40, 4):
+        assert store.get_batch(keys[i:i + 4]) == [b"v"] * 4
+        sizes.append(store._leases_max)
+    assert len(store._leases) == 40 and len(store._wrote) == 40    # all live, all kept
+    assert sizes[-1] >= 40 and len(set(sizes)) <= 4                # grew by doubling
+    assert store.remove(keys[0]) == HAS_LEASE

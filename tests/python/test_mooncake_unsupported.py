@@ -30,7 +30,7 @@ def store():
     ("create_copy_task", ("k", ["seg"])),
     ("create_move_task", ("k", "a", "b")),
     ("query_task", (1,)),
-    ("remove_by_regex", ("^k.*",)),
+    ("remove_by_regex", ("k.*",)),
     ("get_tensor_into_cuda", ("k", None)),
     ("batch_get_tensor_into_cuda", (["k"], [None])),
 ])
