@@ -64,9 +64,10 @@
  *            then the last (rc the call's): u32 n, n x entry, u64 checked, u64 bad
  *   entry    u8 ns, id, u32 index, u64 size, u64 seq, u64 total, i32 status
  *
- * The board's last 64 bytes: u64 the loads this client read straight from
- * the segment (its count; the server adds it to hits_dram, and trusts it
- * with nothing else).
+ * The board, after its PINS_MAX pin bytes: u64 the loads this client read
+ * straight from the segment (its count, which the server adds to hits_dram),
+ * u64 the ids it has written to its touch ring, then that ring of TOUCH_N
+ * block ids (touch_all). The server trusts none of it with anything more.
  * Pins end without a message: the client sets byte `pin` of its board once
  * it has copied that shard, and the server ends the marked pins before it
  * serves the connection's next request (any op), or after HOLD_MS of quiet
@@ -111,6 +112,7 @@
 #define TOUCH_N        1024u
 #define BOARD_LEN      KV__SHM_BOARD_LEN
 #define TOUCH_MS       50u           /* how often the server reads the touch rings */
+#define TOUCH_ROUNDS   16            /* at most TOUCH_ROUNDS * TOUCH_N ids a tick */
 _Static_assert(BOARD_LEN == BOARD_RING + TOUCH_N * KV_BLOCK_ID_LEN, "the board's layout");
 #define HOLD_MS        10u           /* a quiet connection's copied pins end this soon */
 #define HOLD_MAX_MS    1000u         /* the wait doubles up to this while none are done */
@@ -1312,17 +1314,6 @@ static void reap(struct kv__shm_server *s, bool all)
     pthread_mutex_unlock(&s->mu);
 }
 
-/*
- * Direct loads refresh their blocks' recency here, a little late: a client
- * writes the id of each shard it read straight from the segment into the
- * touch ring of its board (BOARD_RING, TOUCH_N ids, BOARD_HEAD counting
- * them), and every TOUCH_MS the accept thread reads each live ring's new
- * entries and touches those blocks, as a pinned load would have. The ring
- * is the client's memory: an id it overwrites before we read it is lost (a
- * block not refreshed, as before), one torn by a concurrent write touches
- * a block nobody read, and a head that runs past TOUCH_N ids at once is
- * cut to the last TOUCH_N. Nothing else is read from it.
- */
 /* Entry i of a touch ring, and setting it: two 8-byte words each, read and
  * written whole (the two sides run at once by design). */
 static void ring_get(const uint8_t *board, uint64_t i, kv_block_id *id)
@@ -1342,10 +1333,22 @@ static void ring_set(_Atomic uint8_t *board, uint64_t i, const kv_block_id *id)
     atomic_store_explicit(&w[1], v[1], memory_order_relaxed);
 }
 
+/*
+ * Direct loads refresh their blocks' recency here, a little late: a client
+ * writes the id of each shard it read straight from the segment into the
+ * touch ring of its board (BOARD_RING, TOUCH_N ids, BOARD_HEAD counting
+ * them), and every TOUCH_MS the accept thread reads each live ring's new
+ * entries and touches those blocks, as a pinned load would have. The ring
+ * is the client's memory: an id it overwrites before we read it is lost (a
+ * block not refreshed, as before), one torn by a concurrent write touches
+ * a block nobody read, and a head that runs past TOUCH_N ids at once is
+ * cut to the last TOUCH_N. Nothing else is read from it, and one tick
+ * reads at most TOUCH_ROUNDS rings' worth, whatever clients write meanwhile.
+ */
 static void touch_all(struct kv__shm_server *s, kv_block_id *buf)
 {
-    for (bool more = true; more;) {
-        more = false;
+    for (int round = 0, more = 1; more && round < TOUCH_ROUNDS; round++) {
+        more = 0;
         size_t n = 0;
         pthread_mutex_lock(&s->mu);
         for (struct sconn *c = s->conns; c && n < TOUCH_N; c = c->next) {
@@ -1358,7 +1361,7 @@ static void touch_all(struct kv__shm_server *s, kv_block_id *buf)
                 c->touch_tail = head - TOUCH_N;
             for (; c->touch_tail != head && n < TOUCH_N; c->touch_tail++)
                 ring_get(b, c->touch_tail, &buf[n++]);
-            more |= c->touch_tail != head;
+            more |= c->touch_tail != head;   /* n is full: the rest next round */
         }
         pthread_mutex_unlock(&s->mu);
         if (n && s->host.touch)
