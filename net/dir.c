@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,13 @@ void kv__dir_publish(struct kv__dir *d, const kv_block_id *id, uint32_t index, u
     slot_end(s, seq);
 }
 
+/*
+ * Retracting must not give up while another writer is in the slot: that
+ * writer may be retracting another shard that the slot held when it looked
+ * (and it then leaves ours there), so we wait for it to leave, which takes
+ * a few stores (writers never block in a slot), and look again. Returns
+ * once neither slot names the shard.
+ */
 void kv__dir_retract(struct kv__dir *d, const kv_block_id *id, uint32_t index)
 {
     if (!d)
@@ -189,16 +197,20 @@ void kv__dir_retract(struct kv__dir *d, const kv_block_id *id, uint32_t index)
     struct slot *b = bucket(d->base, d->mask, slot_hash(id, index));
     for (int k = 0; k < 2; k++) {
         struct slot *s = &b[k];
-        for (;;) {
-            /* Odd: another writer is putting another shard here, so ours
-             * is going anyway (the shard's own writers hold its lock). */
-            uint32_t seq;
-            if (!slot_is(s, id, index) || !slot_begin(s, &seq)) {
-                if (atomic_load_explicit(&s->seq, memory_order_relaxed) & 1 ||
-                    !slot_is(s, id, index))
-                    break;
-                continue;   /* it changed under us and is still ours: again */
+        for (unsigned spins = 0;; spins++) {
+            uint32_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+            if (seq & 1) {
+                if (spins > 64)
+                    sched_yield();   /* the writer was preempted in it */
+                continue;
             }
+            if (!slot_is(s, id, index))
+                break;
+            if (!atomic_compare_exchange_strong_explicit(&s->seq, &seq, seq + 1,
+                                                         memory_order_relaxed,
+                                                         memory_order_relaxed))
+                continue;   /* another writer came first: look again */
+            atomic_thread_fence(memory_order_release);
             if (slot_is(s, id, index))
                 atomic_store_explicit(&s->len, 0, memory_order_relaxed);
             slot_end(s, seq);

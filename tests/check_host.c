@@ -32,6 +32,7 @@
 #include "engine/host.h"   /* kv__host_requests: the server's round trips, counted */
 #include "engine/internal.h"
 #include "net/auth.h"
+#include "net/dir.h"       /* the directory, on its own */
 #include "net/sock.h"
 #include "net/shm.h"       /* the hello, spoken by hand to a peer of another version */
 #include "persist/ssd_int.h" /* the value log's layout, to damage records behind a server */
@@ -954,6 +955,78 @@ START_TEST(pins_end_without_a_message_of_their_own)
     kv_close(b);
     kv_close(a);
     world_free(&w);
+}
+END_TEST
+
+/* The directory's own contract, under racing writers: once kv__dir_retract
+ * returns, no reader finds the shard (the DRAM tier frees its memory right
+ * after). Two threads each publish and retract keys of their own, as the
+ * table locks let two writers do, thousands of keys in a small table so
+ * that their slots collide, and after each retract look the key up. (A
+ * retract that gave up on a slot another writer was in left the key named
+ * when that writer was retracting a key the slot no longer held.) */
+struct dir_race {
+    struct kv__dir *d;
+    struct kv__dir_view v;
+    const uint8_t *seg;
+    uint64_t base, named_after;
+};
+
+static void *dir_racer(void *arg)
+{
+    struct dir_race *r = arg;
+    uint8_t out[64];
+    kv_iov iov = { out, sizeof out };
+    uint64_t t0 = tu_now_ms();
+    /* A window of 3000 live keys each: the 2048 slots stay full, so every
+     * publish overwrites someone's slot while its owner may be retracting. */
+    enum { WIN = 3000 };
+    for (uint64_t n = 0; n < 4000000 && ((n & 4095) || tu_now_ms() - t0 < 1500); n++) {
+        kv_block_id id = tu_id(r->base + n, 16);
+        kv__dir_publish(r->d, &id, 0, (uint32_t)(n % 64), 64);
+        if (n < WIN)
+            continue;
+        kv_block_id old = tu_id(r->base + n - WIN, 16);
+        kv__dir_retract(r->d, &old, 0);
+        if (kv__dir_copy(&r->v, r->seg, 64 * 64 + 64, &old, 0, &iov, 1, 64))
+            r->named_after++;
+        /* and one that lives a moment only, over someone's slot */
+        kv_block_id brief = tu_id(r->base + (1ull << 39) + n, 16);
+        kv__dir_publish(r->d, &brief, 0, 1, 64);
+        kv__dir_retract(r->d, &brief, 0);
+        if (kv__dir_copy(&r->v, r->seg, 64 * 64 + 64, &brief, 0, &iov, 1, 64))
+            r->named_after++;
+    }
+    return NULL;
+}
+
+START_TEST(a_retracted_shard_is_never_named)
+{
+    struct kv__dir *d;
+    ck_assert_int_eq(kv__dir_new(1 << 20, &d), KV_OK);   /* the smallest table */
+    struct kv__dir_view v;
+    ck_assert_int_eq(kv__dir_map(kv__dir_fd(d), kv__dir_len(d), &v), KV_OK);
+    static uint8_t seg[64 * 64 + 64];
+    struct dir_race r[2] = { { d, v, seg, 0, 0 }, { d, v, seg, 1ull << 40, 0 } };
+    /* the contract first, alone */
+    uint8_t out[64];
+    kv_iov iov = { out, sizeof out };
+    kv_block_id id = tu_id(7, 16);
+    memset(seg + 64, 0x5a, 64);
+    kv__dir_publish(d, &id, 0, 1, 64);
+    ck_assert(kv__dir_copy(&v, seg, sizeof seg, &id, 0, &iov, 1, 64));
+    ck_assert_int_eq(out[0], 0x5a);
+    ck_assert(!kv__dir_copy(&v, seg, sizeof seg, &id, 0, &iov, 1, 63));   /* another length */
+    kv__dir_retract(d, &id, 0);
+    ck_assert(!kv__dir_copy(&v, seg, sizeof seg, &id, 0, &iov, 1, 64));
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, dir_racer, &r[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_uint_eq(r[0].named_after + r[1].named_after, 0);
+    kv__dir_unmap(&v);
+    kv__dir_free(d);
 }
 END_TEST
 
@@ -2245,6 +2318,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, a_shared_segment_gets_huge_pages_without_shmem_thp);
     tcase_add_test(tc, a_shared_segment_is_collapsed_after_open);
     tcase_add_test(tc, pins_end_without_a_message_of_their_own);
+    tcase_add_test(tc, a_retracted_shard_is_never_named);
     tcase_add_test(tc, attached_loads_of_dram_shards_ask_nothing);
     tcase_add_test(tc, direct_loads_never_read_reused_memory);
     tcase_add_test(tc, a_direct_load_keeps_its_block_warm);
