@@ -80,12 +80,12 @@ void kv__dram_set_dir(struct kv__dram *d, struct kv__dir *dir)
     atomic_store(&d->dir, dir);
 }
 
-void kv__dram_unlinked(struct kv__dram *d, int ns, const struct kv__blk *b)
+void kv__dram_unlinked(struct kv__dram *d, int ns, struct kv__blk *b)
 {
     struct kv__dir *dir = atomic_load_explicit(&d->dir, memory_order_acquire);
     if (!dir || ns != KV_NS_BLOCK)
         return;
-    const struct kv__sref *r = kv__blk_srefs((struct kv__blk *)b);
+    const struct kv__sref *r = kv__blk_srefs(b);
     for (uint32_t i = 0; i < b->nshards; i++)
         kv__dir_retract(dir, &b->id, r[i].index);
 }

@@ -53,7 +53,7 @@ void kv__dram_set_sink(struct kv__dram *d, struct kv__sink sink);
 void kv__dram_set_dir(struct kv__dram *d, struct kv__dir *dir);
 /* b was just unlinked (table-shard lock held): its shards leave the
  * mirror before their memory can be freed. */
-void kv__dram_unlinked(struct kv__dram *d, int ns, const struct kv__blk *b);
+void kv__dram_unlinked(struct kv__dram *d, int ns, struct kv__blk *b);
 void kv__dram_segment(struct kv__dram *d, void **base, size_t *len);
 /* "dram=N bytes (P pages, faulted in T ms) shards=S", for the open log line. */
 void kv__dram_describe(struct kv__dram *d, char *buf, size_t len);
