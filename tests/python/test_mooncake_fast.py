@@ -198,6 +198,38 @@ def test_a_read_takes_its_lease_without_a_task(store):
     assert not store._leases_in_store(store._key("absent"))
 
 
+def test_every_read_key_is_leased_in_the_store_whatever_the_batch(store):
+    # A read writes its lease records into a buffer made once per thread
+    # (mc._LEASE_CAP records); a larger batch builds its own. Every key of
+    # either, and of reads on several threads at once, has its record.
+    import threading
+    store.kv_lease_ttl_ms = 5000
+    n = mc._LEASE_CAP + 9
+    keys = ["many-%d" % i for i in range(4 * n)]
+    vals = [b"%05d" % i for i in range(len(keys))]
+    assert store.put_batch(keys, vals) == 0
+    assert store.get_batch(keys[:n]) == vals[:n]                  # past the cap
+    assert store.get_batch(keys[n:n + 4]) == vals[n:n + 4]        # the common path
+    errs = []
+
+    def read(lo, hi):
+        for i in range(lo, hi, 4):
+            if store.get_batch(keys[i:i + 4]) != vals[i:i + 4]:
+                errs.append(i)
+    ts = [threading.Thread(target=read, args=(n + 4 + j * 40, n + 4 + (j + 1) * 40)) for j in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs
+    read_keys = keys[:n + 4 + 160]
+    store._leases.clear()                                # as another process sees it
+    missing = [k for k in read_keys if not store._leases_in_store(store._key(k))]
+    assert missing == []
+    assert not store._leases_in_store(store._key(keys[-1]))  # never read
+    assert store.remove(read_keys[0]) == HAS_LEASE
+
+
 def test_default_tenant_remove_all_keeps_the_leases_of_what_it_keeps(store):
     src, sa = _buf(8, b"k" * 8)
     dst, da = _buf(8)
