@@ -174,13 +174,14 @@ def cluster(tmp_path):
 MC_QUIET = {"dram.hugepages": "off", "log.level": "warn"}
 
 
-def mooncake_embedded_store(segment="64MB", buffer="16MB"):
+def mooncake_embedded_store(segment="64MB", buffer="16MB", **kw):
     """The drop-in's MooncakeDistributedStore set up embedded (no master),
-    as the Mooncake tests' store fixtures use it; the caller closes it."""
+    as the Mooncake tests' store fixtures use it (setup's keywords in kw,
+    e.g. tenant_id); the caller closes it."""
     import kvengine.mooncake as mc
     s = mc.MooncakeDistributedStore()
     assert s.setup("localhost", "P2PHANDSHAKE", segment, buffer, "tcp", "", "",
-                   kvengine_settings=MC_QUIET) == 0, s.last_error
+                   kvengine_settings=MC_QUIET, **kw) == 0, s.last_error
     return s
 
 

@@ -9,18 +9,14 @@ NotImplementedError. Written from Mooncake's documented behaviour."""
 import pytest
 
 import kvengine.mooncake as mc
+from conftest import mooncake_embedded_store
 
 HAS_LEASE = -706
 BAD = -600
-QUIET = {"dram.hugepages": "off", "log.level": "warn"}
 
 
 def _store(**kw):
-    s = mc.MooncakeDistributedStore()
-    rc = s.setup("localhost", "P2PHANDSHAKE", "32MB", "16MB", "tcp", "", "",
-                 kvengine_settings=QUIET, **kw)
-    assert rc == 0, s.last_error
-    return s
+    return mooncake_embedded_store("32MB", "16MB", **kw)
 
 
 @pytest.fixture
