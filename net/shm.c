@@ -2116,12 +2116,11 @@ static const kv_iov *single_iov(const kv_shard *s)
 }
 
 /*
- * A load or dump of shards [0, n), in requests of at most ITEMS_MAX shards
- * whose staged bytes fit the staging memfd: each shard's bytes go to (or
- * come from) a shared buffer when its one iovec lies in one, else a slot
- * of the staging memfd.
+ * A load or dump of shards [0, n) asked of the server on k, in requests of
+ * at most ITEMS_MAX shards whose staged bytes fit the staging memfd: each
+ * shard's bytes go to (or come from) a shared buffer when its one iovec
+ * lies in one, else a slot of the staging memfd.
  */
-/* The shards of a load or dump the server is asked for, on k. */
 static int blocks_rpc(struct kv__shm_client *c, struct cconn *k, bool load, const kv_shard *sh,
                       size_t n, int *results)
 {
