@@ -1,0 +1,52 @@
+#!/bin/bash
+# attached_dumps.sh — attached 1 MiB dumps from kv_buffer_alloc memory
+# (--kv-buffers: one copy, the server's) and from the bench's own buffers
+# (two copies), each run with --compare dram (the same dump in process,
+# from the same kind of memory), beside one kvnode serving store.name=da
+# (pipeline dram). A measurement to read, not a test (doc/perf.md,
+# "Attached dumps, seventh round").
+#
+#   bash bench/attached_dumps.sh [BUILD]      (default build)
+#
+# Environment: ROUNDS (5), ARGS (bench arguments; default 1 MiB x 512,
+# batch 16), GIB (the kvnode's dram.capacity in GiB, 4), OUT (a directory for
+# the summaries; default a temp dir that is removed). The kvnode is
+# stopped on exit, however it exits.
+set -u
+B=$(cd "${1:-build}" && pwd) || exit 2
+ROUNDS=${ROUNDS:-5}
+ARGS=${ARGS:-"--scenario write_perf --value-size 1MiB --nr-objects 512 --batch-size 16"}
+GIB=${GIB:-4}
+KEEP=${OUT:+1}
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/dumps.XXXXXX")}
+mkdir -p -m 700 "$OUT/rv"
+C="--set store.name=da --set store.dir=$OUT/rv --set pipeline=dram --set log.level=warn"
+"$B/kvnode" $C --set dram.capacity="${GIB}GiB" > "$OUT/node.log" 2>&1 &
+NP=$!
+trap 'kill $NP 2>/dev/null; wait 2>/dev/null; [ -n "$KEEP" ] || rm -rf "$OUT"' EXIT
+for _ in $(seq 1 100); do [ -S "$OUT/rv/da.sock" ] && break; sleep 0.2; done
+# the segment's collapse into 2 MiB pages competes for CPU: wait for it
+want=$(( GIB * 1024 * 1024 * 9 / 10 ))
+for _ in $(seq 1 300); do
+    h=$(awk '/ShmemPmdMapped/{print $2}' "/proc/$NP/smaps_rollup" 2>/dev/null)
+    [ "${h:-0}" -ge "$want" ] && break
+    sleep 0.2
+done
+for r in $(seq 1 "$ROUNDS"); do
+    for how in kvbuf own; do
+        extra=""; [ $how = kvbuf ] && extra=--kv-buffers
+        "$B/kvctl" $C --set dram.capacity=1GiB bench $ARGS $extra --compare dram \
+            --summary-json "$OUT/$how.$r.json" > "$OUT/$how.$r.txt" 2>&1 || { cat "$OUT/$how.$r.txt"; exit 1; }
+        python3 - "$OUT/$how.$r.json" "$how" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+a = {p["name"]: p for p in j["phases"]}["write"]
+b = {p["name"]: p for p in j["comparisons"][0]["phases"]}["write"]
+print(f"{sys.argv[2]:5} write {a['mib_s']:8.0f} MiB/s p50 {a['lat_us']['p50']:7.1f} us"
+      f" | in process {b['mib_s']:8.0f} p50 {b['lat_us']['p50']:7.1f}"
+      f" | ratio {a['mib_s'] / b['mib_s']:.2f}x p50 {b['lat_us']['p50'] / a['lat_us']['p50']:.2f}x"
+      f" | cpu client {a.get('client_cpu_s', 0):.3f} server {a.get('server_cpu_s', 0):.3f}"
+      f" in process {b.get('client_cpu_s', 0):.3f} s")
+PY
+    done
+done
