@@ -11,7 +11,9 @@ not a test.
 """
 import ctypes
 import os
+import shutil
 import statistics
+import tempfile
 import time
 
 import kvengine.mooncake as mc
@@ -19,9 +21,14 @@ import kvengine.mooncake as mc
 ttl = int(os.environ.get("TTL", "5000"))
 nobj = int(os.environ.get("NOBJ", "256"))
 reps = int(os.environ.get("REPS", "300"))
+settings = {"log.level": "warn"}
+tmp = None
+if os.environ.get("SHARED") == "1":
+    tmp = tempfile.mkdtemp(prefix="kvrc")
+    settings.update({"store.name": "readcost%d" % os.getpid(), "store.dir": tmp})
 s = mc.MooncakeDistributedStore()
 assert s.setup("127.0.0.1", "", 128 << 20, 16 << 20, "tcp", "", "",
-               kvengine_settings={"log.level": "warn"}) == 0, s.last_error
+               kvengine_settings=settings) == 0, s.last_error
 buf = (ctypes.c_ubyte * 64)()
 base = ctypes.addressof(buf)
 keys = [("b1_%d" % i).rjust(20, "_") for i in range(nobj)]
@@ -39,6 +46,8 @@ for _ in range(reps):
         s.batch_get_into(keys[i:i + 4], ptrs, sizes)
     cpu.append((time.thread_time() - c0) / (nobj // 4) * 1e6)
 cpu.sort()
-print("batch_get_into of 4, ttl %d ms: CPU us/call p10 %.1f min %.1f median %.1f"
-      % (ttl, cpu[len(cpu) // 10], cpu[0], statistics.median(cpu)))
+print("batch_get_into of 4, ttl %d ms%s: CPU us/call p10 %.1f min %.1f median %.1f"
+      % (ttl, ", shared" if tmp else "", cpu[len(cpu) // 10], cpu[0], statistics.median(cpu)))
 s.close()
+if tmp:
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -131,6 +131,25 @@ def make_config(config_file=None, settings=None):
     return cfg
 
 
+def _config_value(cfg, key):
+    """A key's current value in a kv_config handle, as text ("" when unset)."""
+    buf = ctypes.create_string_buffer(4096)
+    rc = _lib.kv_config_get(cfg, key.encode(), buf, len(buf))
+    if rc:
+        raise KvError(rc, "kv_config_get(%s)" % key)
+    return buf.value.decode(errors="replace")
+
+
+def config_shared(cfg):
+    """Whether an engine opened from the kv_config handle cfg keeps a store
+    other processes can reach: a host store (store.name, or an SSD tier,
+    shared by its ssd.path: engine/host.c's store_id) or a cluster. When
+    not, nothing this process stores can be seen by anyone else."""
+    return bool(_config_value(cfg, "store.name")) or \
+        "ssd" in _config_value(cfg, "pipeline").split("|") or \
+        _config_value(cfg, "cluster.enabled") == "true"
+
+
 def _check_id(bid, i):
     if not isinstance(bid, (bytes, bytearray, memoryview)):
         raise TypeError("shards[%d]: a block id is 16 bytes, got %s" % (i, type(bid).__name__))
@@ -241,6 +260,10 @@ class Engine:
         self._tls = threading.local()
         cfg = make_config(config_file, settings)
         try:
+            # Other processes may see this store (config_shared): what a
+            # caller keeps only for them (the Mooncake drop-in's read
+            # leases) it need not store otherwise.
+            self.shared = config_shared(cfg)
             h = ctypes.c_void_p()
             rc = _lib.kv_open(cfg, ctypes.byref(h))
             if rc:

@@ -858,7 +858,12 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
     #   (soft_pin_action DISABLE, remove), which a block cannot be. It goes
     #   with the object's remove; an expired one is removed when met.
     # - A copy of every lease and pin is kept in this process too (the fast
-    #   answer for its own removes).
+    #   answer for its own removes). A store nobody else can reach (no host
+    #   store: neither store.name nor an SSD tier; no cluster: the drop-in's
+    #   embedded default, Engine.shared false) keeps its read leases only
+    #   here: no record is written, and a remove asks the store for the pin
+    #   alone. Nothing else could have read them, and a fresh read's
+    #   records were a seventh of its CPU (bench/mooncake_readcost.py).
     # Expiries are wall-clock milliseconds, so processes on one host agree;
     # across hosts they are as good as the hosts' clock sync.
 
@@ -892,13 +897,14 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         fresh_ks = []
         until = time.monotonic() + ttl / 1000.0
         expiry = bucket * _LEASE_MS
+        shared = eng.shared     # else this process's copy is the whole lease
         with self._llock:
             wrote = self._wrote
             leases = self._leases
             for k in ks:
                 if leases.get(k, 0) < until:
                     leases[k] = until
-                if wrote.get(k, 0) >= fresh:
+                if not shared or wrote.get(k, 0) >= fresh:
                     continue
                 wrote[k] = expiry
                 fresh_ks.append(k)
@@ -965,8 +971,11 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             return False
         now = _now_ms()
         horizon = max(self.kv_lease_ttl_ms, 5000)
-        rec, pairs = _lease_records(_lease_hi(k), now // _LEASE_MS + 1,
-                                    (now + horizon) // _LEASE_MS + 2)
+        if eng.shared:
+            rec, pairs = _lease_records(_lease_hi(k), now // _LEASE_MS + 1,
+                                        (now + horizon) // _LEASE_MS + 2)
+        else:   # no read lease is stored (_share_leases): the pin alone
+            rec, pairs = None, array.array("Q")
         pk = _pin_key(k, self._prefix)
         pairs.extend((id(pk) + _buffers.BYTES_OFFSET if _buffers.BYTES_OFFSET is not None
                       else ctypes.cast(ctypes.c_char_p(pk), ctypes.c_void_p).value, len(pk), 0, 0))

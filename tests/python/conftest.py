@@ -174,15 +174,32 @@ def cluster(tmp_path):
 MC_QUIET = {"dram.hugepages": "off", "log.level": "warn"}
 
 
-def mooncake_embedded_store(segment="64MB", buffer="16MB", **kw):
+def mooncake_embedded_store(segment="64MB", buffer="16MB", settings=None, **kw):
     """The drop-in's MooncakeDistributedStore set up embedded (no master),
     as the Mooncake tests' store fixtures use it (setup's keywords in kw,
-    e.g. tenant_id); the caller closes it."""
+    e.g. tenant_id; more kvengine settings in settings); the caller closes
+    it."""
     import kvengine.mooncake as mc
     s = mc.MooncakeDistributedStore()
     assert s.setup("localhost", "P2PHANDSHAKE", segment, buffer, "tcp", "", "",
-                   kvengine_settings=MC_QUIET, **kw) == 0, s.last_error
+                   kvengine_settings=dict(MC_QUIET, **(settings or {})), **kw) == 0, s.last_error
     return s
+
+
+@pytest.fixture
+def host_store_settings():
+    """kvengine settings that make an embedded store a host store other
+    processes (and other engines of this one) attach to: a store.name of
+    its own in a short 0700 directory (a Unix socket's path is short),
+    removed afterwards."""
+    import shutil
+    import tempfile
+    import uuid
+    d = tempfile.mkdtemp(prefix="kvh")
+    try:
+        yield {"store.name": "t" + uuid.uuid4().hex[:12], "store.dir": d}
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 class DataProtoLike:

@@ -17,10 +17,10 @@ HAS_LEASE = -706
 QUIET = {"dram.hugepages": "off", "log.level": "warn"}
 
 
-def _store(**kw):
+def _store(settings=None, **kw):
     s = mc.MooncakeDistributedStore()
     assert s.setup("localhost", "P2PHANDSHAKE", "32MB", "16MB", "tcp", "", "",
-                   kvengine_settings=QUIET, **kw) == 0, s.last_error
+                   kvengine_settings=dict(QUIET, **(settings or {})), **kw) == 0, s.last_error
     s.kv_lease_ttl_ms = 0
     return s
 
@@ -28,6 +28,15 @@ def _store(**kw):
 @pytest.fixture
 def store():
     s = _store()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def shared_store(host_store_settings):
+    """A store other processes can attach to (store.name): its read leases
+    are records in the store, for them."""
+    s = _store(host_store_settings)
     yield s
     s.close()
 
@@ -177,7 +186,8 @@ def test_task_types_import_and_copy_move_say_why(store):
 # dump's hand-off to a pool worker cost Mooncake's benchmark's verify_read
 # about a context switch per batch_get_into.
 
-def test_a_read_takes_its_lease_without_a_task(store):
+def test_a_read_takes_its_lease_without_a_task(shared_store):
+    store = shared_store
     src, sa = _buf(64, b"l" * 64)
     dst, da = _buf(64 * 4)
     store.kv_lease_ttl_ms = 5000
@@ -198,7 +208,8 @@ def test_a_read_takes_its_lease_without_a_task(store):
     assert not store._leases_in_store(store._key("absent"))
 
 
-def test_every_read_key_is_leased_in_the_store_whatever_the_batch(store):
+def test_every_read_key_is_leased_in_the_store_whatever_the_batch(shared_store):
+    store = shared_store
     # A read writes its lease records into a buffer made once per thread
     # (mc._LEASE_CAP records); a larger batch builds its own. Every key of
     # either, and of reads on several threads at once, has its record.
@@ -230,7 +241,8 @@ def test_every_read_key_is_leased_in_the_store_whatever_the_batch(store):
     assert store.remove(read_keys[0]) == HAS_LEASE
 
 
-def test_default_tenant_remove_all_keeps_the_leases_of_what_it_keeps(store):
+def test_default_tenant_remove_all_keeps_the_leases_of_what_it_keeps(shared_store):
+    store = shared_store
     src, sa = _buf(8, b"k" * 8)
     dst, da = _buf(8)
     store.kv_lease_ttl_ms = 5000
@@ -271,6 +283,66 @@ def test_a_lease_taken_on_the_fast_path_holds_for_another_client(cluster):
         b.close()
 
 
+def test_a_store_nobody_else_reaches_keeps_its_read_leases_here(store):
+    # The drop-in's embedded default (no store.name, no SSD tier, no
+    # cluster): no other process can see the store, so a read's lease is
+    # this process's copy alone. Before: one record per object read (keys
+    # + 4), and a remove asked the store for 52 lease records.
+    assert store._eng.shared is False
+    src, sa = _buf(64, b"p" * 64)
+    dst, da = _buf(64 * 4)
+    store.kv_lease_ttl_ms = 5000
+    keys = ["own-%d" % i for i in range(4)]
+    assert store.batch_put_from(keys, [sa] * 4, [64] * 4) == [0] * 4
+    before = store._eng.stats()["keys"]
+    assert store.batch_get_into(keys, [da + 64 * i for i in range(4)], [64] * 4) == [64] * 4
+    assert store.get_batch(keys[:2]) == [b"p" * 64] * 2
+    assert store._eng.stats()["keys"] == before           # no lease record
+    assert store.batch_remove(keys) == [HAS_LEASE] * 4     # the leases hold here
+    assert store.remove_all() == 0
+    assert store.batch_remove(keys, force=True) == [0] * 4
+    # A soft pin is still a record, and still refuses a remove.
+    cfg = mc.ReplicateConfig()
+    cfg.with_soft_pin = True
+    assert store.put("pinned", b"v", cfg) == 0
+    store._pins.clear()
+    store._leases.clear()
+    assert store.remove("pinned") == HAS_LEASE
+
+
+def test_which_stores_others_can_reach(tmp_path):
+    # Engine.shared mirrors engine/host.c's rule (store.name, or an SSD tier
+    # shared by its path) and a cluster.
+    from kvengine import engine as ke
+    cases = [({"pipeline": "dram"}, False),
+             ({"pipeline": "dram", "store.name": "x"}, True),
+             ({"pipeline": "dram|ssd", "ssd.path": str(tmp_path)}, True),
+             ({"pipeline": "dram", "cluster.enabled": "true"}, True)]
+    for settings, want in cases:
+        cfg = ke.make_config(None, settings)
+        try:
+            assert ke.config_shared(cfg) is want, settings
+        finally:
+            mc._lib.kv_config_free(cfg)
+
+
+def test_a_shared_stores_read_lease_refuses_another_engines_remove(host_store_settings):
+    # A store.name store: a second engine (attached, here in this process)
+    # sees the first's read leases through their records.
+    a = _store(host_store_settings)
+    b = _store(host_store_settings)
+    try:
+        assert a._eng.shared and b._eng.shared
+        a.kv_lease_ttl_ms = 5000       # within the horizon b's remove looks over
+        assert b.put("seen", b"by a") == 0
+        assert a.get("seen") == b"by a"
+        assert b.remove("seen") == HAS_LEASE
+        assert b.remove("seen", force=True) == 0
+    finally:
+        b.close()
+        a.close()
+
+
 def test_a_buffer_lease_outliving_its_engine_goes_quietly():
     # At interpreter exit the engine may be finalized before a BufferPool
     # lease: releasing it raised KvError ("engine is closed") from __del__.
@@ -284,7 +356,8 @@ def test_a_buffer_lease_outliving_its_engine_goes_quietly():
     s.close()
 
 
-def test_a_removes_lease_check_is_one_small_lookup(store, monkeypatch):
+def test_a_removes_lease_check_is_one_small_lookup(shared_store, monkeypatch):
+    store = shared_store
     # In a cluster every lookup is a round trip: before, a remove asked for
     # 252 lease records (20 ms buckets over 5 s) and then read the soft
     # pin with a kv_get of its own; now 52 + the pin in one kv_exists_many.
@@ -329,7 +402,8 @@ def test_reads_guessing_the_last_size_answer_as_exact_ones(store):
     assert store.get_batch(["u0", 5]) == [vals["u0"], b""]     # not a key
 
 
-def test_live_leases_past_the_prune_size_are_not_rebuilt_every_read(store, monkeypatch):
+def test_live_leases_past_the_prune_size_are_not_rebuilt_every_read(shared_store, monkeypatch):
+    store = shared_store
     # This process's lease copies are pruned of expired entries when they
     # pass a size; with more live leases than that, pruning every read made
     # each read rebuild the whole dict. Now the next prune waits for twice

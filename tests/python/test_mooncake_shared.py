@@ -30,10 +30,10 @@ NOT_SUPPORTED = -1012
 QUIET = {"dram.hugepages": "off", "log.level": "warn"}
 
 
-def _local():
+def _local(settings=None):
     s = mc.MooncakeDistributedStore()
     rc = s.setup("localhost", "P2PHANDSHAKE", "32MB", "16MB", "tcp", "", "",
-                 kvengine_settings=QUIET)
+                 kvengine_settings=dict(QUIET, **(settings or {})))
     assert rc == 0, s.last_error
     return s
 
@@ -138,8 +138,8 @@ def test_another_process_soft_pin_refuses_remove_until_unpinned(shared):
     assert s.remove("pinned") == 0
 
 
-def test_lease_state_is_bounded_and_leaves_with_the_object():
-    s = _local()
+def test_lease_state_is_bounded_and_leaves_with_the_object(host_store_settings):
+    s = _local(host_store_settings)      # a store others reach: leases are records
     try:
         s.kv_lease_ttl_ms = 60000
         assert s.put("o", b"v", mc.ReplicateConfig(with_soft_pin=True)) == 0
@@ -192,8 +192,8 @@ def test_remove_all_is_per_tenant(cluster):
         b.close()
 
 
-def test_default_tenant_remove_all_does_not_count_lease_records():
-    s = _local()
+def test_default_tenant_remove_all_does_not_count_lease_records(host_store_settings):
+    s = _local(host_store_settings)
     try:
         s.kv_lease_ttl_ms = 60000
         for i in range(4):
