@@ -19,19 +19,8 @@ ARGS=${ARGS:-"--scenario write_perf --value-size 1MiB --nr-objects 512 --batch-s
 GIB=${GIB:-4}
 KEEP=${OUT:+1}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/dumps.XXXXXX")}
-mkdir -p -m 700 "$OUT/rv"
-C="--set store.name=da --set store.dir=$OUT/rv --set pipeline=dram --set log.level=warn"
-"$B/kvnode" $C --set dram.capacity="${GIB}GiB" > "$OUT/node.log" 2>&1 &
-NP=$!
-trap 'kill $NP 2>/dev/null; wait 2>/dev/null; [ -n "$KEEP" ] || rm -rf "$OUT"' EXIT
-for _ in $(seq 1 100); do [ -S "$OUT/rv/da.sock" ] && break; sleep 0.2; done
-# the segment's collapse into 2 MiB pages competes for CPU: wait for it
-want=$(( GIB * 1024 * 1024 * 9 / 10 ))
-for _ in $(seq 1 300); do
-    h=$(awk '/ShmemPmdMapped/{print $2}' "/proc/$NP/smaps_rollup" 2>/dev/null)
-    [ "${h:-0}" -ge "$want" ] && break
-    sleep 0.2
-done
+. "$(dirname "$0")/kvnode_up.sh"
+kvnode_up "$B" da "$GIB"
 for r in $(seq 1 "$ROUNDS"); do
     for how in kvbuf own; do
         extra=""; [ $how = kvbuf ] && extra=--kv-buffers

@@ -17,21 +17,11 @@ ROUNDS=${ROUNDS:-5}
 ARGS=${ARGS:-"--value-size 64KiB --nr-objects 2048"}
 KEEP=${OUT:+1}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/direct.XXXXXX")}
-mkdir -p -m 700 "$OUT/rv"
-C="--set store.name=dx --set store.dir=$OUT/rv --set pipeline=dram --set dram.capacity=2GiB --set log.level=warn"
-"$B/kvnode" $C > "$OUT/node.log" 2>&1 &
-NP=$!
-trap 'kill $NP 2>/dev/null; wait 2>/dev/null; [ -n "$KEEP" ] || rm -rf "$OUT"' EXIT
-for _ in $(seq 1 100); do [ -S "$OUT/rv/dx.sock" ] && break; sleep 0.2; done
-# the segment's collapse into 2 MiB pages competes for CPU: wait for it
-for _ in $(seq 1 150); do
-    h=$(awk '/ShmemPmdMapped/{print $2}' "/proc/$NP/smaps_rollup" 2>/dev/null)
-    [ "${h:-0}" -ge 2000000 ] && break
-    sleep 0.2
-done
+. "$(dirname "$0")/kvnode_up.sh"
+kvnode_up "$B" dx 2
 for r in $(seq 1 "$ROUNDS"); do
     for d in true false; do
-        "$B/kvctl" $C --set store.direct_reads=$d bench $ARGS --compare dram \
+        "$B/kvctl" $C --set dram.capacity=2GiB --set store.direct_reads=$d bench $ARGS --compare dram \
             --summary-json "$OUT/$d.$r.json" > "$OUT/$d.$r.txt" 2>&1 || { cat "$OUT/$d.$r.txt"; exit 1; }
         python3 - "$OUT/$d.$r.json" "$d" <<'PY'
 import json, sys
