@@ -27,7 +27,7 @@ if os.environ.get("SHARED") == "1":
     tmp = tempfile.mkdtemp(prefix="kvrc")
     settings.update({"store.name": "readcost%d" % os.getpid(), "store.dir": tmp})
 s = mc.MooncakeDistributedStore()
-assert s.setup("127.0.0.1", "", 128 << 20, 16 << 20, "tcp", "", "",
+assert s.setup("127.0.0.1", "", 128 << 20, 16 << 20, "tcp", "", os.environ.get("MASTER", ""),
                kvengine_settings=settings) == 0, s.last_error
 buf = (ctypes.c_ubyte * 64)()
 base = ctypes.addressof(buf)
@@ -47,7 +47,7 @@ for _ in range(reps):
     cpu.append((time.thread_time() - c0) / (nobj // 4) * 1e6)
 cpu.sort()
 print("batch_get_into of 4, ttl %d ms%s: CPU us/call p10 %.1f min %.1f median %.1f"
-      % (ttl, ", shared" if tmp else "", cpu[len(cpu) // 10], cpu[0], statistics.median(cpu)))
+      % (ttl, ", shared" if tmp else ", cluster" if os.environ.get("MASTER") else "", cpu[len(cpu) // 10], cpu[0], statistics.median(cpu)))
 s.close()
 if tmp:
     shutil.rmtree(tmp, ignore_errors=True)
