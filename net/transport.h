@@ -128,9 +128,13 @@ struct kv__op {
     uint32_t iovcnt;
     uint8_t replace;            /* dump: replace, not skip, a stored value */
     /* The batch's (proto.h BATCH): the view version the caller routed by
-     * (0: none) and whether this is a member's own copy (internal). */
+     * (0: none), whether this is a member's own copy (internal), and, for
+     * copies of values this member read (re-replication, hand-off), its
+     * wall clock in ms when it read the first of them (stamp; 0 for every
+     * other op, a leaver's forwarding of a write among them). */
     uint64_t view;
     uint8_t internal;
+    uint64_t stamp;
     /* results, written by batch() */
     int result;                 /* KV_OK or KV_E* for this item */
     uint8_t hit;                /* lookup */
