@@ -31,6 +31,9 @@ static int e_remove(void *c, int ns, const kv_block_id *id, uint32_t x)
 { return kv__local_remove(c, ns, id, x); }
 static int e_match(void *c, const kv_block_id *id, uint32_t plen, const kv_block_id *hash)
 { return kv__key_match(c, id, plen, hash); }
+static int e_rec_match(void *c, const void *rec, uint64_t len, uint32_t plen,
+                       const kv_block_id *hash)
+{ (void)c; return kv__key_rec_match(rec, len, plen, hash); }
 static void e_stats(void *c, kv_stats *out)
 {
     memset(out, 0, sizeof *out);
@@ -53,6 +56,7 @@ void kv__backend_engine(kv_engine *e, struct kv__backend *out)
     out->scan = e_scan;
     out->remove = e_remove;
     out->match = e_match;
+    out->rec_match = e_rec_match;
     out->stats = e_stats;
     kv__engine_segment(e, &out->seg_base, &out->seg_len);
 }

@@ -61,6 +61,10 @@ int kv__local_remove(kv_engine *e, int ns, const kv_block_id *id, uint32_t index
  * none is stored, KV_ENOMEM / a tier's error when its record cannot be
  * read. engine/kv.c (it owns how a key is stored), for kv_remove_prefix. */
 int kv__key_match(kv_engine *e, const kv_block_id *id, uint32_t plen, const kv_block_id *hash);
+/* The same question of a record's bytes rec[0..len) (a plain key's value
+ * as stored, not stored here yet: a copy a peer sends): 1, 0, or
+ * KV_EINVAL when rec is no record. */
+int kv__key_rec_match(const void *rec, uint64_t len, uint32_t plen, const kv_block_id *hash);
 
 /*
  * Zero-copy serving. kv__local_pin finds a DRAM-resident shard and pins its

@@ -55,6 +55,15 @@ static inline uint64_t kv__now_ns(void)
 
 static inline uint64_t kv__now_ms(void) { return kv__now_ns() / 1000000u; }
 
+/* Wall-clock ms since 1970: for what another host compares (a copy's
+ * stamp, net/tomb.h), never for a timeout. */
+static inline uint64_t kv__wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
 /* ---- logging (log.c) -------------------------------------------------------
  * One level per process: KV_LOG_LEVEL (environment, read once) when set,
  * else the log.level of the engine opened last. Lines go to stderr as

@@ -185,6 +185,14 @@ static int rec_match(const uint8_t *stored, uint64_t slen, uint32_t plen, const 
     return memcmp(h.bytes, hash->bytes, KV_BLOCK_ID_LEN) == 0;
 }
 
+int kv__key_rec_match(const void *rec, uint64_t len, uint32_t plen, const kv_block_id *hash)
+{
+    const uint8_t *r = rec;
+    if (len < 1 || r[0] == 0 || len < 1u + r[0])
+        return KV_EINVAL;
+    return rec_match(r, len, plen, hash);
+}
+
 int kv__key_match(kv_engine *e, const kv_block_id *id, uint32_t plen, const kv_block_id *hash)
 {
     const void *data;

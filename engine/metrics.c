@@ -235,6 +235,8 @@ static void bprintf(struct buf *b, const char *fmt, ...)
       "Re-replication jobs (one per owner change) run to the end.")                           \
     X(RR_BEHIND, "rereplicate_behind", "gauge", "", "engine (cluster)",                        \
       "Owner changes seen whose re-replication has not run to the end (0: done).")            \
+    X(REFUSED_STALE, "copies_refused_total", "counter", "", "engine (cluster)",                \
+      "Plain keys' copies from members refused here as read before a remove served here.")    \
     X(MASTER_UP, "master_up", "gauge", "", "kvmaster",                                         \
       "Whether the master answered its own view query.")
 
@@ -390,6 +392,7 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
         one(&b, M_RR_PENDING, k.rereplicate_pending);
         one(&b, M_RR_JOBS, k.rereplicate_jobs);
         one(&b, M_RR_BEHIND, k.rereplicate_behind);
+        one(&b, M_REFUSED_STALE, k.refused_stale);
     }
     if (b.oom) {
         free(b.p);

@@ -42,6 +42,7 @@
 #include "placement.h"
 #include "proto.h"
 #include "serve.h"
+#include "tomb.h"
 #include "transport.h"
 
 #define POOL_MAX 16
@@ -153,6 +154,10 @@ struct kv__cluster {
     /* Writes refused as not ours in a view newer than their sender's
      * (sv_admit), and the last view whose first refusal was logged. */
     _Atomic uint64_t refused_not_owner, refused_logged;
+    /* The plain keys removed here (tomb.h; NULL on a pure client), and
+     * the copies refused for being read before such a remove. */
+    struct kv__tomb *tomb;
+    _Atomic uint64_t refused_stale;
 
     /* Re-replication (its section below): one job at a time, from the
      * view before an owner change to the view after it. */
@@ -629,9 +634,7 @@ static void self_figures(struct kv__cluster *c)
         s->ssd_blocks = st.ssd_blocks;
         s->keys = st.keys;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    s->stamp_ms = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+    s->stamp_ms = kv__wall_ms();
     snprintf(s->version, sizeof s->version, "%s", kv_version());
 }
 
@@ -763,6 +766,15 @@ static int start(struct kv__cluster *c, char *err, size_t errlen)
     if (rc) {
         kv__errf(err, errlen, "cluster.protocol: rdma is not available here");
         return rc;
+    }
+    /* Tombstones from before the first remove is served: a copy read
+     * before now is refused (tomb.h: a restart forgets the removes before
+     * it). Kept well past a copy's flight (a call's deadline plus 100 ms
+     * per MiB of a batch): 30 s, or 4 T. */
+    if (c->be && kv__tomb_new(KV__TOMB_KEYS, c->call_ms * 4u > 30000u ? c->call_ms * 4u : 30000u,
+                              kv__wall_ms(), &c->tomb) != KV_OK) {
+        kv__errf(err, errlen, "cluster: out of memory for the tombstones of removed keys");
+        return KV_ENOMEM;
     }
     if (c->be)
         serve_be_init(c);
@@ -967,6 +979,7 @@ void kv__cluster_stop(struct kv__cluster *c)
     pthread_mutex_destroy(&c->vlock);
     pthread_mutex_destroy(&c->lvlock);
     pthread_mutex_destroy(&c->mvlock);
+    kv__tomb_free(c->tomb);   /* the transport, which served removes, is gone */
     free(c->skip);
     if (c->hb_started)
         KV_INFO("cluster: stopped (%llu remote items, %llu errors, %llu failovers)",
@@ -992,11 +1005,31 @@ static int peer_is_down(struct peer *p)
     return 0;
 }
 
+/* A remove of plain keys served here (a peer's, through the transport,
+ * or this node's own share): its tombstone first (tomb.h). */
+static void tomb_note(struct kv__cluster *c, int kind, uint32_t plen, const kv_block_id *id)
+{
+    if (kind == KV_OP_REMOVE)
+        kv__tomb_remove(c->tomb, id, kv__wall_ms());
+    else
+        kv__tomb_clear(c->tomb, plen, id, kv__wall_ms());
+}
+
 /* Serves ops on this node's own store: no network, no copies beyond the
- * one into or out of the segment (the policy is serve.c's). */
+ * one into or out of the segment (the policy is serve.c's). Removes leave
+ * their tombstones first and a plain key's write clears its own once it
+ * is in, as a peer's do (sv_removing, sv_commit). Copies (internal ops
+ * with a stamp) never come here: a member copies to owners other than
+ * itself. */
 static void run_local(struct kv__cluster *c, struct kv__op *ops, size_t n)
 {
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].ns == KV_NS_KEY && (ops[i].kind == KV_OP_REMOVE || ops[i].kind == KV_OP_CLEAR))
+            tomb_note(c, ops[i].kind, ops[i].kind == KV_OP_CLEAR ? ops[i].index : 0, &ops[i].id);
     kv__serve_ops(c->be, ops, n);
+    for (size_t i = 0; i < n; i++)
+        if (ops[i].ns == KV_NS_KEY && ops[i].kind == KV_OP_DUMP && ops[i].result == KV_OK)
+            kv__tomb_put(c->tomb, &ops[i].id);
 }
 
 /* One owner's share of a batch and the connection it runs on. */
@@ -1356,6 +1389,12 @@ static int worse(int a, int b)
  * while its copy ran: a leaver forwards what it is sent to the owners
  * without it, which may be this node, and the drop would remove that.
  *
+ * A remove may run while a plain key is being copied: every batch carries
+ * when its values were read (its stamp), and a new owner that served a
+ * remove of the key after that refuses it (tomb.h; sv_store_copy). The
+ * key then stays here, neither copied nor dropped, and is read and sent
+ * again a little later (rr_copy_retry): removed here too, it is gone.
+ *
  * A newer owner change stops the running job; the next one starts from the
  * oldest view not fully handled, so nothing the first change needed is
  * skipped. Not the engine's task pool: a job is one long, mostly sleeping
@@ -1371,6 +1410,8 @@ struct rr_item {
     uint8_t ns, ntargets;
     uint8_t drop;                       /* a plain key this node no longer owns */
     uint8_t failed;                     /* its copy failed (a leave tries once more) */
+    uint8_t refused;                    /* a target refused it as read before a remove
+                                         * it served: read it again later (tomb.h) */
     uint8_t keep;                       /* a hand-off's plain key from an earlier view: it
                                          * does not replace what its new owner holds */
     uint8_t targets[KV_PLACE_MAX];      /* owner indexes in the new view */
@@ -1598,6 +1639,9 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
         size_t k = 0, nb = 0, nmv = 0;
         uint64_t bytes = 0;
         size_t first = i;
+        /* The batch's stamp: before its first read, so no value in it was
+         * read earlier (tomb.h). */
+        uint64_t stamp = kv__wall_ms();
         /* A forwarded write (leave_forward) comes before or after a whole
          * batch, never between its read and its send. */
         if (h->handoff)
@@ -1631,7 +1675,8 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
                                           .id = it->id, .iov = &iov[nb], .iovcnt = 1,
                                           .replace = h->handoff && it->ns == KV_NS_KEY &&
                                                      !it->keep,
-                                          .view = to->version, .internal = 1 };
+                                          .view = to->version, .internal = 1,
+                                          .stamp = stamp };
                 owner[k] = it->targets[t];
                 of[k] = i;
                 k++;
@@ -1659,18 +1704,24 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             pthread_mutex_unlock(&c->mvlock);
         }
         if (k && grc == KV_OK) {
-            /* A shard counts once, failed when any of its targets failed. */
+            /* A shard counts once, failed when any of its targets failed;
+             * refused, not failed, when one refused it as older than a
+             * remove (rr_copy_retry reads it again). */
             for (size_t j = 0; j < k; j++) {
                 int last = j + 1 == k || of[j + 1] != of[j];
-                int ok = ops[j].result == KV_OK;
-                size_t x = j;
-                while (x > 0 && of[x - 1] == of[j] && ok)
-                    ok = ops[--x].result == KV_OK;
+                int ok = ops[j].result == KV_OK, refused = ops[j].result == KV_EBUSY;
+                for (size_t x = j; x > 0 && of[x - 1] == of[j];) {
+                    int r = ops[--x].result;
+                    ok &= r == KV_OK;
+                    refused |= r == KV_EBUSY;
+                }
                 if (!last)
                     continue;
                 items[of[j]].failed = !ok;
-                atomic_fetch_add(!ok ? &c->rr_failed : h->handoff ? &c->handed_off : &c->rr_shards,
-                                 1);
+                items[of[j]].refused = !ok && refused;
+                if (ok || !refused)
+                    atomic_fetch_add(!ok ? &c->rr_failed
+                                     : h->handoff ? &c->handed_off : &c->rr_shards, 1);
                 if (ok && !h->handoff)
                     atomic_fetch_add(&c->rr_bytes, items[of[j]].len * items[of[j]].ntargets);
                 size_t b = (size_t)(ops[j].iov - iov);   /* its place in this batch */
@@ -1710,6 +1761,72 @@ out:
     return i;
 }
 
+/* A copy refused as read before a remove its target served (tomb.h) is
+ * read again after RR_RETRY_MS, and again, while the target's refusal can
+ * last: a tombstone or a target's start refuses what was read up to the
+ * clock margin after it, so a fresh read soon passes, or finds the key
+ * removed here too (then there is nothing to copy). For at most
+ * RR_REFUSED_MS (a leave: until its deadline); then it counts as failed. */
+#define RR_RETRY_MS (KV__TOMB_SKEW_MS / 4)
+#define RR_REFUSED_MS 30000
+
+/* rr_copy, then its refused items again, as above; returns as rr_copy
+ * does (stopped while items are refused: the first of them). */
+static size_t rr_copy_retry(struct kv__cluster *c, struct view *to, struct rr_item *items,
+                            size_t n, const struct rr_how *h)
+{
+    size_t at = rr_copy(c, to, items, n, h);
+    uint64_t t0 = kv__now_ms(), until = h->handoff ? h->deadline_ms : t0 + RR_REFUSED_MS;
+    struct rr_item *again = NULL;
+    size_t *where = NULL, k;
+    for (;;) {
+        k = 0;
+        for (size_t i = 0; i < at; i++)
+            k += items[i].refused;
+        if (!k || at < n)
+            break;
+        if (kv__now_ms() + RR_RETRY_MS >= until ||
+            (!again && (!(again = malloc(k * sizeof *again)) ||
+                        !(where = malloc(k * sizeof *where))))) {
+            /* given up on (or no memory to try): failed */
+            atomic_fetch_add(&c->rr_failed, k);
+            KV_WARN("cluster: %zu plain keys' copies still refused after %.1f s (read before a "
+                    "remove their new owner served); they stay here", k,
+                    (double)(kv__now_ms() - t0) / 1000.0);
+            for (size_t i = 0; i < n; i++)
+                items[i].refused = 0;
+            break;
+        }
+        if (h->handoff)
+            usleep(RR_RETRY_MS * 1000u);
+        else
+            rr_sleep_until(c, kv__now_ms() + RR_RETRY_MS, h->gen);
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++)
+            if (items[i].refused) {
+                where[m] = i;
+                again[m] = items[i];
+                again[m].failed = again[m].refused = 0;
+                m++;
+            }
+        if (rr_stopped(c, h)) {   /* a newer job, or the deadline: not done */
+            at = where[0];
+            break;
+        }
+        atomic_fetch_add(&c->rr_pending, m);
+        size_t got = rr_copy(c, to, again, m, h);
+        for (size_t j = 0; j < got; j++) {
+            items[where[j]].failed = again[j].failed;
+            items[where[j]].refused = again[j].refused;
+        }
+        if (got < m)
+            at = where[got];
+    }
+    free(again);
+    free(where);
+    return at;
+}
+
 /* One job: from the view before an owner change to the view after it.
  * Returns whether it ran to the end. */
 static int rr_run(struct kv__cluster *c, struct view *from, struct view *to, uint64_t gen)
@@ -1741,7 +1858,7 @@ static int rr_run(struct kv__cluster *c, struct view *from, struct view *to, uin
     uint64_t t0 = kv__now_ms(), done0 = atomic_load(&c->rr_shards),
              failed0 = atomic_load(&c->rr_failed);
     struct rr_how how = { .gen = gen };
-    size_t at = s.n ? rr_copy(c, to, s.v, s.n, &how) : 0;
+    size_t at = s.n ? rr_copy_retry(c, to, s.v, s.n, &how) : 0;
     int complete = at == s.n;
     KV_INFO("cluster: view %llu: re-replication %s: %llu shards copied, %llu failed, in %.2f s",
             (unsigned long long)to->version, complete ? "done" : "stopped (a newer view)",
@@ -2147,9 +2264,11 @@ static void sv_write_end(struct kv__cluster *c, struct sv_write *w)
 }
 
 /* A write about to be stored here (dump, commit): forwarded first while
- * leaving. */
+ * leaving. A copy (stamp, not 0: sv_store_copy) goes on as the copy it
+ * is, judged there as here; a write as a write. */
 static int leave_write(struct kv__cluster *c, int ns, const kv_block_id *id, uint32_t index,
-                       const kv_iov *iov, uint32_t iovcnt, struct sv_write *w)
+                       const kv_iov *iov, uint32_t iovcnt, int replace, uint64_t stamp,
+                       struct sv_write *w)
 {
     int rc = sv_write_begin(c, w);
     if (rc != KV_OK || !w->locked)
@@ -2157,7 +2276,8 @@ static int leave_write(struct kv__cluster *c, int ns, const kv_block_id *id, uin
     /* A plain key's value is a put (the serving side dropped the old one);
      * a block's shard is a dump its next owner skips when it has it. */
     struct kv__op op = { .kind = KV_OP_DUMP, .ns = (uint8_t)ns, .index = index, .id = *id,
-                         .iov = iov, .iovcnt = iovcnt, .replace = ns == KV_NS_KEY };
+                         .iov = iov, .iovcnt = iovcnt, .replace = (uint8_t)replace,
+                         .stamp = stamp };
     return leave_forward(c, &op);
 }
 
@@ -2216,18 +2336,23 @@ static void sv_moved(struct kv__cluster *c, int ns, const kv_block_id *id)
     pthread_mutex_unlock(&c->mvlock);
 }
 
+/* Writes (a caller's, or a leaver's forwarding of one) of plain keys
+ * clear their key's tombstone once stored: the value here is the
+ * writer's now (tomb.h). */
 static int sv_commit(void *ctx, kv__resv *r, int ns, const kv_block_id *id, uint32_t index)
 {
     struct kv__cluster *c = ctx;
     kv_iov v = { r->data, r->len };
     struct sv_write w;
-    int rc = leave_write(c, ns, id, index, &v, 1, &w);
+    int rc = leave_write(c, ns, id, index, &v, 1, ns == KV_NS_KEY, 0, &w);
     if (rc == KV_OK)
         sv_moved(c, ns, id);
     if (rc == KV_OK)
         rc = c->be->commit(c->be->ctx, r, ns, id, index);
     else
         c->be->abort(c->be->ctx, r);   /* not on the next owner: not stored */
+    if (rc == KV_OK && ns == KV_NS_KEY)
+        kv__tomb_put(c->tomb, id);
     sv_write_end(c, &w);
     return rc;
 }
@@ -2237,13 +2362,103 @@ static int sv_dump(void *ctx, int ns, const kv_block_id *id, uint32_t index, con
 {
     struct kv__cluster *c = ctx;
     struct sv_write w;
-    int rc = leave_write(c, ns, id, index, iov, iovcnt, &w);
+    int rc = leave_write(c, ns, id, index, iov, iovcnt, ns == KV_NS_KEY, 0, &w);
     if (rc == KV_OK)
         sv_moved(c, ns, id);
     if (rc == KV_OK)
         rc = c->be->dump(c->be->ctx, ns, id, index, iov, iovcnt);
+    if (rc == KV_OK && ns == KV_NS_KEY)
+        kv__tomb_put(c->tomb, id);
     sv_write_end(c, &w);
     return rc;
+}
+
+/* The record a copy carries, for its prefix tombstones' question. */
+struct copy_rec {
+    struct kv__backend *be;
+    const kv_iov *iov;
+    uint32_t iovcnt;
+};
+
+static int copy_match(void *arg, uint32_t plen, const kv_block_id *hash)
+{
+    const struct copy_rec *cr = arg;
+    if (!cr->be->rec_match)
+        return KV_ENOTSUP;   /* cannot tell: the copy is refused */
+    /* A record's key is in its first 1 + KV_KEY_MAX bytes. */
+    uint8_t head[1 + KV_KEY_MAX];
+    const void *rec = cr->iov[0].base;
+    uint64_t len = cr->iov[0].len;
+    if (cr->iovcnt > 1 && len < sizeof head) {
+        len = 0;
+        for (uint32_t i = 0; i < cr->iovcnt && len < sizeof head; i++) {
+            size_t k = cr->iov[i].len < sizeof head - len ? cr->iov[i].len : sizeof head - len;
+            memcpy(head + len, cr->iov[i].base, k);
+            len += k;
+        }
+        rec = head;
+    }
+    return cr->be->rec_match(cr->be->ctx, rec, len, plen, hash);
+}
+
+/*
+ * A plain key's copy from a member (re-replication, a leave's hand-off),
+ * read by its sender at stamp. Judged against the removes served here
+ * (tomb.h) and stored in one step under the tombstones' lock: a remove
+ * leaves its tombstone (sv_removing, under that lock) before it drops
+ * anything, so a copy either is stored before the tombstone, and the
+ * remove then drops it, or sees the tombstone and is refused. A refused
+ * copy stores and drops nothing (a hand-off's replace included), and its
+ * sender keeps its own value and reads it again later (rr_copy_retry).
+ * While leaving, a copy this member would refuse is not forwarded either:
+ * its next owners may not have heard of the remove that refuses it (a
+ * clear reaches them as the removes of the keys held here).
+ */
+static int sv_store_copy(void *ctx, int ns, const kv_block_id *id, uint32_t index, int replace,
+                         uint64_t stamp, kv__resv *r, const kv_iov *iov, uint32_t iovcnt)
+{
+    struct kv__cluster *c = ctx;
+    kv_iov v = { r ? r->data : NULL, r ? r->len : 0 };
+    if (r) {
+        iov = &v;
+        iovcnt = 1;
+    }
+    struct copy_rec cr = { c->be, iov, iovcnt };
+    struct sv_write w = { 0 };
+    int rc = atomic_load(&c->leaving) == 1
+             ? kv__tomb_admit(c->tomb, id, stamp, copy_match, &cr, kv__wall_ms()) : KV_OK;
+    if (rc != KV_OK)
+        atomic_fetch_add(&c->refused_stale, 1);
+    else
+        rc = leave_write(c, ns, id, index, iov, iovcnt, replace, stamp, &w);
+    if (rc == KV_OK)
+        sv_moved(c, ns, id);
+    if (rc == KV_OK) {
+        kv__tomb_lock(c->tomb);
+        rc = kv__tomb_do_admit(c->tomb, id, stamp, copy_match, &cr, kv__wall_ms());
+        if (rc != KV_OK)
+            atomic_fetch_add(&c->refused_stale, 1);
+        if (rc == KV_OK && replace) {
+            rc = c->be->remove(c->be->ctx, ns, id, index);
+            rc = rc == KV_ENOTFOUND ? KV_OK : rc;
+        }
+        if (rc == KV_OK && r) {
+            rc = c->be->commit(c->be->ctx, r, ns, id, index);
+            r = NULL;   /* the commit took it, stored or not */
+        } else if (rc == KV_OK) {
+            rc = c->be->dump(c->be->ctx, ns, id, index, iov, iovcnt);
+        }
+        kv__tomb_unlock(c->tomb);
+    }
+    if (r)
+        c->be->abort(c->be->ctx, r);
+    sv_write_end(c, &w);
+    return rc;
+}
+
+static void sv_removing(void *ctx, int kind, uint32_t plen, const kv_block_id *id)
+{
+    tomb_note(ctx, kind, plen, id);
 }
 
 static int sv_scan(void *ctx, int ns, kv__scan_cb cb, void *arg)
@@ -2294,8 +2509,9 @@ static int sv_match(void *ctx, const kv_block_id *id, uint32_t plen, const kv_bl
  * it would bounce the write between two members with different views
  * until the deadline. Internal copies (re-replication, hand-off, a
  * leaver's forwarding) go where their sender's plan says and are never
- * refused; nor is anything while we leave (leave_write forwards it), nor a
- * sender with no view (0: a tool or a harness). Removes are not checked: a
+ * refused here (a plain key's copy may be, for a remove: sv_store_copy);
+ * nor is anything while we leave (leave_write forwards it), nor a sender
+ * with no view (0: a tool or a harness). Removes are not checked: a
  * caller's replace drops previous owners' copies on purpose.
  */
 static int sv_admit(void *ctx, int ns, const kv_block_id *id, uint64_t sender, uint32_t flags)
@@ -2354,6 +2570,8 @@ static void serve_be_init(struct kv__cluster *c)
         .remove = b->remove ? sv_remove : NULL,
         .match = b->match ? sv_match : NULL,
         .admit = sv_admit,
+        .store_copy = b->commit && b->remove ? sv_store_copy : NULL,
+        .removing = sv_removing,
     };
 }
 
@@ -2453,7 +2671,7 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
         uint64_t t0 = kv__now_ms(), ok0 = atomic_load(&c->handed_off);
         atomic_store(&c->rr_pending, s.n);
         struct rr_how how = { .handoff = 1, .deadline_ms = deadline_ms };
-        size_t at = s.n ? rr_copy(c, to, s.v, s.n, &how) : 0, total = s.n;
+        size_t at = s.n ? rr_copy_retry(c, to, s.v, s.n, &how) : 0, total = s.n;
         uint64_t now = kv__now_ms();
         if (at == s.n && atomic_load(&c->handed_off) - ok0 < s.n && now < deadline_ms) {
             /* Some next owner failed: most likely it left (it was leaving
@@ -2464,7 +2682,7 @@ static size_t handoff(struct kv__cluster *c, uint64_t deadline_ms)
             size_t k = f2 && t2 && f2->version != from->version ? handoff_again(&s, f2, t2) : 0;
             if (k) {
                 atomic_store(&c->rr_pending, k);
-                at = rr_copy(c, t2, s.v, k, &how) + (s.n - k);
+                at = rr_copy_retry(c, t2, s.v, k, &how) + (s.n - k);
             }
             view_put(f2);
             view_put(t2);
@@ -2704,6 +2922,23 @@ int kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_
     return write_owners(c, ns, shards, n, results, true);
 }
 
+/*
+ * A remove of plain keys runs twice (the fence). A member that read a
+ * key's value to copy it (re-replication, hand-off) read it before the
+ * remove reached that member, and the copy may land on another owner
+ * after the remove reached that one: the remove would be undone. The
+ * copy carries when it was read (its stamp) and the owner refuses it when
+ * it keeps a tombstone of the key that is not older (tomb.h). With one
+ * round, the two owners are reached in any order, as far apart as the
+ * call lasts (a retry round after a view change: up to 3 T), and the
+ * clock margin would have to cover that. The second round starts once
+ * every owner has answered the first, so each owner's second tombstone
+ * is newer than any read the first round came after, by a clock's skew
+ * at most (KV__TOMB_SKEW_MS): a copy that lands after it is refused, one
+ * that landed before is removed by it. Its counts are not the caller's:
+ * what it finds is what the first round removed, landed again.
+ */
+
 /* found[i]: an owner had ids[i] and removed it. */
 static int remove_once(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
                        int *results, uint8_t *found, uint64_t *ver)
@@ -2774,6 +3009,17 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     free(sub);
     free(res);
     free(f2);
+    /* The fence (above): a copy found now was the key, landed again; an
+     * owner that cannot be asked may hold one, as in the first round. */
+    int *fres = rc == KV_OK && ns == KV_NS_KEY && n ? malloc(n * sizeof *fres) : NULL;
+    if (fres && remove_once(c, ns, ids, n, fres, found, &ver) == KV_OK)
+        for (size_t i = 0; i < n; i++) {
+            if (fres[i] == KV_OK && results[i] == KV_ENOTFOUND)
+                results[i] = KV_OK;
+            else if (fres[i] != KV_OK && fres[i] != KV_ENOTFOUND && results[i] == KV_OK)
+                results[i] = fres[i];
+        }
+    free(fres);
     free(found);
     return rc;
 }
@@ -2828,6 +3074,9 @@ int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
         rc = clear_once(c, ns, plen, hash, &more, &ver);
         *removed += more;
     }
+    /* The fence (see kv__cluster_remove); what it finds is not counted. */
+    if (rc == KV_OK)
+        rc = clear_once(c, ns, plen, hash, &more, &ver);
     return rc;
 }
 
@@ -3536,6 +3785,7 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->handed_off = atomic_load(&c->handed_off);
     out->forwarded = atomic_load(&c->forwarded);
     out->refused_not_owner = atomic_load(&c->refused_not_owner);
+    out->refused_stale = atomic_load(&c->refused_stale);
     out->leaving = (uint64_t)atomic_load(&c->leaving);
     pthread_mutex_lock(&c->vlock);
     for (struct peer *p = c->peers; p; p = p->next)

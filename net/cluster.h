@@ -101,6 +101,12 @@ int  kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint
  *   is the copies dropped over the copies a key has (replica_num, or fewer
  *   owners): the keys, when the owners agreed. An owner that could not be
  *   asked is an error (KV_ENET), as for remove; the others are cleared.
+ * remove and clear run twice, the second round once every owner answered
+ *   the first, and each owner keeps a tombstone of what it removed: a copy
+ *   of a plain key that a member read before the remove reached it
+ *   (re-replication, a hand-off) is refused where it lands after that, so
+ *   a removed key does not come back (cluster.c, "the fence"; tomb.h).
+ *   The second round's finds are not counted; its failures are the call's.
  */
 int  kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_t n, int *results);
 int  kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n, int *results);
@@ -143,6 +149,9 @@ struct kv__cluster_counters {
     /* writes refused because this member owns the key in a view newer than
      * the sender's (the sender refreshes and retries on the owners) */
     uint64_t refused_not_owner;
+    /* plain keys' copies from members refused here as read before a
+     * remove served here (net/tomb.h; their senders read them again) */
+    uint64_t refused_stale;
     /* where a graceful leave is: 0 not leaving, 1 forwarding writes to the
      * next owners, 2 left (writes refused); for tests */
     uint64_t leaving;

@@ -86,7 +86,8 @@ void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *
                                                ? KV_WIRE_PREFIX : 0,
                                         .index = ops[i].index, .id = ops[i].id,
                                         .view = ops[0].view,
-                                        .bflags = ops[0].internal ? KV_BATCH_INTERNAL : 0 };
+                                        .bflags = ops[0].internal ? KV_BATCH_INTERNAL : 0,
+                                        .stamp = ops[0].internal ? ops[0].stamp : 0 };
         if (ops[i].kind == KV_OP_DUMP || ops[i].kind == KV_OP_LOAD)
             out[i].len = kv__iov_len(ops[i].iov, ops[i].iovcnt);
     }
@@ -99,6 +100,7 @@ int kv__batch_encode(const struct kv__wire_req *it, size_t n, uint8_t *out, size
     kv__put32(out, (uint32_t)n);
     kv__put32(out + 4, n ? it[0].bflags : 0);
     kv__put64(out + 8, n ? it[0].view : 0);
+    kv__put64(out + 16, n ? it[0].stamp : 0);
     uint8_t *p = out + KV_PROTO_BATCH_HDR;
     for (size_t i = 0; i < n; i++, p += KV_PROTO_REQ_ITEM) {
         p[0] = it[i].kind;
@@ -117,9 +119,9 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
     if (kv__batch_count(body, len, KV_PROTO_REQ_ITEM, &cnt) != KV_OK || cnt > *n)
         return KV_EPROTO;
     uint32_t bflags = kv__get32(body + 4);
-    uint64_t view = kv__get64(body + 8);
-    if (bflags & ~KV_BATCH_INTERNAL)
-        return KV_EPROTO;
+    uint64_t view = kv__get64(body + 8), stamp = kv__get64(body + 16);
+    if ((bflags & ~KV_BATCH_INTERNAL) || (stamp && !(bflags & KV_BATCH_INTERNAL)))
+        return KV_EPROTO;   /* only a member's copies carry a stamp */
     const uint8_t *p = body + KV_PROTO_BATCH_HDR;
     for (size_t i = 0; i < cnt; i++, p += KV_PROTO_REQ_ITEM) {
         if (p[0] < KV_OP_LOOKUP || p[0] > KV_OP_CLEAR || p[1] >= KV_NS_COUNT)
@@ -145,6 +147,7 @@ int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, 
         out[i].len = kv__get64(p + 24);
         out[i].view = view;
         out[i].bflags = bflags;
+        out[i].stamp = stamp;
     }
     *n = cnt;
     return KV_OK;

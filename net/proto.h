@@ -22,7 +22,8 @@
  * and 2 stay unused).
  *
  * Bodies:
- *   BATCH      count u32 | flags u32 | view u64, then count items of 32 bytes:
+ *   BATCH      count u32 | flags u32 | view u64 | stamp u64, then count
+ *              items of 32 bytes:
  *              kind u8 | ns u8 | flags u16 | index u32 | id[16] | len u64
  *              (dump: value length, all in data; load: expected length)
  *              view: the version of the membership view the sender routed
@@ -32,7 +33,14 @@
  *              that is no owner of a dump's id in its own view, newer than
  *              the sender's, refuses it with KV_ECLOSED and stores nothing
  *              (cluster.c, "writes for keys not ours"); internal ones are
- *              never refused. Version 3 added the 12 bytes after count.
+ *              never refused so. stamp: on an internal batch of copies
+ *              (re-replication, hand-off), the sender's wall clock (ms
+ *              since 1970) when it read the first of their values; 0 on
+ *              any other batch (a leaver's forwarding of a write is a
+ *              write). A plain key's copy not newer than a tombstone the
+ *              receiver keeps (net/tomb.h) is refused with KV_EBUSY and
+ *              stores nothing. Version 3 added the 12 bytes after count,
+ *              version 4 the stamp.
  *   BATCH_R    count u32, then count results of 48 bytes:
  *              status i32 | hit u8 pad[3] | len u64 | addr u64 | rkey u32 |
  *              pad u32 | handle u64 | sum u64
@@ -63,13 +71,14 @@
 #include "transport.h"
 
 #define KV_PROTO_MAGIC    0x454e564bu   /* "KVNE" little-endian */
-#define KV_PROTO_VERSION  3           /* 2: challenge-response, signed members, sums;
-                                         * 3: a BATCH carries its sender's view */
+#define KV_PROTO_VERSION  4           /* 2: challenge-response, signed members, sums;
+                                         * 3: a BATCH carries its sender's view;
+                                         * 4: and an internal one its copies' stamp */
 #define KV_PROTO_HDR_LEN  32
 #define KV_PROTO_BODY_MAX (4u << 20)    /* descriptors, never values */
 #define KV_PROTO_BATCH_MAX 65536u       /* items per batch frame */
 #define KV_PROTO_REQ_ITEM 32
-#define KV_PROTO_BATCH_HDR 16           /* a BATCH body before its items */
+#define KV_PROTO_BATCH_HDR 24           /* a BATCH body before its items */
 #define KV_PROTO_RESP_ITEM 48
 #define KV_PROTO_ID_MAX   128           /* node id / address / token bytes */
 #define KV_PROTO_SUM_LEN  8             /* a load's checksum on tcp */
@@ -128,6 +137,7 @@ struct kv__wire_req {
      * the first item, decoded into every one. */
     uint64_t view;              /* the sender's view version; 0: none */
     uint32_t bflags;            /* KV_BATCH_* */
+    uint64_t stamp;             /* an internal batch's copies' stamp; 0: none */
 };
 struct kv__wire_resp {
     int32_t status;
@@ -144,8 +154,9 @@ struct kv__wire_resp {
 size_t kv__batch_body_len(size_t n);
 size_t kv__batch_r_body_len(size_t n);
 /* The wire requests for ops[0..n): kind, namespace, shard, id, the byte
- * count of a dump or load, and the batch's view and flags (from ops[0]:
- * cluster.c builds each batch from one call's view). */
+ * count of a dump or load, and the batch's view, flags and stamp (from
+ * ops[0]: cluster.c builds each batch from one call's view, and a batch
+ * of copies from one read). */
 void kv__wire_from_ops(const struct kv__op *ops, size_t n, struct kv__wire_req *out);
 int kv__batch_encode(const struct kv__wire_req *items, size_t n, uint8_t *out, size_t cap);
 int kv__batch_decode(const uint8_t *body, size_t len, struct kv__wire_req *out, size_t *n);

@@ -174,9 +174,7 @@ struct rdma {
 struct handle {
     uint32_t gen;           /* odd while in use */
     uint8_t kind;           /* KV_OP_LOAD: a pin; KV_OP_DUMP: a reservation */
-    uint8_t ns;
-    uint32_t index;
-    kv_block_id id;
+    struct kv__wire_req q;  /* the item it was made for (a commit's) */
     uint64_t expires_ms;    /* given back (with the connection) after this */
     kv__pin pin;
     kv__resv resv;
@@ -454,9 +452,7 @@ static uint64_t handle_new(struct sconn *sc, uint8_t kind, const struct kv__wire
     h->gen++;
     sc->live++;
     h->kind = kind;
-    h->ns = q->ns;
-    h->index = q->index;
-    h->id = q->id;
+    h->q = *q;
     /* A pin or reservation lives as long as an honest client needs to
      * move its bytes and say RELEASE / COMMIT: the quiet limit plus the
      * bytes at the floor rate. Other frames in between (a no-op PREP) do
@@ -618,7 +614,7 @@ static int on_commit(struct sconn *sc, const struct kv__hdr *h, const uint8_t *b
                 break;
             }
             if (p[8] == ACT_COMMIT) {
-                o[i].status = be->commit(be->ctx, &e->resv, e->ns, &e->id, e->index);
+                o[i].status = kv__serve_commit(&sc->r->serve, &e->q, &e->resv);
             } else {
                 be->abort(be->ctx, &e->resv);
                 o[i].status = KV_EIO;

@@ -168,6 +168,10 @@ static int clear_keys(struct kv__backend *be, int ns, uint32_t plen, const kv_bl
 void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct kv__wire_resp *r)
 {
     struct kv__backend *be = s->be;
+    /* A remove leaves its tombstone before anything is dropped (tomb.h). */
+    if (be->removing && q->ns == KV_NS_KEY &&
+        ((q->kind == KV_OP_REMOVE && q->index == 0) || q->kind == KV_OP_CLEAR))
+        be->removing(be->ctx, q->kind, q->kind == KV_OP_CLEAR ? q->index : 0, &q->id);
     if (q->kind == KV_OP_LOOKUP)
         r->status = be->lookup(be->ctx, q->ns, &q->id, 1, &r->hit);
     else if (q->kind == KV_OP_REMOVE)
@@ -355,6 +359,22 @@ void kv__serve_out_free(struct kv__serve *s, struct kv__serve_out *out)
 
 /* ---- dumps from the wire ---------------------------------------------- */
 
+/* A plain key's copy from a member, which the backend judges against the
+ * removes it served (store_copy), rather than a write. */
+static int is_copy(const struct kv__backend *be, const struct kv__wire_req *q)
+{
+    return be->store_copy && q->ns == KV_NS_KEY && (q->bflags & KV_BATCH_INTERNAL) && q->stamp;
+}
+
+int kv__serve_commit(struct kv__serve *s, const struct kv__wire_req *q, kv__resv *r)
+{
+    struct kv__backend *be = s->be;
+    if (is_copy(be, q))
+        return be->store_copy(be->ctx, q->ns, &q->id, q->index, q->flags & KV_WIRE_REPLACE,
+                              q->stamp, r, NULL, 0);
+    return be->commit(be->ctx, r, q->ns, &q->id, q->index);
+}
+
 void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int bounce_ok,
                           struct kv__serve_dump *d)
 {
@@ -367,16 +387,17 @@ void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int
         d->status = rc;
         return;
     }
-    if (q->flags & KV_WIRE_REPLACE) {
+    if ((q->flags & KV_WIRE_REPLACE) && !is_copy(be, q)) {
         /* A put: the old value goes first. A racing put may still land
-         * between this and the commit; then one whole value wins. */
+         * between this and the commit; then one whole value wins. (A
+         * copy's old value goes in store_copy, once the copy is judged.) */
         rc = remove_key(be, q->ns, &q->id, q->index);
         if (rc != KV_OK && rc != KV_ENOTFOUND) {
             d->how = KV__DUMP_DRAIN;
             d->status = rc;
             return;
         }
-    } else if (present(be, q->ns, &q->id, q->index)) {
+    } else if (!(q->flags & KV_WIRE_REPLACE) && present(be, q->ns, &q->id, q->index)) {
         /* A shard already stored is skipped (it counts as success): its
          * bytes are drained rather than given room, which could evict
          * other blocks for nothing. Commit still resolves races. */
@@ -414,10 +435,13 @@ int kv__serve_dump_end(struct kv__serve *s, const struct kv__wire_req *q,
 {
     struct kv__backend *be = s->be;
     if (d->how == KV__DUMP_RESV) {
-        d->status = be->commit(be->ctx, &d->resv, q->ns, &q->id, q->index);
+        d->status = kv__serve_commit(s, q, &d->resv);
     } else if (d->how == KV__DUMP_BOUNCE) {
         kv_iov v = { d->buf, q->len };
-        d->status = be->dump(be->ctx, q->ns, &q->id, q->index, &v, 1);
+        d->status = is_copy(be, q)
+                    ? be->store_copy(be->ctx, q->ns, &q->id, q->index,
+                                     q->flags & KV_WIRE_REPLACE, q->stamp, NULL, &v, 1)
+                    : be->dump(be->ctx, q->ns, &q->id, q->index, &v, 1);
         kv__serve_bounce_put(s, d->buf, q->len);
         d->buf = NULL;
     }

@@ -13,7 +13,10 @@
  *                 drained); else room is reserved and the bytes land in it;
  *                 else, on a node without a segment (SSD only), they land
  *                 in a bounce buffer handed to backend->dump; else they are
- *                 drained and the item refused.
+ *                 drained and the item refused. A plain key's copy from a
+ *                 member (an internal batch with a stamp) is stored through
+ *                 backend->store_copy, which may refuse it (tomb.h).
+ *   remove, clear backend->removing hears of them first (tombstones).
  *
  * Limits a hostile or broken peer meets, all here or in the transports
  * with these constants:
@@ -152,6 +155,10 @@ void kv__serve_dump_begin(struct kv__serve *s, const struct kv__wire_req *q, int
                           struct kv__serve_dump *d);
 /* Where the bytes from offset got on go; NULL = drain them. */
 void *kv__serve_dump_dst(const struct kv__serve_dump *d, uint64_t got);
+/* A reservation whose bytes are in, stored for item q: committed, or, for
+ * a plain key's copy from a member, judged and stored by the backend's
+ * store_copy (which commits or aborts r). Returns the item's status. */
+int kv__serve_commit(struct kv__serve *s, const struct kv__wire_req *q, kv__resv *r);
 /* All bytes are in: commits or hands them on; returns the item's status. */
 int kv__serve_dump_end(struct kv__serve *s, const struct kv__wire_req *q,
                        struct kv__serve_dump *d);

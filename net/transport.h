@@ -86,6 +86,29 @@ struct kv__backend {
      * item's refusal (cluster.c: KV_ECLOSED, not an owner in a newer view).
      * Asked before anything is stored or replaced. NULL = always. */
     int  (*admit)(void *ctx, int ns, const kv_block_id *id, uint64_t view, uint32_t flags);
+    /* A plain key's copy from a member (an item of a KV_BATCH_INTERNAL
+     * batch with a stamp: re-replication or a leave's hand-off, whose
+     * sender read the value at stamp, its wall clock in ms) is stored
+     * through this instead of commit / dump: r (reserved, its bytes in) is
+     * committed or aborted, or, r NULL, iov is copied in; replace: a value
+     * stored here is dropped first (a hand-off's). KV_OK, or the item's
+     * refusal, with nothing stored or dropped: KV_EBUSY when this member
+     * served a remove of the key that is not older than the stamp
+     * (cluster.c, net/tomb.h). NULL = commit / dump, as for a write. */
+    int  (*store_copy)(void *ctx, int ns, const kv_block_id *id, uint32_t index, int replace,
+                       uint64_t stamp, kv__resv *r, const kv_iov *iov, uint32_t iovcnt);
+    /* Plain keys are about to be removed here at a peer's request (before
+     * anything is dropped): kind KV_OP_REMOVE, of key id; or KV_OP_CLEAR,
+     * of every key (plen 0) or of those whose first plen bytes have XXH3-128
+     * id. NULL = nobody is told. */
+    void (*removing)(void *ctx, int kind, uint32_t plen, const kv_block_id *id);
+    /* 1 when the plain key inside rec[0..len), a value as this store keeps
+     * plain keys (engine/kv.c's record), begins with the plen bytes whose
+     * XXH3-128 is hash; 0 when it does not; KV_EINVAL when rec is no such
+     * record. For a copy that has not been stored yet (match's question,
+     * asked of bytes). NULL = KV_ENOTSUP. */
+    int  (*rec_match)(void *ctx, const void *rec, uint64_t len, uint32_t plen,
+                      const kv_block_id *hash);
 };
 #define KV_NET_BOUNCE_MAX (256ull << 20)
 
@@ -128,9 +151,13 @@ struct kv__op {
     uint32_t iovcnt;
     uint8_t replace;            /* dump: replace, not skip, a stored value */
     /* The batch's (proto.h BATCH): the view version the caller routed by
-     * (0: none) and whether this is a member's own copy (internal). */
+     * (0: none), whether this is a member's own copy (internal), and, for
+     * copies of values this member read (re-replication, hand-off), its
+     * wall clock in ms when it read the first of them (stamp; 0 for every
+     * other op, a leaver's forwarding of a write among them). */
     uint64_t view;
     uint8_t internal;
+    uint64_t stamp;
     /* results, written by batch() */
     int result;                 /* KV_OK or KV_E* for this item */
     uint8_t hit;                /* lookup */

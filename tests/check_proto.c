@@ -171,10 +171,12 @@ START_TEST(batch_round_trip)
 }
 END_TEST
 
-/* Version 3: a BATCH says which view its sender routed by, and whether it
- * is a member's own copy; the first item's fields stand for the batch,
- * and every item decodes them. Unknown batch flags are refused; a frame of
- * version 2 is not read at all. */
+/* Versions 3 and 4: a BATCH says which view its sender routed by, whether
+ * it is a member's own copy, and for copies when their values were read
+ * (the stamp); the first item's fields stand for the batch, and every
+ * item decodes them. Unknown batch flags, and a stamp on a batch that is
+ * no member's copy, are refused; a frame of versions 2 and 3 is not read
+ * at all. */
 START_TEST(batch_carries_the_senders_view)
 {
     enum { N = 5 };
@@ -186,6 +188,7 @@ START_TEST(batch_carries_the_senders_view)
     }
     ops[0].view = 0x0123456789abcdefull;
     ops[0].internal = 1;
+    ops[0].stamp = 1767225600123ull;
     struct kv__wire_req q[N], q2[N];
     kv__wire_from_ops(ops, N, q);
     size_t len = kv__batch_body_len(N);
@@ -195,6 +198,7 @@ START_TEST(batch_carries_the_senders_view)
     ck_assert_uint_eq(kv__get32(b), N);
     ck_assert_uint_eq(kv__get32(b + 4), KV_BATCH_INTERNAL);
     ck_assert_uint_eq(kv__get64(b + 8), 0x0123456789abcdefull);
+    ck_assert_uint_eq(kv__get64(b + 16), 1767225600123ull);
     size_t n = N, cnt = 0;
     ck_assert_int_eq(kv__batch_count(b, len, KV_PROTO_REQ_ITEM, &cnt), KV_OK);
     ck_assert_uint_eq(cnt, N);
@@ -202,14 +206,22 @@ START_TEST(batch_carries_the_senders_view)
     for (size_t i = 0; i < N; i++) {
         ck_assert_uint_eq(q2[i].view, 0x0123456789abcdefull);
         ck_assert_uint_eq(q2[i].bflags, KV_BATCH_INTERNAL);
+        ck_assert_uint_eq(q2[i].stamp, 1767225600123ull);
     }
-    /* a caller's write: its view, no flag */
+    /* a caller's write: its view, no flag, and no stamp whatever its op says */
     ops[0].internal = 0;
     kv__wire_from_ops(ops, N, q);
     ck_assert_int_eq(kv__batch_encode(q, N, b, len), (int)len);
+    ck_assert_uint_eq(kv__get64(b + 16), 0);
     n = N;
     ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_OK);
     ck_assert_uint_eq(q2[N - 1].bflags, 0);
+    ck_assert_uint_eq(q2[N - 1].stamp, 0);
+    /* a stamp without the flag is refused */
+    kv__put64(b + 16, 5);
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(b, len, q2, &n), KV_EPROTO);
+    kv__put64(b + 16, 0);
     /* unknown batch flags */
     for (uint32_t bit = 1; bit; bit <<= 1) {
         kv__put32(b + 4, bit);
@@ -217,8 +229,9 @@ START_TEST(batch_carries_the_senders_view)
         ck_assert_int_eq(kv__batch_decode(b, len, q2, &n),
                          bit == KV_BATCH_INTERNAL ? KV_OK : KV_EPROTO);
     }
-    /* an empty batch is its header alone, and a version-2 body (the count
-     * right before the items) does not parse as one */
+    /* an empty batch is its header alone, and neither a version-2 body
+     * (the count right before the items) nor a version-3 one (12 bytes
+     * after the count) parses as one */
     uint8_t e[KV_PROTO_BATCH_HDR];
     ck_assert_int_eq(kv__batch_encode(q, 0, e, sizeof e), KV_PROTO_BATCH_HDR);
     n = N;
@@ -228,12 +241,17 @@ START_TEST(batch_carries_the_senders_view)
     uint8_t v2[4 + KV_PROTO_REQ_ITEM] = { 1 };
     n = N;
     ck_assert_int_eq(kv__batch_decode(v2, sizeof v2, q2, &n), KV_EPROTO);
+    uint8_t v3[16 + KV_PROTO_REQ_ITEM] = { 1 };
+    n = N;
+    ck_assert_int_eq(kv__batch_decode(v3, sizeof v3, q2, &n), KV_EPROTO);
     uint8_t h[KV_PROTO_HDR_LEN];
     struct kv__hdr hd = { .type = KV_MSG_BATCH };
     kv__hdr_encode(&hd, h);
-    ck_assert_int_eq(h[4], 3);
-    h[4] = 2;
-    ck_assert_int_eq(kv__hdr_decode(h, 0, &hd), KV_EPROTO);
+    ck_assert_int_eq(h[4], 4);
+    for (uint8_t old = 2; old <= 3; old++) {
+        h[4] = old;
+        ck_assert_int_eq(kv__hdr_decode(h, 0, &hd), KV_EPROTO);
+    }
 }
 END_TEST
 

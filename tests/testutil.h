@@ -21,7 +21,7 @@
     X(master) X(cluster) X(tools) X(etcd) X(trace) X(recover) X(auth) \
     X(ops) \
     X(host) \
-    X(ssd_modes)
+    X(ssd_modes) X(tomb)
 #define TU_DECLARE_SUITE(name) Suite *name##_suite(void) __attribute__((weak));
 TU_SUITES(TU_DECLARE_SUITE)
 /* check_ssd_modes' other-user process (KV_TEST_MODES_CHILD): the runner

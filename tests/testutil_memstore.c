@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "testutil_int.h"
 #include "net/transport.h"
@@ -216,6 +217,35 @@ static int ms_remove(void *c, int ns, const kv_block_id *id, uint32_t index)
     return v ? KV_OK : KV_ENOTFOUND;
 }
 
+/* A plain key's stored record is engine/kv.c's [klen][key][value]: the
+ * cluster tests' values come from engines, so the heap store can answer
+ * kv_remove_prefix's questions the way the engine does. */
+static int ms_rec_match(void *c, const void *rec, uint64_t len, uint32_t plen,
+                        const kv_block_id *hash)
+{
+    const uint8_t *r = rec;
+    (void)c;
+    if (len < 1 || r[0] == 0 || len < 1u + r[0])
+        return KV_EINVAL;
+    if (r[0] < plen)
+        return 0;
+    XXH128_hash_t h = XXH3_128bits(r + 1, plen);
+    kv_block_id got;
+    memcpy(got.bytes, &h.low64, 8);
+    memcpy(got.bytes + 8, &h.high64, 8);
+    return memcmp(&got, hash, sizeof got) == 0;
+}
+
+static int ms_match(void *c, const kv_block_id *id, uint32_t plen, const kv_block_id *hash)
+{
+    struct memstore *m = c;
+    pthread_mutex_lock(&m->lock);
+    struct mval *v = find(m, KV_NS_KEY, id, 0);
+    int r = v ? ms_rec_match(c, v->data, v->len, plen, hash) : KV_ENOTFOUND;
+    pthread_mutex_unlock(&m->lock);
+    return r < 0 && v ? 0 : r;
+}
+
 struct kv__backend *kv__memstore_new(uint64_t cap_bytes)
 {
     struct memstore *m = calloc(1, sizeof *m);
@@ -227,6 +257,7 @@ struct kv__backend *kv__memstore_new(uint64_t cap_bytes)
         .ctx = m, .lookup = ms_lookup, .size = ms_size, .load = ms_load,
         .pin = ms_pin, .unpin = ms_unpin, .reserve = ms_reserve,
         .commit = ms_commit, .abort = ms_abort, .scan = ms_scan, .remove = ms_remove,
+        .match = ms_match, .rec_match = ms_rec_match,
     };
     return &m->be;
 }

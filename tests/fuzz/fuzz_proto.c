@@ -47,7 +47,7 @@ static int req_equal(const struct kv__wire_req *a, const struct kv__wire_req *b)
 {
     return a->kind == b->kind && a->ns == b->ns && a->flags == b->flags && a->index == b->index &&
            memcmp(a->id.bytes, b->id.bytes, KV_BLOCK_ID_LEN) == 0 && a->len == b->len &&
-           a->view == b->view && a->bflags == b->bflags;
+           a->view == b->view && a->bflags == b->bflags && a->stamp == b->stamp;
 }
 
 static int resp_equal(const struct kv__wire_resp *a, const struct kv__wire_resp *b)
@@ -97,9 +97,12 @@ static void batch_case(const uint8_t *in, size_t n)
             FZ_CHECK(a[i].kind != KV_OP_CLEAR || (a[i].flags == KV_WIRE_PREFIX) == (a[i].index != 0));
             FZ_CHECK((a[i].kind != KV_OP_LOAD && a[i].kind != KV_OP_DUMP) ||
                      a[i].len <= KV_VALUE_MAX);
-            /* the batch's view and flags, in every item; no unknown flag */
+            /* the batch's view, flags and stamp, in every item; no
+             * unknown flag, and a stamp only on a member's copies */
             FZ_CHECK(a[i].view == kv__get64(in + 8) && a[i].bflags == kv__get32(in + 4) &&
+                     a[i].stamp == kv__get64(in + 16) &&
                      !(a[i].bflags & ~KV_BATCH_INTERNAL));
+            FZ_CHECK(!a[i].stamp || (a[i].bflags & KV_BATCH_INTERNAL));
         }
         /* One slot short of the count must be refused, not overrun. */
         if (cnt) {
@@ -373,10 +376,12 @@ static void write_seeds(const char *dir)
     };
     seed(dir, "batch-keys", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 3, buf, sizeof buf));
     seed(dir, "batch-empty", SEL_BATCH, buf, (size_t)kv__batch_encode(rq, 0, buf, sizeof buf));
-    /* a member's own copies, routed by view 0x1234 (version 3's header) */
+    /* a member's own copies, routed by view 0x1234 and read at a stamp
+     * (version 4's header) */
     for (int i = 0; i < 3; i++) {
         kq[i].view = 0x1234;
         kq[i].bflags = KV_BATCH_INTERNAL;
+        kq[i].stamp = 1767225600123ull;
     }
     seed(dir, "batch-view", SEL_BATCH, buf, (size_t)kv__batch_encode(kq, 3, buf, sizeof buf));
     struct kv__wire_resp rs[2] = {
