@@ -356,8 +356,10 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
     }
     int rc = kv__shm_serve(h->sock_path, e->cfg.cluster.token, h->timeout_ms, &sh, &h->srv, err,
                            errlen);
-    if (rc != KV_OK)
+    if (rc != KV_OK) {
+        kv__fork_close(sh.seg_fd, false);   /* the store closes it, and the number is reused */
         return rc;
+    }
     atomic_store(&h->serving, true);
     KV_INFO("store %s: serving it to this host's processes on %s", h->id, h->sock_path);
     return KV_OK;
@@ -407,8 +409,8 @@ static int recover(kv_engine *e, struct kv__host *h)
     /* The lock is ours: open the store here and serve it. */
     KV_WARN("store %s: its server is gone; taking it over", h->id);
     rc = kv__engine_open_local(e, err, sizeof err);
-    if (rc == KV_OK)
-        rc = kv__host_serve(e, err, sizeof err);
+    if (rc == KV_OK && (rc = kv__host_serve(e, err, sizeof err)) != KV_OK)
+        kv__engine_close_local(e);   /* whole, SSD tier's lock and all, before the store's */
     if (rc != KV_OK) {
         KV_ERROR("store %s: cannot take it over: %s (%s)", h->id, err, kv_err_name(rc));
         give_lock(h);
