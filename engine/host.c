@@ -170,12 +170,17 @@ static long lock_holder_pid(const char *lock_path)
 #define HOLDER_OPEN_MS 60000u
 
 /* The lock's holder is alive and has not bound the socket yet: it is still
- * opening. A bound socket that does not answer is a stalled server, and a
- * holder that is gone left the lock free for take_lock. An unwritten pid
- * (it has just taken the lock) counts as alive. */
+ * opening. A socket bound since it took the lock that does not answer is a
+ * stalled server; one bound before (older than the pid it wrote into the
+ * lock) is a SIGKILLed server's, left behind: the holder has not bound its
+ * own yet. A holder that is gone left the lock free for take_lock. An
+ * unwritten pid (it has just taken the lock) counts as alive. */
 static bool holder_opening(const struct kv__host *h)
 {
-    if (access(h->sock_path, F_OK) == 0)
+    struct stat sk, lk;
+    if (stat(h->sock_path, &sk) == 0 &&
+        (stat(h->lock_path, &lk) != 0 || sk.st_mtim.tv_sec > lk.st_mtim.tv_sec ||
+         (sk.st_mtim.tv_sec == lk.st_mtim.tv_sec && sk.st_mtim.tv_nsec >= lk.st_mtim.tv_nsec)))
         return false;
     long pid = lock_holder_pid(h->lock_path);
     return pid <= 0 || kill((pid_t)pid, 0) == 0 || errno == EPERM;

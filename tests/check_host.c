@@ -517,6 +517,58 @@ START_TEST(an_opening_holder_is_waited_for)
 }
 END_TEST
 
+/* The same, after a server was SIGKILLed: its socket file stays behind,
+ * and a waiter must not take it for the new holder's. A holder is still
+ * opening while the socket at the path is older than its hold on the lock.
+ * Before: KV_EBUSY after io.timeout_ms ("held by another process that does
+ * not answer"), which Mooncake's setup() and kvnode give up on, whenever a
+ * takeover took longer than the timeout (an SSD tier under load). */
+static int server_child(void *arg, int k);   /* below: it dumps 40 blocks and serves */
+
+START_TEST(an_opening_holder_is_waited_for_past_a_dead_servers_socket)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 16MiB, hugepages: off}\n"
+                  "store: {name: slow-open, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2, timeout_ms: 300}\n");
+    char rv[1100], lock[1200], sock[1200];
+    snprintf(rv, sizeof rv, "%s/rv", w.dir);
+    snprintf(lock, sizeof lock, "%s/slow-open.lock", rv);
+    snprintf(sock, sizeof sock, "%s/slow-open.sock", rv);
+    pid_t srv = child(server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    ck_assert_int_eq(access(sock, F_OK), 0);   /* left behind */
+    usleep(50 * 1000);   /* the clock's tick: the lock is taken after the socket was bound */
+    pid_t holder = fork();
+    ck_assert_int_ge(holder, 0);
+    if (holder == 0) {
+        /* what take_lock does, and then a long open */
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || ftruncate(fd, 0) != 0)
+            _exit(1);
+        dprintf(fd, "%ld\n", (long)getpid());
+        if (write(w.done[1], "L", 1) != 1)
+            _exit(2);
+        usleep(1500 * 1000);
+        _exit(0);
+    }
+    wait_byte(w.done[0]);
+    int rc = KV_OK;
+    kv_engine *e = open_cfg(w.yaml, &rc);
+    ck_assert_msg(e != NULL, "kv_open while the holder opens: %s", kv_strerror(rc));
+    int st = 0;
+    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert(!stats(e).host_attached);   /* the holder never served: this one does */
+    ck_assert_int_eq(dump_one(e, 7, BLK), 0);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
 /* store.dir must be ours and private. */
 START_TEST(an_unsafe_store_dir_is_refused)
 {
@@ -2372,6 +2424,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, a_second_host_of_one_ssd_path_is_busy);
     tcase_add_test(tc, an_unsafe_store_dir_is_refused);
     tcase_add_test(tc, an_opening_holder_is_waited_for);
+    tcase_add_test(tc, an_opening_holder_is_waited_for_past_a_dead_servers_socket);
     tcase_add_test(tc, the_dram_budget_is_counted_once);
     tcase_add_test(tc, a_shared_segment_gets_huge_pages_without_shmem_thp);
     tcase_add_test(tc, a_shared_segment_is_collapsed_after_open);
