@@ -47,11 +47,13 @@
 #define SHARDS      2          /* store.block_shards: the driver sets it for everyone */
 #define KEYS        48         /* plain keys this worker owns */
 #define SENTINEL    0xE7
+#define THREADS     2          /* threads calling the engine at once, each with its own state */
 
 static const char *g_dir, *g_shape;
 static unsigned g_slot, g_inc, g_timeout_ms, g_slack_ms;
 static size_t g_shard;
-static uint64_t g_rng;
+static __thread uint64_t g_rng;
+static __thread unsigned t_id;   /* this thread's number, 0..THREADS-1 */
 static kv_engine *g_e;
 static bool g_ssd;
 
@@ -138,23 +140,23 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The call in progress: its name and start, read by the watchdog. */
-static _Atomic(const char *) cur_op;
-static _Atomic uint64_t cur_t0, cur_seq;
+/* Each thread's call in progress: its name and start, read by the watchdog. */
+static _Atomic(const char *) cur_op[THREADS];
+static _Atomic uint64_t cur_t0[THREADS], cur_seq[THREADS];
 
 enum { OPS = 12 };
 static const char *const op_names[OPS] = { "open", "dump", "wait_dump", "load", "wait_load",
                                            "lookup", "lookup_prefix", "put", "get", "exists",
                                            "remove", "many" };
-static uint64_t op_count[OPS], op_max_ms[OPS];
-static uint64_t err_count[32];   /* by -rc - 100 */
-static uint64_t partial_dests;   /* destinations of loads that failed KV_ENET, written in part */
+static uint64_t op_count[THREADS][OPS], op_max_ms[THREADS][OPS];
+static uint64_t err_count[THREADS][32];   /* by -rc - 100 */
+static uint64_t partial_dests[THREADS];   /* destinations of loads that failed KV_ENET, written in part */
 
 static void begin(int op)
 {
-    atomic_store(&cur_op, op_names[op]);
-    atomic_store(&cur_t0, now_ms());
-    atomic_fetch_add(&cur_seq, 1);
+    atomic_store(&cur_t0[t_id], now_ms());
+    atomic_fetch_add(&cur_seq[t_id], 1);
+    atomic_store(&cur_op[t_id], op_names[op]);
 }
 
 /* Every call past io.timeout_ms is reported (end time, name, ms, result):
@@ -162,11 +164,11 @@ static void begin(int op)
  * waits for a holder that is still opening (up to a minute): not timed. */
 static void end(int op, int rc)
 {
-    uint64_t ms = now_ms() - atomic_load(&cur_t0);
-    atomic_store(&cur_op, NULL);
-    op_count[op]++;
-    if (ms > op_max_ms[op])
-        op_max_ms[op] = ms;
+    uint64_t ms = now_ms() - atomic_load(&cur_t0[t_id]);
+    atomic_store(&cur_op[t_id], NULL);
+    op_count[t_id][op]++;
+    if (ms > op_max_ms[t_id][op])
+        op_max_ms[t_id][op] = ms;
     if (op != 0 && ms > g_timeout_ms)
         say("L %s %" PRIu64 " ms %s", op_names[op], ms, rc < 0 ? kv_err_name(rc) : "ok");
 }
@@ -177,19 +179,21 @@ static void end(int op, int rc)
 static void *watchdog(void *arg)
 {
     (void)arg;
-    uint64_t told = 0, times = 0, step = g_timeout_ms + g_slack_ms;
+    uint64_t told[THREADS] = { 0 }, times[THREADS] = { 0 }, step = g_timeout_ms + g_slack_ms;
     for (;;) {
         usleep(100000);
-        const char *op = atomic_load(&cur_op);
-        uint64_t seq = atomic_load(&cur_seq), t0 = atomic_load(&cur_t0);
-        if (!op || strcmp(op, "open") == 0)
-            continue;
-        if (seq != told)
-            told = seq, times = 0;
-        uint64_t ms = now_ms() - t0;
-        if (ms > (times + 1) * step) {
-            times = ms / step;
-            say("H %s %" PRIu64, op, ms);
+        for (int t = 0; t < THREADS; t++) {
+            uint64_t seq = atomic_load(&cur_seq[t]), t0 = atomic_load(&cur_t0[t]);
+            const char *op = atomic_load(&cur_op[t]);
+            if (!op || strcmp(op, "open") == 0 || seq != atomic_load(&cur_seq[t]))
+                continue;
+            if (seq != told[t])
+                told[t] = seq, times[t] = 0;
+            uint64_t ms = now_ms() - t0;
+            if (ms > (times[t] + 1) * step) {
+                times[t] = ms / step;
+                say("H %s %" PRIu64, op, ms);
+            }
         }
     }
     return NULL;
@@ -201,7 +205,7 @@ static void note_rc(const char *what, int rc, bool miss_ok)
     if (rc >= 0)
         return;
     if (-rc >= 100 && -rc < 132)
-        err_count[-rc - 100]++;
+        err_count[t_id][-rc - 100]++;
     if (rc == KV_ENET || rc == KV_ETIMEDOUT || rc == KV_ENOSPC || rc == KV_EBUSY ||
         (miss_ok && rc == KV_ENOTFOUND))
         return;
@@ -243,9 +247,9 @@ static void shard_name(const kv_block_id *id, uint32_t index, uint8_t name[20])
 }
 
 static int journal_fd = -1;
-static kv_block_id *acked;
-static size_t nacked, acked_cap;
-static uint64_t last_scan_ms;
+static __thread kv_block_id *acked;
+static __thread size_t nacked, acked_cap;
+static __thread uint64_t last_scan_ms;
 
 static void hex(const uint8_t *b, size_t n, char *out)
 {
@@ -331,8 +335,8 @@ static bool pick_acked(kv_block_id *id)
 
 /* A few kv_buffer_alloc buffers (memory the server maps too) and plain
  * ones; a call uses either. */
-static uint8_t *shared_buf[2 * SHARDS];
-static uint8_t *plain_buf[2 * SHARDS];
+static __thread uint8_t *shared_buf[2 * SHARDS];
+static __thread uint8_t *plain_buf[2 * SHARDS];
 
 static uint8_t *buf_for(int i, bool shared)
 {
@@ -341,11 +345,12 @@ static uint8_t *buf_for(int i, bool shared)
 
 /* ---- the operations ----------------------------------------------------------- */
 
-static uint64_t next_seq = 1;
+static __thread uint64_t next_seq;
 
 static void op_dump(void)
 {
-    kv_block_id id = make_id(g_slot, g_inc, next_seq++);
+    /* the thread in the top byte: ids unique across this worker's threads */
+    kv_block_id id = make_id(g_slot, g_inc, ((uint64_t)t_id << 56) | ++next_seq);
     bool shared = rndn(2);
     kv_iov iov[SHARDS][2];
     kv_shard sh[SHARDS];
@@ -417,10 +422,15 @@ static void op_load(void)
             say("V wrong-bytes load of %s shard %u succeeded with other bytes%s", idhex,
                 sh[x].index, untouched ? " (untouched)" : "");
         else if ((rc == KV_ENET || rc == KV_ETIMEDOUT) && !right && !untouched)
-            partial_dests++;   /* a load cut off by its server's death: bytes unspecified */
+            partial_dests[t_id]++;   /* a load cut off by its server's death: bytes unspecified */
         else if (rc != KV_OK && !right && !untouched)
             say("V torn-dest load of %s shard %u failed (%s) and left a destination neither "
                 "untouched nor right", idhex, sh[x].index, kv_err_name(rc));
+        else if (rc == KV_ENOTFOUND && n == 1 && !untouched)
+            /* kv_load: "a missing shard ... leaves that shard's destination
+             * untouched" (one shard: it is the missing one) */
+            say("V touched-dest load of %s shard %u missed (KV_ENOTFOUND) and wrote its "
+                "destination (%s bytes)", idhex, sh[x].index, right ? "the right" : "other");
     }
     if (rc == KV_ENOTFOUND && g_ssd)
         say("V lost load of acknowledged block %s missed on the ssd shape", idhex);
@@ -472,12 +482,12 @@ struct key_state {
     uint64_t removed_at;   /* the acked version an acknowledged remove removed, or 0 */
     bool removed;
 };
-static struct key_state keys[KEYS];
-static uint64_t next_ver = 1;
+static __thread struct key_state keys[KEYS];
+static __thread uint64_t next_ver = 1;
 
 static size_t key_name(unsigned k, char *out)
 {
-    return (size_t)sprintf(out, "c%ui%uk%u", g_slot, g_inc, k);
+    return (size_t)sprintf(out, "c%ui%ut%uk%u", g_slot, g_inc, t_id, k);
 }
 
 static void check_got(unsigned k, const char *kname, size_t klen, const uint8_t *v, size_t vlen,
@@ -599,15 +609,29 @@ static void summary(const char *why)
 {
     char line[2048];
     int o = snprintf(line, sizeof line, "S %s", why);
-    for (int i = 0; i < OPS; i++)
+    /* Sums over the threads, read while they run: a figure for the report. */
+    uint64_t pd = 0;
+    for (int t = 0; t < THREADS; t++)
+        pd += partial_dests[t];
+    for (int i = 0; i < OPS; i++) {
+        uint64_t n = 0, mx = 0;
+        for (int t = 0; t < THREADS; t++) {
+            n += op_count[t][i];
+            mx = op_max_ms[t][i] > mx ? op_max_ms[t][i] : mx;
+        }
         o += snprintf(line + o, sizeof line - (size_t)o, " %s=%" PRIu64 "/%" PRIu64 "ms",
-                      op_names[i], op_count[i], op_max_ms[i]);
-    if (partial_dests)
-        o += snprintf(line + o, sizeof line - (size_t)o, " partial_dest=%" PRIu64, partial_dests);
-    for (int i = 0; i < 32; i++)
-        if (err_count[i])
+                      op_names[i], n, mx);
+    }
+    if (pd)
+        o += snprintf(line + o, sizeof line - (size_t)o, " partial_dest=%" PRIu64, pd);
+    for (int i = 0; i < 32; i++) {
+        uint64_t n = 0;
+        for (int t = 0; t < THREADS; t++)
+            n += err_count[t][i];
+        if (n)
             o += snprintf(line + o, sizeof line - (size_t)o, " %s=%" PRIu64,
-                          kv_err_name(-100 - i), err_count[i]);
+                          kv_err_name(-100 - i), n);
+    }
     say("%s", line);
 }
 
@@ -629,6 +653,48 @@ static bool exists_file(const char *name)
     char p[4096];
     snprintf(p, sizeof p, "%s/%s", g_dir, name);
     return access(p, F_OK) == 0;
+}
+
+struct thread_arg {
+    unsigned id;
+    uint64_t seed;
+};
+
+/* One thread's loop of calls, with its own buffers, ids, keys and dice,
+ * until the driver says quiesce. */
+static void *op_thread(void *arg)
+{
+    struct thread_arg *ta = arg;
+    t_id = ta->id;
+    g_rng = ta->seed;
+    free(ta);
+    for (int i = 0; i < 2 * SHARDS; i++) {
+        plain_buf[i] = malloc(g_shard);
+        void *p = NULL;
+        if (kv_buffer_alloc(g_e, g_shard, &p) == KV_OK)
+            shared_buf[i] = p;
+    }
+    while (!exists_file("quiesce")) {
+        unsigned r = rndn(100);
+        if (r < 28)
+            op_dump();
+        else if (r < 58)
+            op_load();
+        else if (r < 66)
+            op_lookup(false);
+        else if (r < 70)
+            op_lookup(true);
+        else if (r < 95)
+            op_key();
+        else
+            op_many();
+    }
+    for (int i = 0; i < 2 * SHARDS; i++) {
+        if (shared_buf[i])
+            kv_buffer_free(g_e, shared_buf[i]);
+        free(plain_buf[i]);
+    }
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -698,17 +764,24 @@ int main(int argc, char **argv)
         say("V error kv_open returned %s", kv_err_name(rc));
         return 1;
     }
-    for (int i = 0; i < 2 * SHARDS; i++) {
-        plain_buf[i] = malloc(g_shard);
-        void *p = NULL;
-        if (kv_buffer_alloc(g_e, g_shard, &p) == KV_OK)
-            shared_buf[i] = p;
-    }
     say("R ready pid %ld", (long)getpid());
+    uint64_t seed = g_rng;
+    pthread_t th[THREADS];
+    for (unsigned t = 1; t < THREADS; t++) {
+        struct thread_arg *ta = malloc(sizeof *ta);
+        *ta = (struct thread_arg){ t, seed + t * 0x9e3779b97f4a7c15ull };
+        pthread_create(&th[t], NULL, op_thread, ta);
+    }
     int fds0 = -1;
     kv_stats st;
     uint64_t told = now_ms();
+    struct thread_arg *ta0 = malloc(sizeof *ta0);
+    *ta0 = (struct thread_arg){ 0, seed };
+    void *res = NULL;
+    pthread_create(&th[0], NULL, op_thread, ta0);
+    /* This one says how things go every 2 s. */
     while (!exists_file("quiesce")) {
+        usleep(50000);
         if (now_ms() - told > 2000) {
             told = now_ms();
             summary("so-far");
@@ -718,20 +791,9 @@ int main(int argc, char **argv)
             if (fds0 < 0 && kv_stats_get(g_e, &st) == KV_OK && st.host_attached)
                 fds0 = count_fds();
         }
-        unsigned r = rndn(100);
-        if (r < 28)
-            op_dump();
-        else if (r < 58)
-            op_load();
-        else if (r < 66)
-            op_lookup(false);
-        else if (r < 70)
-            op_lookup(true);
-        else if (r < 95)
-            op_key();
-        else
-            op_many();
     }
+    for (unsigned t = 0; t < THREADS; t++)
+        pthread_join(th[t], &res);
     summary("quiesced");
     if (kv_stats_get(g_e, &st) == KV_OK && st.host_attached && fds0 >= 0)
         say("F %d %d", fds0, count_fds());
@@ -741,11 +803,6 @@ int main(int argc, char **argv)
         say("R serving pid %ld", (long)getpid());
         while (!exists_file("finish"))
             usleep(20000);
-    }
-    for (int i = 0; i < 2 * SHARDS; i++) {
-        if (shared_buf[i])
-            kv_buffer_free(g_e, shared_buf[i]);
-        free(plain_buf[i]);
     }
     kv_close(g_e);
     say("R closed");
