@@ -426,14 +426,16 @@ int kv__engine_open_local(kv_engine *e, char *err, size_t errlen)
         kv__backend_engine(e, &be);
         rc = kv__cluster_start(&be, cfg, &e->cluster, err, errlen);
     }
-    if (rc != KV_OK) {
-        kv__cluster_stop(e->cluster);
-        e->cluster = NULL;
-        kv__store_close(e);
-        e->dram = NULL;
-        e->ntiers = 0;
-    }
+    if (rc != KV_OK)
+        kv__engine_close_local(e);
     return rc;
+}
+
+void kv__engine_close_local(kv_engine *e)
+{
+    kv__cluster_stop(e->cluster);
+    e->cluster = NULL;
+    kv__store_close(e);   /* e->dram NULL, no tiers: the engine opens nothing again */
 }
 
 KV__EXPORT int kv_open(const kv_config *cfg, kv_engine **out)

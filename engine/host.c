@@ -170,12 +170,17 @@ static long lock_holder_pid(const char *lock_path)
 #define HOLDER_OPEN_MS 60000u
 
 /* The lock's holder is alive and has not bound the socket yet: it is still
- * opening. A bound socket that does not answer is a stalled server, and a
- * holder that is gone left the lock free for take_lock. An unwritten pid
- * (it has just taken the lock) counts as alive. */
+ * opening. A socket bound since it took the lock that does not answer is a
+ * stalled server; one bound before (older than the pid it wrote into the
+ * lock) is a SIGKILLed server's, left behind: the holder has not bound its
+ * own yet. A holder that is gone left the lock free for take_lock. An
+ * unwritten pid (it has just taken the lock) counts as alive. */
 static bool holder_opening(const struct kv__host *h)
 {
-    if (access(h->sock_path, F_OK) == 0)
+    struct stat sk, lk;
+    if (stat(h->sock_path, &sk) == 0 &&
+        (stat(h->lock_path, &lk) != 0 || sk.st_mtim.tv_sec > lk.st_mtim.tv_sec ||
+         (sk.st_mtim.tv_sec == lk.st_mtim.tv_sec && sk.st_mtim.tv_nsec >= lk.st_mtim.tv_nsec)))
         return false;
     long pid = lock_holder_pid(h->lock_path);
     return pid <= 0 || kill((pid_t)pid, 0) == 0 || errno == EPERM;
@@ -356,8 +361,10 @@ int kv__host_serve(kv_engine *e, char *err, size_t errlen)
     }
     int rc = kv__shm_serve(h->sock_path, e->cfg.cluster.token, h->timeout_ms, &sh, &h->srv, err,
                            errlen);
-    if (rc != KV_OK)
+    if (rc != KV_OK) {
+        kv__fork_close(sh.seg_fd, false);   /* the store closes it, and the number is reused */
         return rc;
+    }
     atomic_store(&h->serving, true);
     KV_INFO("store %s: serving it to this host's processes on %s", h->id, h->sock_path);
     return KV_OK;
@@ -407,8 +414,8 @@ static int recover(kv_engine *e, struct kv__host *h)
     /* The lock is ours: open the store here and serve it. */
     KV_WARN("store %s: its server is gone; taking it over", h->id);
     rc = kv__engine_open_local(e, err, sizeof err);
-    if (rc == KV_OK)
-        rc = kv__host_serve(e, err, sizeof err);
+    if (rc == KV_OK && (rc = kv__host_serve(e, err, sizeof err)) != KV_OK)
+        kv__engine_close_local(e);   /* whole, SSD tier's lock and all, before the store's */
     if (rc != KV_OK) {
         KV_ERROR("store %s: cannot take it over: %s (%s)", h->id, err, kv_err_name(rc));
         give_lock(h);

@@ -69,9 +69,11 @@ void kv__host_unlock_offline(const struct kv_config *cfg, int fd);
     } while (0)
 
 /* engine.c: what kv_open opens for a store of its own (tiers, cluster), so
- * that a takeover opens the same; and n (at most 64) shards of a task run
- * synchronously here (the cluster's owners, or the store). */
+ * that a takeover opens the same, and closes it again when it cannot serve
+ * it; and n (at most 64) shards of a task run synchronously here (the
+ * cluster's owners, or the store). */
 int  kv__engine_open_local(kv_engine *e, char *err, size_t errlen);
+void kv__engine_close_local(kv_engine *e);
 int  kv__engine_run_shards(kv_engine *e, bool dump, const kv_shard *sh, size_t n, int *results);
 
 #endif

@@ -517,6 +517,58 @@ START_TEST(an_opening_holder_is_waited_for)
 }
 END_TEST
 
+/* The same, after a server was SIGKILLed: its socket file stays behind,
+ * and a waiter must not take it for the new holder's. A holder is still
+ * opening while the socket at the path is older than its hold on the lock.
+ * Before: KV_EBUSY after io.timeout_ms ("held by another process that does
+ * not answer"), which Mooncake's setup() and kvnode give up on, whenever a
+ * takeover took longer than the timeout (an SSD tier under load). */
+static int server_child(void *arg, int k);   /* below: it dumps 40 blocks and serves */
+
+START_TEST(an_opening_holder_is_waited_for_past_a_dead_servers_socket)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram\n"
+                  "dram: {capacity: 16MiB, hugepages: off}\n"
+                  "store: {name: slow-open, dir: \"%s/rv\"}\n"
+                  "io: {threads: 2, timeout_ms: 300}\n");
+    char rv[1100], lock[1200], sock[1200];
+    snprintf(rv, sizeof rv, "%s/rv", w.dir);
+    snprintf(lock, sizeof lock, "%s/slow-open.lock", rv);
+    snprintf(sock, sizeof sock, "%s/slow-open.sock", rv);
+    pid_t srv = child(server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    ck_assert_int_eq(access(sock, F_OK), 0);   /* left behind */
+    usleep(50 * 1000);   /* the clock's tick: the lock is taken after the socket was bound */
+    pid_t holder = fork();
+    ck_assert_int_ge(holder, 0);
+    if (holder == 0) {
+        /* what take_lock does, and then a long open */
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || ftruncate(fd, 0) != 0)
+            _exit(1);
+        dprintf(fd, "%ld\n", (long)getpid());
+        if (write(w.done[1], "L", 1) != 1)
+            _exit(2);
+        usleep(1500 * 1000);
+        _exit(0);
+    }
+    wait_byte(w.done[0]);
+    int rc = KV_OK;
+    kv_engine *e = open_cfg(w.yaml, &rc);
+    ck_assert_msg(e != NULL, "kv_open while the holder opens: %s", kv_strerror(rc));
+    int st = 0;
+    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    ck_assert(!stats(e).host_attached);   /* the holder never served: this one does */
+    ck_assert_int_eq(dump_one(e, 7, BLK), 0);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
 /* store.dir must be ours and private. */
 START_TEST(an_unsafe_store_dir_is_refused)
 {
@@ -1562,6 +1614,64 @@ START_TEST(a_killed_server_is_taken_over)
 }
 END_TEST
 
+/* The one "<id>.sock" in dir (a store's socket, or what took its place). */
+static void sock_path_in(const char *dir, char *out, size_t len)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *de;
+    out[0] = '\0';
+    while ((de = readdir(d)))
+        if (strlen(de->d_name) > 5 && strcmp(de->d_name + strlen(de->d_name) - 5, ".sock") == 0)
+            snprintf(out, len, "%s/%s", dir, de->d_name);
+    closedir(d);
+    ck_assert_msg(out[0], "no socket in %s", dir);
+}
+
+/* A takeover that opens the tiers but then cannot serve them (here: its
+ * socket's path is taken by a directory; in life, descriptors running out)
+ * gives the store back whole: it closes the tiers again, so that the next
+ * call, its own or another process's, can take the store over. It used to
+ * keep them open, SSD tier and all: every later takeover then failed on the
+ * SSD tier's lock, held by the process that had let the store lock go. */
+START_TEST(a_takeover_that_cannot_serve_closes_the_tiers_again)
+{
+    struct world w;
+    world_new(&w, "pipeline: dram|ssd\n"
+                  "dram: {capacity: 32MiB, hugepages: off}\n"
+                  "ssd: {path: \"%s/ssd\", write_through: true, compression: none}\n"
+                  "store: {dir: \"%s/rv\"}\n"
+                  "io: {threads: 2, timeout_ms: 1000}\n");
+    pid_t srv = child(server_child, &w, 0);
+    wait_byte(w.done[0]);
+    kv_engine *e = tu_open_yaml(w.yaml);
+    ck_assert_uint_eq(stats(e).host_attached, 1);
+    ck_assert_int_eq(load_one(e, 5, BLK), 0);
+    char rv[1100], sock[1400];
+    snprintf(rv, sizeof rv, "%s/rv", w.dir);
+    sock_path_in(rv, sock, sizeof sock);
+    kill(srv, SIGKILL);
+    ck_assert_int_eq(reap(srv), 128 + SIGKILL);
+    ck_assert_int_eq(unlink(sock), 0);
+    ck_assert_int_eq(mkdir(sock, 0700), 0);
+    /* The first call finds the server gone; the next takes the store, opens
+     * it and cannot bind: both fail. */
+    ck_assert_int_ne(load_one(e, 5, BLK), 0);
+    ck_assert_int_ne(load_one(e, 5, BLK), 0);
+    /* The path is free again: the next call takes the store over, and every
+     * written-through block is there. */
+    ck_assert_int_eq(rmdir(sock), 0);
+    uint64_t t0 = tu_now_ms();
+    for (uint64_t n = 0; n < 40; n++) {
+        int rc = load_recovering(e, n, t0 + 10000);
+        ck_assert_msg(rc == 0, "block %llu: %s", (unsigned long long)n, kv_err_name(rc));
+    }
+    ck_assert_uint_eq(stats(e).host_attached, 0);
+    kv_close(e);
+    world_free(&w);
+}
+END_TEST
+
 /* A child forked by the server AFTER its kv_open (multiprocessing's fork)
  * holds none of its descriptors: once the server is killed, the child's
  * own kv_open takes the store over instead of waiting on a lock it holds
@@ -2314,6 +2424,7 @@ Suite *host_suite(void)
     tcase_add_test(tc, a_second_host_of_one_ssd_path_is_busy);
     tcase_add_test(tc, an_unsafe_store_dir_is_refused);
     tcase_add_test(tc, an_opening_holder_is_waited_for);
+    tcase_add_test(tc, an_opening_holder_is_waited_for_past_a_dead_servers_socket);
     tcase_add_test(tc, the_dram_budget_is_counted_once);
     tcase_add_test(tc, a_shared_segment_gets_huge_pages_without_shmem_thp);
     tcase_add_test(tc, a_shared_segment_is_collapsed_after_open);
@@ -2330,6 +2441,7 @@ Suite *host_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, killed_clients_leave_nothing_behind);
     tcase_add_test(tc, a_killed_server_is_taken_over);
+    tcase_add_test(tc, a_takeover_that_cannot_serve_closes_the_tiers_again);
     /* ThreadSanitizer cannot run a child that starts threads after a
      * multi-threaded fork (it dies: "starting new threads after
      * multi-threaded fork is not supported"), which is this test. */
