@@ -237,6 +237,8 @@ static void bprintf(struct buf *b, const char *fmt, ...)
       "Owner changes seen whose re-replication has not run to the end (0: done).")            \
     X(REFUSED_STALE, "copies_refused_total", "counter", "", "engine (cluster)",                \
       "Plain keys' copies from members refused here as read before a remove served here.")    \
+    X(REMOVES_FENCED, "removes_fenced_total", "counter", "", "engine (cluster)",              \
+      "Removes of plain keys from here that ran a second round, a member's copy in the way.")  \
     X(MASTER_UP, "master_up", "gauge", "", "kvmaster",                                         \
       "Whether the master answered its own view query.")
 
@@ -393,6 +395,7 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
         one(&b, M_RR_JOBS, k.rereplicate_jobs);
         one(&b, M_RR_BEHIND, k.rereplicate_behind);
         one(&b, M_REFUSED_STALE, k.refused_stale);
+        one(&b, M_REMOVES_FENCED, k.removes_fenced);
     }
     if (b.oom) {
         free(b.p);

@@ -158,6 +158,11 @@ struct kv__cluster {
      * the copies refused for being read before such a remove. */
     struct kv__tomb *tomb;
     _Atomic uint64_t refused_stale;
+    /* Copies of values read here in flight (rr_copy's batches), when the
+     * last one ended (kv__now_ms), and the removes that ran the fence
+     * (kv__cluster_remove). */
+    _Atomic int copying;
+    _Atomic uint64_t copied_ms, removes_fenced;
 
     /* Re-replication (its section below): one job at a time, from the
      * view before an owner change to the view after it. */
@@ -1015,6 +1020,8 @@ static void tomb_note(struct kv__cluster *c, int kind, uint32_t plen, const kv_b
         kv__tomb_clear(c->tomb, plen, id, kv__wall_ms());
 }
 
+static int sv_copying(void *ctx);
+
 /* Serves ops on this node's own store: no network, no copies beyond the
  * one into or out of the segment (the policy is serve.c's). Removes leave
  * their tombstones first and a plain key's write clears its own once it
@@ -1027,9 +1034,12 @@ static void run_local(struct kv__cluster *c, struct kv__op *ops, size_t n)
         if (ops[i].ns == KV_NS_KEY && (ops[i].kind == KV_OP_REMOVE || ops[i].kind == KV_OP_CLEAR))
             tomb_note(c, ops[i].kind, ops[i].kind == KV_OP_CLEAR ? ops[i].index : 0, &ops[i].id);
     kv__serve_ops(c->be, ops, n);
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (ops[i].ns == KV_NS_KEY && ops[i].kind == KV_OP_DUMP && ops[i].result == KV_OK)
             kv__tomb_put(c->tomb, &ops[i].id);
+        if (ops[i].kind == KV_OP_REMOVE || ops[i].kind == KV_OP_CLEAR)   /* as a peer answers */
+            ops[i].hit = ops[i].ns == KV_NS_KEY && sv_copying(c);
+    }
 }
 
 /* One owner's share of a batch and the connection it runs on. */
@@ -1640,7 +1650,9 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
         uint64_t bytes = 0;
         size_t first = i;
         /* The batch's stamp: before its first read, so no value in it was
-         * read earlier (tomb.h). */
+         * read earlier (tomb.h). In flight from here until its answers are
+         * in (sv_copying). */
+        atomic_fetch_add(&c->copying, 1);
         uint64_t stamp = kv__wall_ms();
         /* A forwarded write (leave_forward) comes before or after a whole
          * batch, never between its read and its send. */
@@ -1736,6 +1748,10 @@ static size_t rr_copy(struct kv__cluster *c, struct view *to, struct rr_item *it
             atomic_fetch_add(&c->rr_failed, nb);
             atomic_fetch_sub(&c->rr_pending, nb);
         }
+        /* When it ended first, then no longer in flight (sv_copying reads
+         * them the other way round). */
+        atomic_store(&c->copied_ms, kv__now_ms());
+        atomic_fetch_sub(&c->copying, 1);
         if (h->handoff)
             pthread_mutex_unlock(&c->lvlock);
         for (size_t j = 0; j < nb; j++) {
@@ -2461,6 +2477,18 @@ static void sv_removing(void *ctx, int kind, uint32_t plen, const kv_block_id *i
     tomb_note(ctx, kind, plen, id);
 }
 
+/* Whether a copy this member read may still land (transport.h): the
+ * count first, then the end, as rr_copy writes them the other way round,
+ * so that a batch ending in between is seen by one or the other. */
+static int sv_copying(void *ctx)
+{
+    struct kv__cluster *c = ctx;
+    if (atomic_load(&c->copying) > 0)
+        return 1;
+    uint64_t end = atomic_load(&c->copied_ms);
+    return end && kv__now_ms() - end <= KV__COPY_QUIET_MS;
+}
+
 static int sv_scan(void *ctx, int ns, kv__scan_cb cb, void *arg)
 {
     return SV_BE(ctx)->scan(SV_BE(ctx)->ctx, ns, cb, arg);
@@ -2572,6 +2600,7 @@ static void serve_be_init(struct kv__cluster *c)
         .admit = sv_admit,
         .store_copy = b->commit && b->remove ? sv_store_copy : NULL,
         .removing = sv_removing,
+        .copying = sv_copying,
     };
 }
 
@@ -2937,11 +2966,24 @@ int kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_
  * at most (KV__TOMB_SKEW_MS): a copy that lands after it is refused, one
  * that landed before is removed by it. Its counts are not the caller's:
  * what it finds is what the first round removed, landed again.
+ *
+ * Only when a copy can be in the way: every owner answers a remove with
+ * whether a copy it read may still land (sv_copying: one in flight, or
+ * one ended within KV__COPY_QUIET_MS), asked after its remove. A source
+ * that read the value read it before its own remove, so then says so;
+ * a copy that landed before the source was asked ended at most the first
+ * round's length before (it landed after the target's remove, or that
+ * remove took it), and a first round longer than KV__COPY_QUIET_MS runs
+ * the second whatever the answers. So the second round runs when an owner
+ * says "copying", when one could not be asked or failed, or when the
+ * first round took longer than that; with no owner change in sight, a
+ * remove is one round.
  */
 
-/* found[i]: an owner had ids[i] and removed it. */
+/* found[i]: an owner had ids[i] and removed it; *fence: the second round
+ * is needed (an owner says a copy of its may land, or one failed). */
 static int remove_once(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
-                       int *results, uint8_t *found, uint64_t *ver)
+                       int *results, uint8_t *found, uint64_t *ver, bool *fence)
 {
     if (!c || (n && (!ids || !results)) || ns < 0 || ns >= KV_NS_COUNT)
         return KV_EINVAL;
@@ -2967,6 +3009,7 @@ static int remove_once(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         for (size_t j = 0; err && j < f.k; j++) {
             int r = f.ops[j].result;
             size_t i = f.item[j];
+            *fence |= f.ops[j].hit;
             if (r == KV_OK)
                 results[i] = KV_OK, found[i] = 1;
             else if (r != KV_ENOTFOUND)
@@ -2974,7 +3017,7 @@ static int remove_once(struct kv__cluster *c, int ns, const kv_block_id *ids, si
         }
         for (size_t i = 0; err && i < n; i++)
             if (err[i] || down[i])
-                results[i] = err[i] ? err[i] : KV_ENET;
+                results[i] = err[i] ? err[i] : KV_ENET, *fence = true;
         rc = err ? KV_OK : KV_ENOMEM;
         free(err);
     }
@@ -2988,8 +3031,9 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
 {
     uint64_t t0 = kv__now_ms(), ver = 0;
     size_t *idx, k = 0;
+    bool fence = false;
     uint8_t *found = calloc(n ? n : 1, 1);
-    int rc = found ? remove_once(c, ns, ids, n, results, found, &ver) : KV_ENOMEM;
+    int rc = found ? remove_once(c, ns, ids, n, results, found, &ver, &fence) : KV_ENOMEM;
     if (rc == KV_OK)
         k = retry_pick(c, t0, ver, results, n, &idx);
     kv_block_id *sub = k ? malloc(k * sizeof *sub) : NULL;
@@ -3000,7 +3044,7 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
             sub[j] = ids[idx[j]];
         /* Removed by either round: a copy the first round dropped is no
          * copy the second finds. */
-        if (remove_once(c, ns, sub, k, res, f2, &ver) == KV_OK)
+        if (remove_once(c, ns, sub, k, res, f2, &ver, &fence) == KV_OK)
             for (size_t j = 0; j < k; j++)
                 results[idx[j]] = res[j] == KV_ENOTFOUND && found[idx[j]] ? KV_OK : res[j];
     }
@@ -3011,8 +3055,11 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     free(f2);
     /* The fence (above): a copy found now was the key, landed again; an
      * owner that cannot be asked may hold one, as in the first round. */
-    int *fres = rc == KV_OK && ns == KV_NS_KEY && n ? malloc(n * sizeof *fres) : NULL;
-    if (fres && remove_once(c, ns, ids, n, fres, found, &ver) == KV_OK)
+    fence |= kv__now_ms() - t0 > KV__COPY_QUIET_MS;
+    int *fres = rc == KV_OK && ns == KV_NS_KEY && n && fence ? malloc(n * sizeof *fres) : NULL;
+    if (fres)
+        atomic_fetch_add(&c->removes_fenced, 1);
+    if (fres && remove_once(c, ns, ids, n, fres, found, &ver, &fence) == KV_OK)
         for (size_t i = 0; i < n; i++) {
             if (fres[i] == KV_OK && results[i] == KV_ENOTFOUND)
                 results[i] = KV_OK;
@@ -3024,8 +3071,9 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     return rc;
 }
 
+/* *fence as remove_once's: a member says a copy of its may land. */
 static int clear_once(struct kv__cluster *c, int ns, uint32_t plen, const kv_block_id *hash,
-                      uint64_t *removed, uint64_t *ver)
+                      uint64_t *removed, uint64_t *ver, bool *fence)
 {
     if (!c || !removed || !hash || ns != KV_NS_KEY)
         return KV_EINVAL;
@@ -3049,6 +3097,7 @@ static int clear_once(struct kv__cluster *c, int ns, uint32_t plen, const kv_blo
         rc = run_grouped(c, v, ops, owner, k);
     uint64_t copies = 0;
     for (size_t j = 0; rc == KV_OK && j < k; j++) {
+        *fence |= ops[j].hit;
         if (ops[j].result == KV_OK)
             copies += ops[j].len;
         else
@@ -3069,14 +3118,18 @@ int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
     if (!c || !removed || !hash || ns != KV_NS_KEY)
         return KV_EINVAL;
     uint64_t t0 = kv__now_ms(), ver = 0, more = 0;
-    int rc = clear_once(c, ns, plen, hash, removed, &ver);
+    bool fence = false;
+    int rc = clear_once(c, ns, plen, hash, removed, &ver, &fence);
     if (owner_failed(rc) && view_moved(c, t0, ver)) {
-        rc = clear_once(c, ns, plen, hash, &more, &ver);
+        rc = clear_once(c, ns, plen, hash, &more, &ver, &fence);
         *removed += more;
     }
-    /* The fence (see kv__cluster_remove); what it finds is not counted. */
-    if (rc == KV_OK)
-        rc = clear_once(c, ns, plen, hash, &more, &ver);
+    /* The fence (see kv__cluster_remove), when a copy can be in the way;
+     * what it finds is not counted. */
+    if (rc == KV_OK && (fence || kv__now_ms() - t0 > KV__COPY_QUIET_MS)) {
+        atomic_fetch_add(&c->removes_fenced, 1);
+        rc = clear_once(c, ns, plen, hash, &more, &ver, &fence);
+    }
     return rc;
 }
 
@@ -3786,6 +3839,7 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->forwarded = atomic_load(&c->forwarded);
     out->refused_not_owner = atomic_load(&c->refused_not_owner);
     out->refused_stale = atomic_load(&c->refused_stale);
+    out->removes_fenced = atomic_load(&c->removes_fenced);
     out->leaving = (uint64_t)atomic_load(&c->leaving);
     pthread_mutex_lock(&c->vlock);
     for (struct peer *p = c->peers; p; p = p->next)

@@ -152,6 +152,9 @@ struct kv__cluster_counters {
     /* plain keys' copies from members refused here as read before a
      * remove served here (net/tomb.h; their senders read them again) */
     uint64_t refused_stale;
+    /* removes of plain keys (kv_remove, kv_remove_prefix, kv_remove_all)
+     * from here that ran their second round, a copy being in the way */
+    uint64_t removes_fenced;
     /* where a graceful leave is: 0 not leaving, 1 forwarding writes to the
      * next owners, 2 left (writes refused); for tests */
     uint64_t leaving;

@@ -44,6 +44,9 @@
  *   BATCH_R    count u32, then count results of 48 bytes:
  *              status i32 | hit u8 pad[3] | len u64 | addr u64 | rkey u32 |
  *              pad u32 | handle u64 | sum u64
+ *              (hit of a remove or clear of plain keys: a copy the member
+ *              read may still land, so the remover runs its second round;
+ *              net/cluster.c, the fence)
  *              (data: the values of the items that are OK loads, in order,
  *              then on tcp one sum u64 per OK load, the server's XXH3-64
  *              of the bytes it sent (KV_PROTO_SUM_LEN each), checked by the

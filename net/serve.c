@@ -180,6 +180,10 @@ void kv__serve_query(struct kv__serve *s, const struct kv__wire_req *q, struct k
         r->status = clear_keys(be, q->ns, q->index, &q->id, &r->len);
     else
         r->status = be->size(be->ctx, q->ns, &q->id, q->index, &r->len);
+    /* After the remove: a copy this member read before it is in flight or
+     * has just landed, or none can be (transport.h, copying). */
+    if (q->kind == KV_OP_REMOVE || q->kind == KV_OP_CLEAR)
+        r->hit = q->ns == KV_NS_KEY && be->copying && be->copying(be->ctx);
 }
 
 int kv__serve_pin(struct kv__serve *s, const struct kv__wire_req *q, const void **d,

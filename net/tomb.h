@@ -53,6 +53,11 @@
 /* The most two members' wall clocks may differ by (NTP keeps them within
  * milliseconds); doc/cluster.md says what a larger skew costs. */
 #define KV__TOMB_SKEW_MS 1000u
+/* A member says "copying" (transport.h) while a copy it read is in flight
+ * and this long after the last one ended; a remove whose first round
+ * lasts longer runs its second round whatever the answers say
+ * (cluster.c, the fence). */
+#define KV__COPY_QUIET_MS 2000u
 /* Tombstones of single keys kept at most (72 bytes each; older ones make
  * room), and of prefixes. */
 #define KV__TOMB_KEYS (1u << 17)

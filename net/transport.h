@@ -102,6 +102,12 @@ struct kv__backend {
      * of every key (plen 0) or of those whose first plen bytes have XXH3-128
      * id. NULL = nobody is told. */
     void (*removing)(void *ctx, int kind, uint32_t plen, const kv_block_id *id);
+    /* 1 when copies of plain keys this member read (re-replication, a
+     * hand-off) may still land somewhere: one is in flight, or one ended
+     * within KV__COPY_QUIET_MS. Asked after a remove of plain keys is
+     * served, and sent back as its answer's hit: the remover then runs
+     * its second round (cluster.c, the fence). NULL = never. */
+    int  (*copying)(void *ctx);
     /* 1 when the plain key inside rec[0..len), a value as this store keeps
      * plain keys (engine/kv.c's record), begins with the plen bytes whose
      * XXH3-128 is hash; 0 when it does not; KV_EINVAL when rec is no such

@@ -2942,6 +2942,20 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+/* The client's kvengine_removes_fenced_total: its removes that ran the
+ * second round (net/cluster.c, the fence). */
+static uint64_t removes_fenced(kv_engine *e)
+{
+    char *text;
+    size_t len;
+    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
+    const char *p = strstr(text, "\nkvengine_removes_fenced_total ");
+    ck_assert_msg(p, "no kvengine_removes_fenced_total in the client's metrics");
+    uint64_t n = strtoull(p + strlen("\nkvengine_removes_fenced_total "), NULL, 10);
+    free(text);
+    return n;
+}
+
 enum { RACE_REMOVE, RACE_PREFIX, RACE_ALL };
 #define RACE_KEYS 200
 static void race_key(char *key, size_t cap, int i)
@@ -2989,7 +3003,7 @@ static void remove_while_copying(int how)
         usleep(1000);
     ck_assert_msg(atomic_load(&lhold.holding), "S's re-replication never loaded the filler");
     wait_sees_owners(w, 2);
-    uint64_t removed = 0;
+    uint64_t removed = 0, fenced = removes_fenced(w);
     if (how == RACE_REMOVE) {
         for (int i = 1; i < RACE_KEYS; i += 2) {
             race_key(key, sizeof key, i);
@@ -3002,6 +3016,8 @@ static void remove_while_copying(int how)
         ck_assert_int_eq(kv_remove_all(w, &removed), KV_OK);
         ck_assert_uint_eq(removed, RACE_KEYS);
     }
+    /* S's batch is in flight: every remove ran its second round. */
+    ck_assert_uint_eq(removes_fenced(w) - fenced, how == RACE_REMOVE ? RACE_KEYS / 2 : 1);
     atomic_store(&lhold.release, 1);
     wait_member_rereplicated(sm);
 
@@ -3031,6 +3047,93 @@ static void remove_while_copying(int how)
     kv__memstore_free(tbe);
     kv__memstore_free(sbe);
 }
+
+/*
+ * A remove is one round while no member's copy can be in its way, and two
+ * while one can: S and T (heap members) with 40 keys, nothing moving; a
+ * client removes 20 of them one by one, then a prefix: no second round.
+ * U joins and keys move to it; a remove right after S's and T's copies
+ * end (within KV__COPY_QUIET_MS) runs the second round, and one after the
+ * quiet time does not. Every remove removes. Before: every remove of a
+ * plain key ran two rounds (tcp: 14-16 us a remove, then 24-33 us;
+ * bench/cluster_remove.py).
+ */
+START_TEST(remove_is_one_round_while_nothing_moves)
+{
+    struct kv__backend *sbe = kv__memstore_new(16u << 20), *tbe = kv__memstore_new(16u << 20);
+    struct kv__backend *ube = kv__memstore_new(16u << 20);
+    struct kv__cluster *sm = start_heap_member(sbe);
+    struct kv__cluster *tm = start_heap_member(tbe);
+    wait_owners(2);
+    wait_member_owners(sm, 2);
+    wait_member_owners(tm, 2);
+    wait_member_rereplicated(sm);
+    wait_member_rereplicated(tm);
+    usleep((KV__COPY_QUIET_MS + 100) * 1000);   /* the join's copies (if any) are quiet */
+    kv_engine *w = fresh_reader(2);
+    char key[32], val[64];
+    for (int i = 0; i < 40; i++) {
+        snprintf(key, sizeof key, "%s-%d", i < 20 ? "one" : "pre", i);
+        lv_val(val, sizeof val, i);
+        ck_assert_int_eq(kv_put(w, key, strlen(key), val, sizeof val), KV_OK);
+    }
+    uint64_t fenced = removes_fenced(w), removed = 0;
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof key, "one-%d", i);
+        ck_assert_int_eq(kv_remove(w, key, strlen(key)), KV_OK);
+        ck_assert_int_eq(kv_exists(w, key, strlen(key)), 0);
+    }
+    ck_assert_int_eq(kv_remove_prefix(w, "pre-", 4, &removed), KV_OK);
+    ck_assert_uint_eq(removed, 20);
+    ck_assert_uint_eq(removes_fenced(w) - fenced, 0);
+
+    /* U joins: keys move to it from S and T. */
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "mv-%d", i);
+        lv_val(val, sizeof val, i);
+        ck_assert_int_eq(kv_put(w, key, strlen(key), val, sizeof val), KV_OK);
+    }
+    char uaddr[64];
+    snprintf(uaddr, sizeof uaddr, "127.0.0.1:%u", tu_free_port());
+    const char *after[] = { kv__cluster_addr(sm), kv__cluster_addr(tm), uaddr };
+    int moved = -1;   /* a key whose owner is U now: its copy came from S or T */
+    for (int i = 0; i < 200 && moved < 0; i++) {
+        snprintf(key, sizeof key, "mv-%d", i);
+        kv_block_id id = key_block_id(key);
+        if (strcmp(owner_of(after, 3, &id), uaddr) == 0)
+            moved = i;
+    }
+    ck_assert_msg(moved >= 0, "no key moves to U");
+    heap_listen = uaddr;
+    struct kv__cluster *um = start_heap_member(ube);
+    wait_member_owners(sm, 3);
+    wait_member_owners(tm, 3);
+    wait_member_rereplicated(sm);
+    wait_member_rereplicated(tm);
+    wait_sees_owners(w, 3);
+    struct kv__cluster_counters ks, kt;
+    kv__cluster_counters(sm, &ks);
+    kv__cluster_counters(tm, &kt);
+    ck_assert_msg(ks.rereplicated_shards + kt.rereplicated_shards > 0, "no key moved to U");
+    fenced = removes_fenced(w);
+    snprintf(key, sizeof key, "mv-%d", moved);
+    ck_assert_int_eq(kv_remove(w, key, strlen(key)), KV_OK);
+    ck_assert_int_eq(kv_exists(w, key, strlen(key)), 0);
+    ck_assert_uint_eq(removes_fenced(w) - fenced, 1);   /* its copy has just ended */
+    usleep((KV__COPY_QUIET_MS + 100) * 1000);
+    fenced = removes_fenced(w);
+    snprintf(key, sizeof key, "mv-%d", moved == 0 ? 1 : 0);
+    ck_assert_int_eq(kv_remove(w, key, strlen(key)), KV_OK);
+    ck_assert_int_eq(kv_exists(w, key, strlen(key)), 0);
+    ck_assert_uint_eq(removes_fenced(w) - fenced, 0);
+    kv__cluster_stop(um);
+    kv__cluster_stop(tm);
+    kv__cluster_stop(sm);
+    kv__memstore_free(ube);
+    kv__memstore_free(tbe);
+    kv__memstore_free(sbe);
+}
+END_TEST
 
 START_TEST(remove_racing_rereplication)
 {
@@ -3099,6 +3202,7 @@ Suite *cluster_suite(void)
     TCase *removes = tcase_create("removes");
     tcase_add_checked_fixture(removes, setup, teardown);
     tcase_set_timeout(removes, 30);
+    tcase_add_test(removes, remove_is_one_round_while_nothing_moves);
     tcase_add_test(removes, remove_racing_rereplication);
     tcase_add_test(removes, remove_prefix_racing_rereplication);
     tcase_add_test(removes, remove_all_racing_rereplication);
