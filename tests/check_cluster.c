@@ -1876,7 +1876,11 @@ static pid_t start_stale_client(int fd)
         snprintf(v, sizeof v, "%d", TTL_MS);
         kv_config_set(cfg, "cluster.node_ttl_ms", v);
         kv_config_set(cfg, "io.threads", "2");
-        kv_config_set(cfg, "io.timeout_ms", "3000");
+        /* A call in flight when the client is stopped must not pass its
+         * deadline while stopped (the stop lasts the leave: its hand-off
+         * waits up to KV__TOMB_SKEW_MS for a member that has just started,
+         * tomb.h's horizon): T = 5 s. */
+        kv_config_set(cfg, "io.timeout_ms", "10000");
         if (use_etcd()) {
             kv_config_set(cfg, "cluster.metadata", "etcd");
             kv_config_set(cfg, "cluster.etcd_endpoints", etcd.endpoints);
