@@ -2545,17 +2545,33 @@ static struct {
     atomic_int armed, holding, release;
 } hold;
 
+/* A hold's gate: once armed, the first caller waits here until released
+ * (20 s at most: a failed test must not hang a leave or a stop), saying
+ * so in holding meanwhile. */
+static void gate_pass(atomic_int *armed, atomic_int *holding, atomic_int *release)
+{
+    if (!atomic_exchange(armed, 0))
+        return;
+    atomic_store(holding, 1);
+    for (uint64_t t0 = tu_now_ms(); !atomic_load(release) && tu_now_ms() - t0 < 20000;)
+        usleep(1000);
+    atomic_store(holding, 0);
+}
+
+static void gate_reset(atomic_int *armed, atomic_int *holding, atomic_int *release)
+{
+    atomic_store(armed, 0);
+    atomic_store(holding, 0);
+    atomic_store(release, 0);
+}
+
 /* The store's scan; the first one of the last namespace after hold.armed
  * is set then waits (20 s at most: a failed test must not hang a leave). */
 static int held_scan(void *ctx, int ns, kv__scan_cb cb, void *arg)
 {
     int rc = hold.scan(ctx, ns, cb, arg);
-    if (ns == KV_NS_COUNT - 1 && atomic_exchange(&hold.armed, 0)) {
-        atomic_store(&hold.holding, 1);
-        for (uint64_t t0 = tu_now_ms(); !atomic_load(&hold.release) && tu_now_ms() - t0 < 20000;)
-            usleep(1000);
-        atomic_store(&hold.holding, 0);
-    }
+    if (ns == KV_NS_COUNT - 1)
+        gate_pass(&hold.armed, &hold.holding, &hold.release);
     return rc;
 }
 
@@ -2564,9 +2580,7 @@ static struct kv__backend *held_store(struct kv__backend *inner)
     hold.be = *inner;
     hold.scan = inner->scan;
     hold.be.scan = held_scan;
-    atomic_store(&hold.armed, 0);
-    atomic_store(&hold.holding, 0);
-    atomic_store(&hold.release, 0);
+    gate_reset(&hold.armed, &hold.holding, &hold.release);
     return &hold.be;
 }
 
@@ -2914,17 +2928,13 @@ static struct {
 } lhold;
 
 /* The store's load; once armed, its first load of a block returns only
- * when released (20 s at most: a failed test must not hang a stop). */
+ * when released (gate_pass). */
 static int held_load(void *ctx, int ns, const kv_block_id *id, uint32_t index, const kv_iov *iov,
                      uint32_t iovcnt)
 {
     int rc = lhold.load(ctx, ns, id, index, iov, iovcnt);
-    if (ns == KV_NS_BLOCK && atomic_exchange(&lhold.armed, 0)) {
-        atomic_store(&lhold.holding, 1);
-        for (uint64_t t0 = tu_now_ms(); !atomic_load(&lhold.release) && tu_now_ms() - t0 < 20000;)
-            usleep(1000);
-        atomic_store(&lhold.holding, 0);
-    }
+    if (ns == KV_NS_BLOCK)
+        gate_pass(&lhold.armed, &lhold.holding, &lhold.release);
     return rc;
 }
 
@@ -2933,9 +2943,7 @@ static struct kv__backend *load_held_store(struct kv__backend *inner)
     lhold.be = *inner;
     lhold.load = inner->load;
     lhold.be.load = held_load;
-    atomic_store(&lhold.armed, 0);
-    atomic_store(&lhold.holding, 0);
-    atomic_store(&lhold.release, 0);
+    gate_reset(&lhold.armed, &lhold.holding, &lhold.release);
     return &lhold.be;
 }
 

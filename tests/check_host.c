@@ -472,6 +472,33 @@ START_TEST(a_second_host_of_one_ssd_path_is_busy)
 }
 END_TEST
 
+/* A child that takes the store's lock as take_lock does (its pid written
+ * in it) and then opens for 1.5 s, past io.timeout_ms; the engine w's
+ * config opens meanwhile, and the child is reaped. */
+static kv_engine *open_past_an_opening_holder(struct world *w, const char *lock)
+{
+    pid_t holder = fork();
+    ck_assert_int_ge(holder, 0);
+    if (holder == 0) {
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd < 0 || flock(fd, LOCK_EX) != 0 || ftruncate(fd, 0) != 0)
+            _exit(1);
+        dprintf(fd, "%ld\n", (long)getpid());
+        if (write(w->done[1], "L", 1) != 1)
+            _exit(2);
+        usleep(1500 * 1000);
+        _exit(0);
+    }
+    wait_byte(w->done[0]);
+    int rc = KV_OK;
+    kv_engine *e = open_cfg(w->yaml, &rc);
+    ck_assert_msg(e != NULL, "kv_open while the holder opens: %s", kv_strerror(rc));
+    int st = 0;
+    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
+    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    return e;
+}
+
 /* The store's lock held by a process that is still opening it (alive, its
  * socket not bound yet) for longer than io.timeout_ms: an engine opening
  * the store meanwhile waits for it instead of failing, and serves it once
@@ -488,26 +515,7 @@ START_TEST(an_opening_holder_is_waited_for)
     snprintf(rv, sizeof rv, "%s/rv", w.dir);
     ck_assert_int_eq(mkdir(rv, 0700), 0);
     snprintf(lock, sizeof lock, "%s/slow-open.lock", rv);
-    pid_t holder = fork();
-    ck_assert_int_ge(holder, 0);
-    if (holder == 0) {
-        /* what take_lock does, and then a long open */
-        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        if (fd < 0 || flock(fd, LOCK_EX) != 0)
-            _exit(1);
-        dprintf(fd, "%ld\n", (long)getpid());
-        if (write(w.done[1], "L", 1) != 1)
-            _exit(2);
-        usleep(1500 * 1000);
-        _exit(0);
-    }
-    wait_byte(w.done[0]);
-    int rc = KV_OK;
-    kv_engine *e = open_cfg(w.yaml, &rc);
-    ck_assert_msg(e != NULL, "kv_open while the holder opens: %s", kv_strerror(rc));
-    int st = 0;
-    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
-    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    kv_engine *e = open_past_an_opening_holder(&w, lock);
     kv_stats s;
     ck_assert_int_eq(kv_stats_get(e, &s), KV_OK);
     ck_assert(!s.host_attached);   /* the holder never served: this one does */
@@ -542,26 +550,7 @@ START_TEST(an_opening_holder_is_waited_for_past_a_dead_servers_socket)
     ck_assert_int_eq(reap(srv), 128 + SIGKILL);
     ck_assert_int_eq(access(sock, F_OK), 0);   /* left behind */
     usleep(50 * 1000);   /* the clock's tick: the lock is taken after the socket was bound */
-    pid_t holder = fork();
-    ck_assert_int_ge(holder, 0);
-    if (holder == 0) {
-        /* what take_lock does, and then a long open */
-        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-        if (fd < 0 || flock(fd, LOCK_EX) != 0 || ftruncate(fd, 0) != 0)
-            _exit(1);
-        dprintf(fd, "%ld\n", (long)getpid());
-        if (write(w.done[1], "L", 1) != 1)
-            _exit(2);
-        usleep(1500 * 1000);
-        _exit(0);
-    }
-    wait_byte(w.done[0]);
-    int rc = KV_OK;
-    kv_engine *e = open_cfg(w.yaml, &rc);
-    ck_assert_msg(e != NULL, "kv_open while the holder opens: %s", kv_strerror(rc));
-    int st = 0;
-    ck_assert_int_eq(waitpid(holder, &st, 0), holder);
-    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    kv_engine *e = open_past_an_opening_holder(&w, lock);
     ck_assert(!stats(e).host_attached);   /* the holder never served: this one does */
     ck_assert_int_eq(dump_one(e, 7, BLK), 0);
     kv_close(e);
