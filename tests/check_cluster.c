@@ -953,8 +953,10 @@ END_TEST
 
 /* The net layer alone: memstore-backed cluster nodes in child processes and
  * a pure client through the kv__cluster_* seam, no engine involved. */
-static volatile sig_atomic_t child_stop;
-static void on_term(int sig) { (void)sig; child_stop = 1; }
+/* Set by SIGTERM, read by a child's threads: atomic, lock-free, so both
+ * safe in a handler and no data race (TSan). */
+static atomic_int child_stop;
+static void on_term(int sig) { (void)sig; atomic_store(&child_stop, 1); }
 
 static void start_memnode(unsigned r)
 {
@@ -976,7 +978,7 @@ static void start_memnode(unsigned r)
         struct kv__cluster *c;
         if (kv__cluster_start_backend(be, &cfg, &c, NULL, 0) != KV_OK)
             _exit(3);
-        while (!child_stop)
+        while (!atomic_load(&child_stop))
             usleep(10000);
         kv__cluster_stop(c);
         kv__memstore_free(be);
@@ -1790,7 +1792,7 @@ static void *stale_main(void *arg)
     if (s->t == STALE_THREADS - 1)
         return stale_exists(s);
     char key[32], val[1500], out[1500];
-    for (int i = 0; !child_stop; i++) {
+    for (int i = 0; !atomic_load(&child_stop); i++) {
         snprintf(key, sizeof key, "stale-%d-%d", s->t, i);
         stale_val(val, sizeof val, s->t, i);
         int prc = kv_put(s->e, key, strlen(key), val, sizeof val), grc = KV_OK, bad = 0;
@@ -1836,7 +1838,7 @@ static void *stale_exists(struct stale_thread *s)
     int rc = kv_put_many(s->e, it, STALE_KEYS, res);
     for (int i = 0; rc == KV_OK && i < STALE_KEYS; i++)
         rc = res[i];
-    for (int i = 0; !child_stop; i++) {
+    for (int i = 0; !atomic_load(&child_stop); i++) {
         if (rc == KV_OK && (rc = kv_exists_many(s->e, it, STALE_KEYS, res)) == KV_OK)
             for (int j = 0; rc == KV_OK && j < STALE_KEYS; j++)
                 rc = res[j] == 1 ? KV_OK : res[j] == 0 ? KV_ENOTFOUND : res[j];
@@ -1902,7 +1904,7 @@ static pid_t start_stale_client(int fd)
             st[t] = (struct stale_thread){ .e = e, .t = t, .r = &r, .mu = &mu, .ready = &ready };
             pthread_create(&th[t], NULL, stale_main, &st[t]);
         }
-        for (int said = 0; !child_stop; usleep(1000)) {
+        for (int said = 0; !atomic_load(&child_stop); usleep(1000)) {
             pthread_mutex_lock(&mu);
             int go = ready == STALE_THREADS;
             pthread_mutex_unlock(&mu);
