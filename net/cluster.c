@@ -2980,6 +2980,17 @@ int kv__cluster_put(struct kv__cluster *c, int ns, const kv_shard *shards, size_
  * remove is one round.
  */
 
+/* Whether a remove that began at t0 runs its second round: an owner said
+ * a copy of its may land or failed (said), or the first round outlasted
+ * the quiet time; counted when it does. */
+static bool fence_needed(struct kv__cluster *c, bool said, uint64_t t0)
+{
+    if (!said && kv__now_ms() - t0 <= KV__COPY_QUIET_MS)
+        return false;
+    atomic_fetch_add(&c->removes_fenced, 1);
+    return true;
+}
+
 /* found[i]: an owner had ids[i] and removed it; *fence: the second round
  * is needed (an owner says a copy of its may land, or one failed). */
 static int remove_once(struct kv__cluster *c, int ns, const kv_block_id *ids, size_t n,
@@ -3055,10 +3066,8 @@ int kv__cluster_remove(struct kv__cluster *c, int ns, const kv_block_id *ids, si
     free(f2);
     /* The fence (above): a copy found now was the key, landed again; an
      * owner that cannot be asked may hold one, as in the first round. */
-    fence |= kv__now_ms() - t0 > KV__COPY_QUIET_MS;
-    int *fres = rc == KV_OK && ns == KV_NS_KEY && n && fence ? malloc(n * sizeof *fres) : NULL;
-    if (fres)
-        atomic_fetch_add(&c->removes_fenced, 1);
+    int *fres = rc == KV_OK && ns == KV_NS_KEY && n && fence_needed(c, fence, t0)
+                ? malloc(n * sizeof *fres) : NULL;
     if (fres && remove_once(c, ns, ids, n, fres, found, &ver, &fence) == KV_OK)
         for (size_t i = 0; i < n; i++) {
             if (fres[i] == KV_OK && results[i] == KV_ENOTFOUND)
@@ -3126,10 +3135,8 @@ int kv__cluster_clear_prefix(struct kv__cluster *c, int ns, uint32_t plen,
     }
     /* The fence (see kv__cluster_remove), when a copy can be in the way;
      * what it finds is not counted. */
-    if (rc == KV_OK && (fence || kv__now_ms() - t0 > KV__COPY_QUIET_MS)) {
-        atomic_fetch_add(&c->removes_fenced, 1);
+    if (rc == KV_OK && fence_needed(c, fence, t0))
         rc = clear_once(c, ns, plen, hash, &more, &ver, &fence);
-    }
     return rc;
 }
 

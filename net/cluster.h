@@ -101,8 +101,11 @@ int  kv__cluster_size(struct kv__cluster *c, int ns, const kv_block_id *id, uint
  *   is the copies dropped over the copies a key has (replica_num, or fewer
  *   owners): the keys, when the owners agreed. An owner that could not be
  *   asked is an error (KV_ENET), as for remove; the others are cleared.
- * remove and clear run twice, the second round once every owner answered
- *   the first, and each owner keeps a tombstone of what it removed: a copy
+ * remove and clear of plain keys run a second round, once every owner
+ *   answered the first, when a member's copy may still land (an owner says
+ *   so, one failed, or the first round took longer than
+ *   KV__COPY_QUIET_MS), and each owner keeps a tombstone of what it
+ *   removed: a copy
  *   of a plain key that a member read before the remove reached it
  *   (re-replication, a hand-off) is refused where it lands after that, so
  *   a removed key does not come back (cluster.c, "the fence"; tomb.h).

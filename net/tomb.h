@@ -14,8 +14,9 @@
  * Refusing is always safe: the source keeps its value when a copy fails,
  * and tries again with a fresh read (net/cluster.c).
  *
- * Why that orders them: cluster.c's removes run twice, and the second
- * round starts after every owner answered the first. A source that read
+ * Why that orders them: cluster.c's removes run a second round whenever
+ * a copy may be in flight (an owner says so: transport.h, copying), and
+ * it starts after every owner answered the first. A source that read
  * the value read it before its own removal (after it, there is nothing to
  * read), so before the second round reaches the target: the target's
  * tombstone is newer than the stamp, and a copy that lands after it is

@@ -166,7 +166,8 @@ struct kv__op {
     uint64_t stamp;
     /* results, written by batch() */
     int result;                 /* KV_OK or KV_E* for this item */
-    uint8_t hit;                /* lookup */
+    uint8_t hit;                /* lookup; remove / clear of plain keys: a copy
+                                 * the owner read may still land (copying) */
     uint64_t len;               /* size */
 };
 
