@@ -7,6 +7,13 @@
 # "Attached dumps, seventh round").
 #
 #   bash bench/attached_dumps.sh [BUILD]      (default build)
+#   AB=1 bash bench/attached_dumps.sh [BUILD]
+#
+# AB=1 runs bench/attached_ab.c instead (built here against BUILD's
+# library): the same dumps, attached and in process alternated batch by
+# batch in one process, so that both see the machine's drift alike; the
+# phases of kvctl bench --compare run one after the other, and on a shared
+# VM their ratio swung from 0.4x to 1.3x between rounds of one build.
 #
 # Environment: ROUNDS (5), ARGS (bench arguments; default 1 MiB x 512,
 # batch 16), GIB (the kvnode's dram.capacity in GiB, 4), OUT (a directory for
@@ -21,6 +28,16 @@ KEEP=${OUT:+1}
 OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/dumps.XXXXXX")}
 . "$(dirname "$0")/kvnode_up.sh"
 kvnode_up "$B" da "$GIB"
+if [ -n "${AB:-}" ]; then
+    cc -O2 -I"$(dirname "$0")/../include" "$(dirname "$0")/attached_ab.c" -o "$OUT/attached_ab" -L"$B" -lkvengine \
+        -Wl,-rpath,"$B" || exit 1
+    for r in $(seq 1 "$ROUNDS"); do
+        for how in "" own; do
+            "$OUT/attached_ab" da "$OUT/rv" 1048576 16 "${BATCHES:-80}" $how | tail -4 || exit 1
+        done
+    done
+    exit 0
+fi
 for r in $(seq 1 "$ROUNDS"); do
     for how in kvbuf own; do
         extra=""; [ $how = kvbuf ] && extra=--kv-buffers

@@ -32,7 +32,9 @@ const struct kv_config *kv__engine_config(kv_engine *e)
 /* ---- tasks -------------------------------------------------------------- */
 
 /* Runs shards [begin, end) of a task, 64 at a time: on their owners in a
- * cluster, else in this node's store. */
+ * cluster, else in this node's store; a whole task's (submit) all at once
+ * when it goes to the host store's server, which takes requests of up to
+ * 4096 shards (net/shm.c). */
 static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
 {
     kv_engine *e = ctx;
@@ -41,13 +43,19 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
             kv__store_stage(e, t->ns, &t->ids[i]);
         return;
     }
-    int results[64];
-    for (size_t i = begin; i < end; i += KV__ARRAY_LEN(results)) {
-        size_t n = end - i < KV__ARRAY_LEN(results) ? end - i : KV__ARRAY_LEN(results);
-        const kv_shard *sh = &t->shards[i];
-        struct kv__shm_client *hc;
+    int stack[64], *results = NULL;
+    size_t cap = KV__ARRAY_LEN(stack);
+    if (t->whole && end - begin > cap && (results = malloc((end - begin) * sizeof *results)))
+        cap = end - begin;
+    else
+        results = stack;
+    for (size_t i = begin; i < end;) {
+        struct kv__shm_client *hc = NULL;
         int rc = t->kind == TASK_PUT ? KV_OK : kv__host_enter(e, &hc);
-        if (rc == KV_OK && t->kind != TASK_PUT && hc) {
+        size_t max = hc ? cap : KV__ARRAY_LEN(stack);
+        size_t n = end - i < max ? end - i : max;
+        const kv_shard *sh = &t->shards[i];
+        if (rc == KV_OK && hc) {
             rc = t->kind == TASK_DUMP ? kv__shm_dump(hc, sh, n, results)
                                       : kv__shm_load(hc, sh, n, results);
             kv__host_leave(e);
@@ -66,7 +74,10 @@ static void run_chunk(void *ctx, struct kv__task *t, size_t begin, size_t end)
             if (r != KV_OK)
                 kv__task_fail(t, r);
         }
+        i += n;
     }
+    if (results != stack)
+        free(results);
 }
 
 int kv__engine_run_shards(kv_engine *e, bool dump, const kv_shard *sh, size_t n, int *results)
@@ -126,10 +137,9 @@ static int check_shards(const kv_shard *shards, size_t n)
 }
 
 /*
- * Runs a batch of plain-key shards across the cluster on the task pool (so
- * that its owners are driven by several workers and the caller, as a dump
- * is), and waits; results[i] gets each item's outcome. For kv_put_many and
- * kv_get_many. Items a timeout kept from running say KV_ETIMEDOUT.
+ * Runs a batch of shards on the task pool, so that several workers and the
+ * caller copy it, and waits; results[i] gets each item's outcome. Items a
+ * timeout kept from running say KV_ETIMEDOUT.
  *
  * A batch under KV__CHUNK_BYTES would be one chunk, which one thread runs
  * whole, so it runs here on the caller's thread instead: queued, a worker
@@ -138,23 +148,22 @@ static int check_shards(const kv_shard *shards, size_t n)
  * slept until that worker was done. Mooncake's benchmark's batch_get_into
  * of 4 x 64 KiB in a cluster was about one context switch per call so.
  */
-int kv__run_items(kv_engine *e, bool put, const kv_shard *shards, size_t n, int *results)
+static int run_spread(kv_engine *e, int kind, int ns, const kv_shard *shards, size_t n,
+                      int *results)
 {
-    if (!e->cluster)
-        return KV_EINVAL;
     if (atomic_load(&e->closing))
         return KV_ECLOSED;
     uint64_t bytes = 0;
     for (size_t i = 0; i < n; i++)
         bytes += kv__iov_len(shards[i].iov, shards[i].iovcnt);
     if (bytes < KV__CHUNK_BYTES) {
-        struct kv__task one = { .kind = put ? TASK_PUT : TASK_LOAD, .ns = KV_NS_KEY, .n = n,
-                                .shards = (kv_shard *)shards, .results = results };
+        struct kv__task one = { .kind = kind, .ns = ns, .n = n, .shards = (kv_shard *)shards,
+                                .results = results };
         run_chunk(e, &one, 0, n);
         return KV_OK;
     }
     struct kv__task *t;
-    int rc = kv__task_new(&t, put ? TASK_PUT : TASK_LOAD, KV_NS_KEY, shards, NULL, n);
+    int rc = kv__task_new(&t, kind, ns, shards, NULL, n);
     if (rc != KV_OK)
         return rc;
     for (size_t i = 0; i < n; i++)
@@ -165,6 +174,23 @@ int kv__run_items(kv_engine *e, bool put, const kv_shard *shards, size_t n, int 
         return rc;
     rc = kv__pool_wait(e->pool, h, 0);
     return rc == KV_ECLOSED ? rc : KV_OK;
+}
+
+/* kv_put_many and kv_get_many across the cluster: each owner is driven by
+ * several workers and the caller, as a dump is. */
+int kv__run_items(kv_engine *e, bool put, const kv_shard *shards, size_t n, int *results)
+{
+    if (!e->cluster)
+        return KV_EINVAL;
+    return run_spread(e, put ? TASK_PUT : TASK_LOAD, KV_NS_KEY, shards, n, results);
+}
+
+/* An attached engine's dump, served: the client sent it whole (submit), so
+ * it is spread over this engine's workers here, as kv_dump in process
+ * would be. */
+int kv__engine_dump_served(kv_engine *e, const kv_shard *sh, size_t n, int *results)
+{
+    return run_spread(e, TASK_DUMP, KV_NS_BLOCK, sh, n, results);
 }
 
 static int submit(kv_engine *e, int kind, const kv_shard *shards, size_t n, kv_task *task)
@@ -181,6 +207,13 @@ static int submit(kv_engine *e, int kind, const kv_shard *shards, size_t n, kv_t
     rc = kv__task_new(&t, kind, KV_NS_BLOCK, shards, NULL, n);
     if (rc != KV_OK)
         return rc;
+    /* An attached dump from shared buffers is one chunk, one request: the
+     * server spreads its copies over its workers (kv__engine_dump_served).
+     * Cut here, each chunk was a round trip and two wakeups, a quarter of
+     * the server's CPU for a 2 MiB chunk. A dump from the caller's own
+     * memory is still cut, so that its workers stage one chunk while the
+     * server copies another. */
+    t->whole = kind == TASK_DUMP && kv__host_attached(e) && kv__shm_regions_hold(e->buffers, shards, n);
     return kv__pool_submit(e->pool, t, task);
 }
 

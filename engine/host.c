@@ -45,6 +45,7 @@ struct kv__host {
     struct kv__shm_server *srv;      /* serving */
     struct kv__shm_client *cli;      /* attached; NULL after a failed reconnect */
     unsigned timeout_ms;
+    _Atomic unsigned dumping;        /* served dumps being copied now (h_dump) */
 };
 
 /* ---- the rendezvous directory --------------------------------------------- */
@@ -291,8 +292,18 @@ static int h_pin(void *c, const kv_block_id *id, uint32_t x, const void **d, uin
 static void h_unpin(void *c, kv__pin *p) { kv__local_unpin(c, p); }
 static int h_load(void *c, const kv_shard *sh, size_t n, int *res)
 { return kv__engine_run_shards(c, false, sh, n, res); }
+/* A dump served alone is spread over this engine's workers, as kv_dump in
+ * process is (an attached client sends a dump from its shared buffers
+ * whole); while other clients' dumps are being copied, they are the
+ * parallelism, and each is copied on its connection's thread. */
 static int h_dump(void *c, const kv_shard *sh, size_t n, int *res)
-{ return kv__engine_run_shards(c, true, sh, n, res); }
+{
+    kv_engine *e = c;
+    bool alone = atomic_fetch_add(&e->host->dumping, 1) == 0;
+    int rc = alone ? kv__engine_dump_served(e, sh, n, res) : kv__engine_run_shards(e, true, sh, n, res);
+    atomic_fetch_sub(&e->host->dumping, 1);
+    return rc;
+}
 static int h_put(void *c, const void *k, size_t kl, const void *v, size_t vl)
 { return kv_put(c, k, kl, v, vl); }
 static int h_get(void *c, const void *k, size_t kl, void *b, size_t cap, size_t *vl)
@@ -457,6 +468,11 @@ int kv__host_enter(kv_engine *e, struct kv__shm_client **c)
         if (rc != KV_OK)
             return rc;
     }
+}
+
+bool kv__host_attached(kv_engine *e)
+{
+    return e->host && !atomic_load(&e->host->serving);
 }
 
 void kv__host_leave(kv_engine *e)

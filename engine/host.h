@@ -38,6 +38,9 @@ void kv__host_close(kv_engine *e);
  * taken over (this engine opens its tiers and serves from then on). */
 int  kv__host_enter(kv_engine *e, struct kv__shm_client **c);
 void kv__host_leave(kv_engine *e);
+/* True while e is attached to another process's store (a hint: a takeover
+ * may make it false at any time). */
+bool kv__host_attached(kv_engine *e);
 
 /* Connections served, pins held for them, attached or not (kv_stats). */
 void kv__host_stats(kv_engine *e, kv_stats *out);
@@ -75,5 +78,7 @@ void kv__host_unlock_offline(const struct kv_config *cfg, int fd);
 int  kv__engine_open_local(kv_engine *e, char *err, size_t errlen);
 void kv__engine_close_local(kv_engine *e);
 int  kv__engine_run_shards(kv_engine *e, bool dump, const kv_shard *sh, size_t n, int *results);
+/* A dump an attached engine sent, spread over e's workers and waited for. */
+int  kv__engine_dump_served(kv_engine *e, const kv_shard *sh, size_t n, int *results);
 
 #endif

@@ -315,8 +315,8 @@ int kv__pool_submit(struct kv__pool *p, struct kv__task *t, kv_task *handle)
     /* A small task (under KV__CHUNK_BYTES) is one chunk: whoever claims it first
      * (a worker, or the caller waiting for it) runs all of it, so a cluster
      * batch goes to each owner in one frame. Larger ones are cut into two
-     * chunks per worker, so the caller can help too. */
-    t->chunk = bytes < KV__CHUNK_BYTES ? t->n : (t->n + pieces * 2 - 1) / (pieces * 2);
+     * chunks per worker, so the caller can help too, unless whole. */
+    t->chunk = bytes < KV__CHUNK_BYTES || t->whole ? t->n : (t->n + pieces * 2 - 1) / (pieces * 2);
     if (t->chunk == 0)
         t->chunk = 1;
     t->want = (int)pieces;

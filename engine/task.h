@@ -28,6 +28,7 @@ struct kv__task {
     int *results;                 /* per item outcome, written by run(), when
                                      the submitter wants one (kv__run_items) */
     atomic_bool cancelled;
+    bool whole;                   /* one chunk, whatever its size (set before submit) */
     int want;                     /* workers still to take it (queue lock) */
     bool done;                    /* under mu */
     pthread_mutex_t mu;

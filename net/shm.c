@@ -395,6 +395,21 @@ static bool region_find(struct kv__shm_regions *r, const void *p, size_t len, ui
     return found;
 }
 
+bool kv__shm_regions_hold(struct kv__shm_regions *r, const kv_shard *sh, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id;
+        uint64_t off;
+        size_t rlen;
+        int fd;
+        if (kv__iov_len(sh[i].iov, sh[i].iovcnt) &&
+            (sh[i].iovcnt != 1 ||
+             !region_find(r, sh[i].iov[0].base, sh[i].iov[0].len, &id, &off, &fd, &rlen)))
+            return false;
+    }
+    return true;
+}
+
 static bool region_alive(struct kv__shm_regions *r, uint32_t id)
 {
     bool alive = false;

@@ -119,6 +119,9 @@ void kv__shm_regions_free(struct kv__shm_regions *r);   /* unmaps what is left *
 int  kv__shm_region_alloc(struct kv__shm_regions *r, size_t len, bool shared, void **out);
 /* KV_ENOTFOUND when addr does not start a buffer of r. */
 int  kv__shm_region_free(struct kv__shm_regions *r, void *addr);
+/* True when every shard with bytes is one iovec inside one shared buffer
+ * of r: a dump the server copies straight from them. */
+bool kv__shm_regions_hold(struct kv__shm_regions *r, const kv_shard *sh, size_t n);
 
 /* ---- the client ---------------------------------------------------------- */
 struct kv__shm_client;
