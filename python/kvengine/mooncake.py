@@ -962,13 +962,19 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
             log.debug("read lease not stored: %s", _engine.KvError(rc, "kv_put_many"))
 
     def _leases_in_store(self, k):
-        """True while any process holds a read lease or a soft pin on k. One
-        kv_exists_many asks for the lease records of the horizon and the
-        pin record together (in a cluster one round per owner; the pin,
-        which is rare, is read only when it is there)."""
+        """True while any process holds a read lease or a soft pin on k."""
+        return self._store_lease_state(k)[0]
+
+    def _store_lease_state(self, k):
+        """(held, no_pin): held while any process holds a read lease or a
+        soft pin on k; no_pin when k has no pin record in the store now (none
+        was found, or an expired one was removed), so that a remove need
+        not remove it again. One kv_exists_many asks for the lease records
+        of the horizon and the pin record together (in a cluster one round
+        per owner; the pin, which is rare, is read only when it is there)."""
         eng = self._eng
         if eng is None:
-            return False
+            return False, False
         now = _now_ms()
         horizon = max(self.kv_lease_ttl_ms, 5000)
         if eng.shared:
@@ -983,7 +989,7 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         res = array.array("i", bytes(4 * m))
         eng2, h = self._enter()
         if h is None:
-            return False
+            return False, False
         try:
             if _lib.kv_exists_many is not None:
                 rc = _lib.kv_exists_many(h, pairs.buffer_info()[0], m, res.buffer_info()[0])
@@ -993,29 +999,34 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
                 res[m - 1] = _lib.kv_exists(h, pk, len(pk))
                 rc = 0
             if rc == 0 and 1 in res[:m - 1]:
-                return True
+                return True, False
             if rc == 0 and res[m - 1] == 0:
-                return False
+                return False, True
             buf = ctypes.create_string_buffer(8)
             vlen = ctypes.c_size_t()
             rc = _lib.kv_get(h, pk, len(pk), buf, 8, ctypes.byref(vlen))
             if rc != 0 or vlen.value != 8:
-                return False
+                return False, False
             if struct.unpack("<Q", buf.raw)[0] > now:
-                return True
-            _lib.kv_remove(h, pk, len(pk))     # an expired pin goes when met
-            return False
+                return True, False
+            # an expired pin goes when met
+            return False, _lib.kv_remove(h, pk, len(pk)) in (0, _engine.ENOTFOUND)
         finally:
             eng2._leave()           # (rec, the keys pairs points into, lives to here)
 
     def _leased(self, k):
+        return self._lease_check(k)[0]
+
+    def _lease_check(self, k):
+        """(held, no_pin), as _store_lease_state; a lease of this process's
+        own is held without asking the store."""
         with self._llock:
             t = self._leases.get(k)
             if t is not None:
                 if t > time.monotonic():
-                    return True
+                    return True, False
                 del self._leases[k]
-        return self._leases_in_store(k)
+        return self._store_lease_state(k)
 
     def _drop_lease(self, k, pin=False):
         """Forgets this process's lease on k; with pin, drops k's soft pin
@@ -2025,7 +2036,8 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         k = self._key(key)
         if k is None:
             return _BAD
-        if not force and self._leased(k):
+        held, no_pin = self._lease_check(k) if not force else (False, False)
+        if held:
             return int(ErrorCode.OBJECT_HAS_LEASE)
         eng, h = self._enter()
         if h is None:
@@ -2035,7 +2047,9 @@ class MooncakeDistributedStore(_tensor.TensorCalls, _tensor.ParallelismCalls,
         finally:
             eng._leave()
         if rc in (0, _engine.ENOTFOUND):
-            self._drop_lease(k, pin=True)
+            # The check just found no pin record: no third call (on a shared
+            # store or in a cluster, a third round trip) to remove it.
+            self._drop_lease(k, pin=not no_pin)
             if self._keys is not None:
                 self._keys.discard(k)
         return to_mooncake(rc)

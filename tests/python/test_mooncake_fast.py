@@ -420,3 +420,42 @@ def test_live_leases_past_the_prune_size_are_not_rebuilt_every_read(shared_store
     assert len(store._leases) == 40 and len(store._wrote) == 40    # all live, all kept
     assert sizes[-1] >= 40 and len(set(sizes)) <= 4                # grew by doubling
     assert store.remove(keys[0]) == HAS_LEASE
+
+
+def test_a_remove_on_a_shared_store_is_two_store_calls(shared_store, monkeypatch):
+    # A remove asks the store for the key's read leases and its pin record
+    # (one kv_exists_many), then removes the key: two calls, which are two
+    # round trips attached or in a cluster. Before, a third call removed
+    # the pin record the check had just found absent.
+    store = shared_store
+    removed = []
+    real = mc._lib.kv_remove
+    monkeypatch.setattr(mc._lib, "kv_remove",
+                        lambda h, k, n: removed.append(bytes(k[:n])) or real(h, k, n))
+    assert store.put("plain", b"v") == 0
+    assert store.remove("plain") == 0
+    assert removed == [b"plain"]
+    assert store.is_exist("plain") == 0
+    # With force nothing was asked, so the pin record goes too.
+    assert store.put("forced", b"v") == 0
+    del removed[:]
+    assert store.remove("forced", force=True) == 0
+    assert len(removed) == 2 and removed[0] == b"forced"
+    # A soft pin still refuses a remove (its record is found), from another
+    # store of the same process as from this one, and force takes both.
+    cfg = mc.ReplicateConfig()
+    cfg.with_soft_pin = True
+    assert store.put("pinned", b"v", cfg) == 0
+    store._pins.clear()
+    store._leases.clear()
+    del removed[:]
+    assert store.remove("pinned") == HAS_LEASE
+    assert removed == []
+    assert store.remove("pinned", force=True) == 0
+    assert len(removed) == 2
+    assert store.is_exist("pinned") == 0
+    # ...and once the pin is gone, a plain remove is two calls again.
+    assert store.put("pinned", b"w") == 0
+    del removed[:]
+    assert store.remove("pinned") == 0
+    assert removed == [b"pinned"]
