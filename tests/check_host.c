@@ -1446,9 +1446,11 @@ static bool jhas(const struct jv *v, const char *key)
 }
 
 /* kvctl bench attached, with --compare dram: a last phase, write_kvbuf,
- * dumps new objects from kv_buffer_alloc memory, and the comparison with
- * the in-process run gives write_kvbuf over its write, printed and in the
- * JSON; the in-process run has no such phase. (Before: no such figure.)
+ * dumps new objects from kv_buffer_alloc memory, alternated batch by batch
+ * with the same dumps into an in-process engine (kvbuf_inproc), and the
+ * comparison gives write_kvbuf over kvbuf_inproc, printed and in the JSON;
+ * the in-process run has no such phase. (Before: no such figure; then one
+ * over the in-process run's write, a phase run seconds later.)
  * Each attached phase also has the serving process's CPU time (this one
  * serves: it copied every dump in), printed as "server cpu"; the
  * in-process run's phases have none. (Before: no server figure at all.) */
@@ -1466,24 +1468,30 @@ START_TEST(attached_bench_compares_kv_buffer_dumps)
                              "--summary-json", json, NULL);
     CK_STATUS(r, 0);
     CK_HAS(r.out, "write_kvbuf/write");
+    CK_HAS(r.out, "alternated batch by batch");
     char *text = slurp(json);
     struct jv *v = jparse(text);
     ck_assert_msg(v != NULL, "summary is not JSON:\n%s", text);
     const struct jv *ph = jget(v, "phases", J_ARR);
-    ck_assert_uint_eq(ph->n, 4);
+    ck_assert_uint_eq(ph->n, 5);
     ck_assert_str_eq(jget(ph->items[3], "name", J_STR)->str, "write_kvbuf");
     ck_assert(jnum_of(ph->items[3], "ops") == 16 && jnum_of(ph->items[3], "errors") == 0);
     ck_assert(jnum_of(ph->items[3], "mib_s") > 0);
+    ck_assert_str_eq(jget(ph->items[4], "name", J_STR)->str, "kvbuf_inproc");
+    ck_assert(jnum_of(ph->items[4], "ops") == 16 && jnum_of(ph->items[4], "errors") == 0);
+    ck_assert(jnum_of(ph->items[4], "mib_s") > 0);
     const struct jv *cmp = jget(v, "comparisons", J_ARR);
     ck_assert_uint_eq(cmp->n, 1);
     ck_assert_uint_eq(jget(cmp->items[0], "phases", J_ARR)->n, 3);   /* in process: none */
     const struct jv *ratio = jget(jget(cmp->items[0], "ratios", J_OBJ), "write_kvbuf/write", J_OBJ);
-    ck_assert(jnum_of(ratio, "mib_s") > 0);
+    ck_assert(jnum_of(ratio, "mib_s") > 0 && jnum_of(ratio, "p50") > 0);
+    ck_assert_str_eq(jget(ratio, "against", J_STR)->str, "kvbuf_inproc");
     CK_HAS(r.out, "server cpu");
     /* Every attached phase says what the server spent; the writes (0, 3)
      * cost it something, the read (2) of blocks in DRAM may cost it
-     * nothing at all (direct loads). */
-    for (size_t i = 0; i < ph->n; i++) {
+     * nothing at all (direct loads); kvbuf_inproc (4) is not its. */
+    ck_assert(!jhas(ph->items[4], "server_cpu_s"));
+    for (size_t i = 0; i < 4; i++) {
         ck_assert(jhas(ph->items[i], "server_cpu_s"));
         double cpu = jnum_of(ph->items[i], "server_cpu_s");
         ck_assert_msg(i == 2 ? cpu >= 0 : cpu > 0, "phase %zu: server_cpu_s %g", i, cpu);

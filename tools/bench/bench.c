@@ -156,8 +156,9 @@ static void usage(FILE *f)
             "                           attached, a dump is then one copy, the server's\n"
             "                           (default: from the bench's own buffers; attached\n"
             "                           with --compare dram, a last phase, write_kvbuf,\n"
-            "                           writes as many new objects from such memory and\n"
-            "                           is compared with the in-process write)\n"
+            "                           writes as many new objects from such memory, each\n"
+            "                           batch alternated with the same batch into an\n"
+            "                           in-process engine, kvbuf_inproc, its measure)\n"
             "      --drop-caches        sync and drop the kernel's page cache before every\n"
             "                           phase: each backend starts from the same clean\n"
             "                           cache, lookups and reads are cold (needs root, else\n"
@@ -513,8 +514,7 @@ static void add(struct kvctl_run *run, struct kvctl_jobs *js, const struct kvctl
 {
     if (g_drop_caches)
         drop_caches();
-    kvctl_jobs_run(js, be, st, kind, seconds, &run->phases[run->nphases]);
-    run->nphases += kind == KVCTL_PH_MIXED ? 2 : 1;
+    run->nphases += kvctl_jobs_run(js, be, st, kind, seconds, &run->phases[run->nphases]);
 }
 
 /* What a trace run needs beside the options: the trace, and how its runs
@@ -636,8 +636,25 @@ static void run_backend(const struct bench_opts *o, struct kvctl_jobs *js,
         bool dram_cmp = false;
         for (int i = 0; i < o->ncmp; i++)
             dram_cmp |= o->cmp[i].dram;
-        if (dram_cmp && bi.attached && !o->kv_buffers && be->buffer)
+        if (dram_cmp && bi.attached && !o->kv_buffers && be->buffer) {
+            /* ...and, alternated batch by batch with it, the same dumps
+             * into an in-process engine (kvbuf_inproc): the ratio of two
+             * phases run one after the other swung 2x with the VM's
+             * memory bandwidth. */
+            struct kvctl_open_args aa = *args;
+            void *alt = NULL;
+            aa.cfg = args->alt_cfg;
+            if (aa.cfg && be->open(&aa, &alt) != KV_OK) {
+                fprintf(stderr, "kvctl bench: the in-process engine for write_kvbuf did not "
+                                "open: write_kvbuf runs alone\n");
+                alt = NULL;
+            }
+            kvctl_jobs_set_alternate(js, be, alt);
             add(run, js, be, st, KVCTL_PH_WRITE_KVBUF, cap);
+            kvctl_jobs_set_alternate(js, be, NULL);
+            if (alt)
+                be->close(alt);
+        }
     }
     be->info(st, &run->info);
     kvctl_rss(&run->rss, &run->peak_rss);
@@ -772,7 +789,7 @@ int kvctl_bench_main(struct kvctl_common *c, int argc, char **argv)
 
     g_drop_caches = o.drop_caches;
     struct kvctl_open_args args = { .cfg = cfg, .value_size = o.value_size,
-                                    .numjobs = r.numjobs };
+                                    .numjobs = r.numjobs, .alt_cfg = dram_cfg };
     snprintf(r.runs[0].pipeline, sizeof r.runs[0].pipeline, "%s", r.pipeline);
     run_backend(&o, js, &kvctl_backend_kvengine, &args, &tc, &r.runs[r.nruns++]);
     for (int i = 0; i < o.ncmp; i++) {

@@ -24,6 +24,9 @@ struct kvctl_open_args {
     const char *addr;       /* HOST:PORT of the server (redis, memcached) */
     unsigned numjobs;       /* job threads that will call it at once */
     uint64_t value_size;    /* every block's size */
+    /* Attached with --compare dram: the in-process engine's config, opened
+     * beside the attached one for write_kvbuf (jobs.c run_write_kvbuf). */
+    const kv_config *alt_cfg;
 };
 
 /* What a backend reports about itself after a run (0 = not applicable). */
@@ -147,7 +150,7 @@ double kvctl_phase_kvs_s(const struct kvctl_phase *p);
 /* Sorts lat (ns, one per task) and sets the phase's percentiles. */
 void kvctl_phase_latency(struct kvctl_phase *p, uint64_t *lat, size_t n);
 
-#define KVCTL_MAX_PHASES 4
+#define KVCTL_MAX_PHASES 6
 /* kvengine and one run per --compare backend (posix, dram, redis,
  * memcached). */
 #define KVCTL_MAX_RUNS 5
@@ -267,9 +270,15 @@ double kvctl_jobs_memcpy(struct kvctl_jobs *j, double seconds);
 void kvctl_jobs_reset(struct kvctl_jobs *j);
 /* Runs one phase against an open backend for at most `seconds` (0 = to
  * the end; KVCTL_PH_MIXED needs > 0) and fills out[0] (and, for
- * KVCTL_PH_MIXED, out[0] = the reads, out[1] = the writes). */
-void kvctl_jobs_run(struct kvctl_jobs *j, const struct kvctl_backend *be, void *st,
-                    enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out);
+ * KVCTL_PH_MIXED, out[0] = the reads, out[1] = the writes; for
+ * KVCTL_PH_WRITE_KVBUF with an alternate, out[0] = this backend's side,
+ * out[1] = "kvbuf_inproc", the alternate's). Returns how many it filled. */
+unsigned kvctl_jobs_run(struct kvctl_jobs *j, const struct kvctl_backend *be, void *st,
+                        enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out);
+/* The open backend a write_kvbuf phase alternates with, batch by batch
+ * (an in-process engine beside an attached one); st NULL: none (before it
+ * closes). */
+void kvctl_jobs_set_alternate(struct kvctl_jobs *j, const struct kvctl_backend *be, void *st);
 
 /* ---- serving traces (trace.c) ------------------------------------------- */
 

@@ -37,6 +37,7 @@ struct jstat {
     uint64_t *lat;                  /* ns per task: a uniform sample of at most LAT_KEEP */
     size_t nlat, cap;
     uint64_t seen, rng;             /* tasks timed; the sample's random state */
+    uint64_t ns;                    /* all the tasks' time */
 };
 
 /* Latencies kept per job and phase, at most: past this a reservoir keeps a
@@ -53,6 +54,8 @@ struct job {
     uint8_t *rbuf;                  /* slots * value_size: read destinations */
     uint8_t *wbuf;                  /* --kv-buffers: slots * value_size of the backend's */
     void *wbuf_st;                  /* the open backend wbuf belongs to */
+    uint8_t *wbuf2;                 /* write_kvbuf against js->st2: its buffers */
+    void *wbuf2_st;
     uint8_t *mdst;                  /* memcpy baseline: its own destinations */
     uint64_t mslots;                /* values mdst holds */
     kv_iov *wiov;                   /* slots * 2 */
@@ -76,6 +79,10 @@ struct kvctl_jobs {
     /* the phase being run */
     const struct kvctl_backend *be;
     void *st;
+    /* The in-process engine a write_kvbuf phase alternates with, batch by
+     * batch (kvctl_jobs_set_alternate); NULL: none. */
+    const struct kvctl_backend *be2;
+    void *st2;
     enum kvctl_phase_kind kind;
     pthread_barrier_t go;
     uint64_t t0, deadline;          /* ns; deadline 0 = none */
@@ -204,6 +211,18 @@ void kvctl_jobs_reset(struct kvctl_jobs *js)
         js->job[i].written = js->job[i].seq = 0;
         js->job[i].wbuf = NULL;   /* the backend it came from is closed (or about to be) */
         js->job[i].wbuf_st = NULL;
+        js->job[i].wbuf2 = NULL;
+        js->job[i].wbuf2_st = NULL;
+    }
+}
+
+void kvctl_jobs_set_alternate(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st)
+{
+    js->be2 = st ? be : NULL;
+    js->st2 = st;
+    for (unsigned i = 0; !st && i < js->w.numjobs; i++) {
+        js->job[i].wbuf2 = NULL;   /* its backend is about to close */
+        js->job[i].wbuf2_st = NULL;
     }
 }
 
@@ -216,6 +235,7 @@ static bool out_of_time(const struct kvctl_jobs *js)
 
 static void record(struct jstat *s, uint64_t ns)
 {
+    s->ns += ns;
     if (s->seen++ >= LAT_KEEP) {
         /* Algorithm R: the task replaces a kept one with chance keep/seen. */
         s->rng = s->rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -247,24 +267,26 @@ static void count_error(struct jstat *s, int rc)
 #define KVBUF_FIRST (1ull << 48)
 
 /* Whether this phase writes from the backend's buffers. */
-static bool from_kv_buffers(const struct job *jb)
+static bool from_kv_buffers(const struct job *jb, const uint8_t *wbuf)
 {
-    return jb->wbuf && (jb->js->w.kv_buffers || jb->js->kind == KVCTL_PH_WRITE_KVBUF);
+    return wbuf && (jb->js->w.kv_buffers || jb->js->kind == KVCTL_PH_WRITE_KVBUF);
 }
 
-/* Writes objects jb->obj[0..m). */
-static void write_batch(struct job *jb, size_t m, struct jstat *s)
+/* Writes objects jb->obj[0..m) to backend be's st, from wbuf (its
+ * buffers) when the phase writes from them. */
+static void write_batch_to(struct job *jb, const struct kvctl_backend *be, void *st,
+                           uint8_t *wbuf, size_t m, struct jstat *s)
 {
     struct kvctl_jobs *js = jb->js;
     uint64_t vs = js->w.value_size;
-    bool kvbuf = from_kv_buffers(jb);
+    bool kvbuf = from_kv_buffers(jb, wbuf);
     for (size_t i = 0; i < m; i++) {
         kv_shard *sh = &jb->sh[i];
         uint8_t *h = jb->hdr + i * HDR;
         sh->block = kvctl_object_id(js->w.salt, jb->obj[i]);
         sh->index = 0;
         if (kvbuf) {   /* the value lies whole in shared memory: one iovec */
-            uint8_t *v = jb->wbuf + i * vs;
+            uint8_t *v = wbuf + i * vs;
             object_header(jb, jb->obj[i], &sh->block, v);
             jb->wiov[2 * i] = (kv_iov){ v, vs };
             sh->iov = &jb->wiov[2 * i];
@@ -278,7 +300,7 @@ static void write_batch(struct job *jb, size_t m, struct jstat *s)
         sh->iovcnt = vs > HDR ? 2 : 1;
     }
     uint64_t t = kvctl_now_ns();
-    js->be->put(js->st, jb->sh, m, jb->res);
+    be->put(st, jb->sh, m, jb->res);
     record(s, kvctl_now_ns() - t);
     for (size_t i = 0; i < m; i++) {
         if (jb->res[i] == KV_OK)
@@ -287,6 +309,11 @@ static void write_batch(struct job *jb, size_t m, struct jstat *s)
             count_error(s, jb->res[i]);
     }
     s->ops += m;
+}
+
+static void write_batch(struct job *jb, size_t m, struct jstat *s)
+{
+    write_batch_to(jb, jb->js->be, jb->js->st, jb->wbuf, m, s);
 }
 
 static bool verify_one(const struct job *jb, uint64_t k, const kv_block_id *id, const uint8_t *v)
@@ -368,15 +395,26 @@ static void run_write(struct job *jb)
 }
 
 /* Every object of the job's range again, as new objects (KVBUF_FIRST on),
- * from the backend's buffers; what the other phases read is untouched. */
+ * from the backend's buffers; what the other phases read is untouched.
+ * With an alternate (js->st2, an in-process engine), each batch is written
+ * to both, the two in turn (ABBA), timed into st[0] and st[1]: both see
+ * the machine's drift alike, where two phases one after the other did
+ * not (doc/perf.md, "Attached dumps, ninth round"). */
 static void run_write_kvbuf(struct job *jb)
 {
     struct kvctl_jobs *js = jb->js;
-    for (uint64_t k = jb->lo; k < jb->hi && !out_of_time(js);) {
+    bool ab = js->st2 && jb->wbuf2;
+    for (uint64_t k = jb->lo, n = 0; k < jb->hi && !out_of_time(js); n++) {
         size_t m = jb->hi - k < js->slots ? jb->hi - k : js->slots;
-        for (size_t i = 0; i < m; i++)
-            jb->obj[i] = KVBUF_FIRST + k + i;
-        write_batch(jb, m, &jb->st[0]);
+        for (int side = 0; side < (ab ? 2 : 1); side++) {
+            bool alt = ab && (side == 0) == (n % 2 == 1);
+            for (size_t i = 0; i < m; i++)
+                jb->obj[i] = KVBUF_FIRST + k + i;
+            if (alt)
+                write_batch_to(jb, js->be2, js->st2, jb->wbuf2, m, &jb->st[1]);
+            else
+                write_batch(jb, m, &jb->st[0]);
+        }
         k += m;
         progress_add(js, m);
     }
@@ -610,8 +648,8 @@ static double cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
-                    enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
+unsigned kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
+                        enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
 {
     static const char *names[] = { "write", "lookup", "read", "mixed", "write_kvbuf" };
     /* --kv-buffers (or the write_kvbuf phase): each job's write slots in the
@@ -629,6 +667,16 @@ void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void 
         for (size_t k = 0; jb->wbuf && k < js->slots; k++)
             memcpy(jb->wbuf + k * js->w.value_size, jb->payload, js->w.value_size);
     }
+    bool ab = kind == KVCTL_PH_WRITE_KVBUF && js->st2 && js->be2->buffer;
+    for (unsigned i = 0; ab && js->w.value_size >= HDR && i < js->w.numjobs; i++) {
+        struct job *jb = &js->job[i];
+        if (jb->wbuf2_st == js->st2)
+            continue;
+        jb->wbuf2 = js->be2->buffer(js->st2, js->slots * js->w.value_size);
+        jb->wbuf2_st = js->st2;
+        for (size_t k = 0; jb->wbuf2 && k < js->slots; k++)
+            memcpy(jb->wbuf2 + k * js->w.value_size, jb->payload, js->w.value_size);
+    }
     double srv0 = be->server_cpu_s ? be->server_cpu_s(st) : -1;
     double cpu0 = cpu_now();
     run_phase(js, be, st, kind, seconds, names[kind]);
@@ -643,11 +691,27 @@ void kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void 
                                        .has_server_cpu = has_srv, .server_cpu_s = srv };
         gather(js, 0, &out[0]);
         gather(js, 1, &out[1]);
-        return;
+        return 2;
     }
     out[0] = (struct kvctl_phase){ .seconds = secs, .cpu_s = cpu,
                                    .lookup = kind == KVCTL_PH_LOOKUP,
                                    .has_server_cpu = has_srv, .server_cpu_s = srv };
     snprintf(out[0].name, sizeof out[0].name, "%s", names[kind]);
     gather(js, 0, &out[0]);
+    if (ab) {
+        /* Two sides of one phase: each one's seconds are its own batches'
+         * (per job); the CPU figures are the phase's, both sides'. */
+        out[1] = out[0];
+        snprintf(out[1].name, sizeof out[1].name, "%s", "kvbuf_inproc");
+        out[1].has_server_cpu = false;
+        out[1].ops = out[1].bytes = out[1].misses = out[1].verify_failures = out[1].errors = 0;
+        gather(js, 1, &out[1]);
+        uint64_t ns[2] = { 0, 0 };
+        for (unsigned i = 0; i < js->w.numjobs; i++)
+            for (int w = 0; w < 2; w++)
+                ns[w] += js->job[i].st[w].ns;
+        out[0].seconds = (double)ns[0] / js->w.numjobs / 1e9;
+        out[1].seconds = (double)ns[1] / js->w.numjobs / 1e9;
+    }
+    return ab ? 2 : 1;
 }
