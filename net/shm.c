@@ -372,42 +372,46 @@ int kv__shm_region_free(struct kv__shm_regions *r, void *addr)
     return KV_ENOTFOUND;
 }
 
+/* The shared region of r that holds all of [p, p+len), or NULL (r->mu
+ * held). */
+static const struct region *region_at(const struct kv__shm_regions *r, const void *p, size_t len)
+{
+    for (size_t i = 0; i < r->n; i++) {
+        const struct region *g = &r->r[i];
+        if (g->fd >= 0 && (const uint8_t *)p >= g->base &&
+            (const uint8_t *)p - g->base <= (ptrdiff_t)g->len &&
+            len <= g->len - (size_t)((const uint8_t *)p - g->base))
+            return g;
+    }
+    return NULL;
+}
+
 /* The shared region [p, p+len) lies in, with its id and descriptor; false
  * when none holds all of it. */
 static bool region_find(struct kv__shm_regions *r, const void *p, size_t len, uint32_t *id,
                         uint64_t *off, int *fd, size_t *rlen)
 {
-    bool found = false;
     pthread_mutex_lock(&r->mu);
-    for (size_t i = 0; i < r->n && !found; i++) {
-        const struct region *g = &r->r[i];
-        if (g->fd >= 0 && (const uint8_t *)p >= g->base &&
-            (const uint8_t *)p - g->base <= (ptrdiff_t)g->len &&
-            len <= g->len - (size_t)((const uint8_t *)p - g->base)) {
-            *id = g->id;
-            *off = (uint64_t)((const uint8_t *)p - g->base);
-            *fd = g->fd;
-            *rlen = g->len;
-            found = true;
-        }
+    const struct region *g = region_at(r, p, len);
+    if (g) {
+        *id = g->id;
+        *off = (uint64_t)((const uint8_t *)p - g->base);
+        *fd = g->fd;
+        *rlen = g->len;
     }
     pthread_mutex_unlock(&r->mu);
-    return found;
+    return g != NULL;
 }
 
 bool kv__shm_regions_hold(struct kv__shm_regions *r, const kv_shard *sh, size_t n)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t id;
-        uint64_t off;
-        size_t rlen;
-        int fd;
-        if (kv__iov_len(sh[i].iov, sh[i].iovcnt) &&
-            (sh[i].iovcnt != 1 ||
-             !region_find(r, sh[i].iov[0].base, sh[i].iov[0].len, &id, &off, &fd, &rlen)))
-            return false;
-    }
-    return true;
+    bool all = true;
+    pthread_mutex_lock(&r->mu);
+    for (size_t i = 0; all && i < n; i++)
+        all = !kv__iov_len(sh[i].iov, sh[i].iovcnt) ||
+              (sh[i].iovcnt == 1 && region_at(r, sh[i].iov[0].base, sh[i].iov[0].len));
+    pthread_mutex_unlock(&r->mu);
+    return all;
 }
 
 static bool region_alive(struct kv__shm_regions *r, uint32_t id)

@@ -406,10 +406,10 @@ static void run_write_kvbuf(struct job *jb)
     bool ab = js->st2 && jb->wbuf2;
     for (uint64_t k = jb->lo, n = 0; k < jb->hi && !out_of_time(js); n++) {
         size_t m = jb->hi - k < js->slots ? jb->hi - k : js->slots;
+        for (size_t i = 0; i < m; i++)
+            jb->obj[i] = KVBUF_FIRST + k + i;
         for (int side = 0; side < (ab ? 2 : 1); side++) {
             bool alt = ab && (side == 0) == (n % 2 == 1);
-            for (size_t i = 0; i < m; i++)
-                jb->obj[i] = KVBUF_FIRST + k + i;
             if (alt)
                 write_batch_to(jb, js->be2, js->st2, jb->wbuf2, m, &jb->st[1]);
             else
@@ -648,34 +648,35 @@ static double cpu_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A job's write slots in backend be's buffers (*buf, from *owner = st),
+ * the payload laid in; kept while they are st's. */
+static void take_wbuf(struct job *jb, const struct kvctl_backend *be, void *st, uint8_t **buf,
+                      void **owner)
+{
+    const struct kvctl_jobs *js = jb->js;
+    if (*owner == st)
+        return;
+    *buf = be->buffer(st, js->slots * js->w.value_size);
+    *owner = st;
+    for (size_t k = 0; *buf && k < js->slots; k++)
+        memcpy(*buf + k * js->w.value_size, jb->payload, js->w.value_size);
+}
+
 unsigned kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, void *st,
                         enum kvctl_phase_kind kind, double seconds, struct kvctl_phase *out)
 {
     static const char *names[] = { "write", "lookup", "read", "mixed", "write_kvbuf" };
     /* --kv-buffers (or the write_kvbuf phase): each job's write slots in the
-     * backend's shared memory, the payload laid in once (as a caller would
-     * produce its values there); a write then only stamps each value's
-     * header. */
+     * backend's shared memory (and the alternate's, write_kvbuf's), the
+     * payload laid in once (as a caller would produce its values there); a
+     * write then only stamps each value's header. */
     bool kvbuf = js->w.kv_buffers || kind == KVCTL_PH_WRITE_KVBUF;
-    for (unsigned i = 0; kvbuf && be->buffer && js->w.value_size >= HDR &&
-                         i < js->w.numjobs; i++) {
-        struct job *jb = &js->job[i];
-        if (jb->wbuf_st == st)
-            continue;
-        jb->wbuf = be->buffer(st, js->slots * js->w.value_size);
-        jb->wbuf_st = st;
-        for (size_t k = 0; jb->wbuf && k < js->slots; k++)
-            memcpy(jb->wbuf + k * js->w.value_size, jb->payload, js->w.value_size);
-    }
     bool ab = kind == KVCTL_PH_WRITE_KVBUF && js->st2 && js->be2->buffer;
-    for (unsigned i = 0; ab && js->w.value_size >= HDR && i < js->w.numjobs; i++) {
-        struct job *jb = &js->job[i];
-        if (jb->wbuf2_st == js->st2)
-            continue;
-        jb->wbuf2 = js->be2->buffer(js->st2, js->slots * js->w.value_size);
-        jb->wbuf2_st = js->st2;
-        for (size_t k = 0; jb->wbuf2 && k < js->slots; k++)
-            memcpy(jb->wbuf2 + k * js->w.value_size, jb->payload, js->w.value_size);
+    for (unsigned i = 0; js->w.value_size >= HDR && i < js->w.numjobs; i++) {
+        if (kvbuf && be->buffer)
+            take_wbuf(&js->job[i], be, st, &js->job[i].wbuf, &js->job[i].wbuf_st);
+        if (ab)
+            take_wbuf(&js->job[i], js->be2, js->st2, &js->job[i].wbuf2, &js->job[i].wbuf2_st);
     }
     double srv0 = be->server_cpu_s ? be->server_cpu_s(st) : -1;
     double cpu0 = cpu_now();
@@ -701,10 +702,7 @@ unsigned kvctl_jobs_run(struct kvctl_jobs *js, const struct kvctl_backend *be, v
     if (ab) {
         /* Two sides of one phase: each one's seconds are its own batches'
          * (per job); the CPU figures are the phase's, both sides'. */
-        out[1] = out[0];
-        snprintf(out[1].name, sizeof out[1].name, "%s", "kvbuf_inproc");
-        out[1].has_server_cpu = false;
-        out[1].ops = out[1].bytes = out[1].misses = out[1].verify_failures = out[1].errors = 0;
+        out[1] = (struct kvctl_phase){ .name = "kvbuf_inproc", .cpu_s = cpu };
         gather(js, 1, &out[1]);
         uint64_t ns[2] = { 0, 0 };
         for (unsigned i = 0; i < js->w.numjobs; i++)
