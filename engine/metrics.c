@@ -239,6 +239,8 @@ static void bprintf(struct buf *b, const char *fmt, ...)
       "Plain keys' copies from members refused here as read before a remove served here.")    \
     X(REMOVES_FENCED, "removes_fenced_total", "counter", "", "engine (cluster)",              \
       "Removes of plain keys from here that ran a second round, a member's copy in the way.")  \
+    X(LOOKUPS_UNSURE, "lookups_unsure_total", "counter", "", "engine (cluster)",              \
+      "Block ids a lookup from here reported absent while an owner could not be asked.")      \
     X(MASTER_UP, "master_up", "gauge", "", "kvmaster",                                         \
       "Whether the master answered its own view query.")
 
@@ -396,6 +398,7 @@ KV__EXPORT int kv_metrics_render(kv_engine *e, char **text, size_t *len)
         one(&b, M_RR_BEHIND, k.rereplicate_behind);
         one(&b, M_REFUSED_STALE, k.refused_stale);
         one(&b, M_REMOVES_FENCED, k.removes_fenced);
+        one(&b, M_LOOKUPS_UNSURE, k.lookups_unsure);
     }
     if (b.oom) {
         free(b.p);

@@ -162,7 +162,7 @@ struct kv__cluster {
      * last one ended (kv__now_ms), and the removes that ran the fence
      * (kv__cluster_remove). */
     _Atomic int copying;
-    _Atomic uint64_t copied_ms, removes_fenced;
+    _Atomic uint64_t copied_ms, removes_fenced, lookups_unsure;
 
     /* Re-replication (its section below): one job at a time, from the
      * view before an owner change to the view after it. */
@@ -3719,14 +3719,23 @@ int kv__cluster_lookup(struct kv__cluster *c, int ns, const kv_block_id *ids, si
                     idx[m] = i;
                     sub[m++] = ids[i];
                 }
-            if (lookup_once(c, ns, sub, k, h2, h2 + k, &ver) == KV_OK)
-                for (size_t j = 0; j < k; j++)
+            if (lookup_once(c, ns, sub, m, h2, h2 + m, &ver) == KV_OK) {
+                k = 0;   /* those still unsure after the second ask */
+                for (size_t j = 0; j < m; j++) {
                     hit[idx[j]] = h2[j];
+                    k += h2[m + j] && !h2[j];
+                }
+            }
         }
         free(sub);
         free(idx);
         free(h2);
     }
+    /* Absent for all the caller can tell, but an owner could not be asked:
+     * kv_lookup has no per-id error, so these are counted (a false miss
+     * costs a recompute, never wrong bytes). */
+    if (rc == KV_OK && k)
+        atomic_fetch_add(&c->lookups_unsure, k);
     if (failed != &one)
         free(failed);
     return rc;
@@ -3847,6 +3856,7 @@ void kv__cluster_counters(struct kv__cluster *c, struct kv__cluster_counters *ou
     out->refused_not_owner = atomic_load(&c->refused_not_owner);
     out->refused_stale = atomic_load(&c->refused_stale);
     out->removes_fenced = atomic_load(&c->removes_fenced);
+    out->lookups_unsure = atomic_load(&c->lookups_unsure);
     out->leaving = (uint64_t)atomic_load(&c->leaving);
     pthread_mutex_lock(&c->vlock);
     for (struct peer *p = c->peers; p; p = p->next)

@@ -158,6 +158,10 @@ struct kv__cluster_counters {
     /* removes of plain keys (kv_remove, kv_remove_prefix, kv_remove_all)
      * from here that ran their second round, a copy being in the way */
     uint64_t removes_fenced;
+    /* block ids a lookup from here reported absent while an owner of
+     * theirs could not be asked (failed, hung past the call's time, down):
+     * maybe stored there */
+    uint64_t lookups_unsure;
     /* where a graceful leave is: 0 not leaving, 1 forwarding writes to the
      * next owners, 2 left (writes refused); for tests */
     uint64_t leaving;

@@ -609,6 +609,55 @@ START_TEST(hung_node_times_out)
 }
 END_TEST
 
+/* The client's kvengine_lookups_unsure_total: block ids its lookups
+ * reported absent while an owner could not be asked. */
+static uint64_t lookups_unsure(kv_engine *e)
+{
+    char *text;
+    size_t len;
+    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
+    const char *p = strstr(text, "\nkvengine_lookups_unsure_total ");
+    ck_assert_msg(p, "no kvengine_lookups_unsure_total in the client's metrics");
+    uint64_t n = strtoull(p + strlen("\nkvengine_lookups_unsure_total "), NULL, 10);
+    free(text);
+    return n;
+}
+
+/* A lookup whose owner hangs (one replica) reports that owner's blocks
+ * absent once the call's time is spent: kv_lookup has no per-id error. It
+ * counts them (kvengine_lookups_unsure_total), so that an operator can
+ * tell those misses from real ones; blocks the answering owner holds are
+ * hits and not counted. (Before: no such count.) */
+START_TEST(a_lookup_past_a_hung_owner_counts_its_unsure_ids)
+{
+    start_node("32MiB", 1);
+    start_node("32MiB", 1);
+    wait_owners(2);
+    kv_engine *client;
+    ck_assert_int_eq(open_engine_t("0", 1, TOKEN, "400", &client), KV_OK);
+    struct tu_set s = tu_set_new(32, 16 << 10, 13);   /* 16 blocks of 2 shards */
+    ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
+    kv_block_id ids[16];
+    uint8_t hit[16];
+    for (int i = 0; i < 16; i++)
+        ids[i] = tu_id((uint64_t)i, 13);
+    ck_assert_int_eq(kv_lookup(client, ids, 16, hit), KV_OK);
+    for (int i = 0; i < 16; i++)
+        ck_assert(hit[i]);
+    uint64_t u0 = lookups_unsure(client);
+    ck_assert_uint_eq(u0, 0);
+    ck_assert_int_eq(kill(procs[2], SIGSTOP), 0);
+    ck_assert_int_eq(kv_lookup(client, ids, 16, hit), KV_OK);
+    ck_assert_int_eq(kill(procs[2], SIGCONT), 0);
+    unsigned absent = 0;
+    for (int i = 0; i < 16; i++)
+        absent += !hit[i];
+    ck_assert_msg(absent > 0 && absent < 16, "%u of 16 absent", absent);
+    ck_assert_uint_eq(lookups_unsure(client) - u0, absent);
+    tu_set_free(&s);
+}
+END_TEST
+
 /* A node joining takes over ~1/3 of the blocks; they are still found (on
  * their previous owners) and loads copy them over to the newcomer. */
 START_TEST(node_join_keeps_blocks)
@@ -3184,6 +3233,7 @@ Suite *cluster_suite(void)
     tcase_add_test(tc, node_restart_same_address);
     tcase_add_test(tc, ssd_only_node);
     tcase_add_test(tc, hung_node_times_out);
+    tcase_add_test(tc, a_lookup_past_a_hung_owner_counts_its_unsure_ids);
     tcase_add_test(tc, node_join_keeps_blocks);
     tcase_add_test(tc, node_waits_for_master);
     tcase_add_test(tc, master_restart);
