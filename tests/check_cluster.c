@@ -627,7 +627,9 @@ static uint64_t lookups_unsure(kv_engine *e)
  * absent once the call's time is spent: kv_lookup has no per-id error. It
  * counts them (kvengine_lookups_unsure_total), so that an operator can
  * tell those misses from real ones; blocks the answering owner holds are
- * hits and not counted. (Before: no such count.) */
+ * hits and not counted. (Before: no such count.) Over rdma the hung
+ * owner's index may still be read one-sided: the count is then what was
+ * absent, possibly nothing. */
 START_TEST(a_lookup_past_a_hung_owner_counts_its_unsure_ids)
 {
     start_node("32MiB", 1);
@@ -652,7 +654,11 @@ START_TEST(a_lookup_past_a_hung_owner_counts_its_unsure_ids)
     unsigned absent = 0;
     for (int i = 0; i < 16; i++)
         absent += !hit[i];
-    ck_assert_msg(absent > 0 && absent < 16, "%u of 16 absent", absent);
+    /* Over tcp the hung owner answers nothing. Over rdma a lookup may be
+     * a one-sided read of its index, which the NIC (here the stand-in)
+     * serves while the process is stopped: then nothing is unsure. */
+    if (strcmp(protocol(), "tcp") == 0)
+        ck_assert_msg(absent > 0 && absent < 16, "%u of 16 absent", absent);
     ck_assert_uint_eq(lookups_unsure(client) - u0, absent);
     tu_set_free(&s);
 }
