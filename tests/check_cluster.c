@@ -589,7 +589,7 @@ START_TEST(hung_node_times_out)
     struct tu_set s = tu_set_new(32, 32 << 10, 11);
     ck_assert_int_eq(tu_task(client, 1, s.dump, s.n), KV_OK);
     ck_assert_int_eq(tu_task(client, 0, s.load, s.n), KV_OK);   /* pools warm */
-    ck_assert_int_eq(kill(procs[2], SIGSTOP), 0);
+    tu_stop(procs[2]);
     uint64_t worst = 0;
     for (size_t b = 0; b < s.n; b += 4) {
         memset(s.dst + b * s.len, 0, 4 * s.len);
@@ -627,9 +627,7 @@ static uint64_t lookups_unsure(kv_engine *e)
  * absent once the call's time is spent: kv_lookup has no per-id error. It
  * counts them (kvengine_lookups_unsure_total), so that an operator can
  * tell those misses from real ones; blocks the answering owner holds are
- * hits and not counted. (Before: no such count.) Over rdma the hung
- * owner's index may still be read one-sided: the count is then what was
- * absent, possibly nothing. */
+ * hits and not counted. (Before: no such count.) */
 START_TEST(a_lookup_past_a_hung_owner_counts_its_unsure_ids)
 {
     start_node("32MiB", 1);
@@ -648,17 +646,13 @@ START_TEST(a_lookup_past_a_hung_owner_counts_its_unsure_ids)
         ck_assert(hit[i]);
     uint64_t u0 = lookups_unsure(client);
     ck_assert_uint_eq(u0, 0);
-    ck_assert_int_eq(kill(procs[2], SIGSTOP), 0);
+    tu_stop(procs[2]);
     ck_assert_int_eq(kv_lookup(client, ids, 16, hit), KV_OK);
     ck_assert_int_eq(kill(procs[2], SIGCONT), 0);
     unsigned absent = 0;
     for (int i = 0; i < 16; i++)
         absent += !hit[i];
-    /* Over tcp the hung owner answers nothing. Over rdma a lookup may be
-     * a one-sided read of its index, which the NIC (here the stand-in)
-     * serves while the process is stopped: then nothing is unsure. */
-    if (strcmp(protocol(), "tcp") == 0)
-        ck_assert_msg(absent > 0 && absent < 16, "%u of 16 absent", absent);
+    ck_assert_msg(absent > 0 && absent < 16, "%u of 16 absent", absent);
     ck_assert_uint_eq(lookups_unsure(client) - u0, absent);
     tu_set_free(&s);
 }
@@ -2007,7 +2001,7 @@ START_TEST(stale_view_retries_on_the_new_owner)
     ck_assert_int_eq(read(fds[0], &ch, 1), 1);
     ck_assert_int_eq(ch, 'R');
     /* the client stops mid-calls; the member leaves for good meanwhile */
-    ck_assert_int_eq(kill(child, SIGSTOP), 0);
+    tu_stop(child);
     kill(procs[n0], SIGTERM);
     int st = 0;
     ck_assert_int_eq(waitpid(procs[n0], &st, 0), procs[n0]);

@@ -543,7 +543,7 @@ START_TEST(member_lease_lost_rejoins)
     tu_etcd_start(&etcd, dir, 1);
     int n = start_node(1, NULL);
     wait_owners(1, NULL);
-    ck_assert_int_eq(kill(nodes[n], SIGSTOP), 0);
+    tu_stop(nodes[n]);
     wait_owners(0, NULL);
     ck_assert_int_eq(kill(nodes[n], SIGCONT), 0);
     wait_owners(1, NULL);

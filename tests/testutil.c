@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
@@ -139,6 +140,44 @@ uint64_t tu_now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Whether every thread of pid is stopped ('T' in its stat). */
+static bool all_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return false;
+    bool all = true;
+    int threads = 0;
+    for (struct dirent *e; all && (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[96], buf[512];
+        snprintf(p, sizeof p, "/proc/%d/task/%.16s/stat", (int)pid, e->d_name);
+        FILE *f = fopen(p, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f)
+            fclose(f);
+        buf[n] = '\0';
+        const char *c = strrchr(buf, ')');
+        /* a thread gone since readdir is no longer running either */
+        all = !f || (c && c[1] == ' ' && (c[2] == 'T' || c[2] == 't'));
+        threads++;
+    }
+    closedir(d);
+    return all && threads > 0;
+}
+
+void tu_stop(pid_t pid)
+{
+    ck_assert_int_eq(kill(pid, SIGSTOP), 0);
+    uint64_t t0 = tu_now_ms();
+    while (!all_stopped(pid) && tu_now_ms() - t0 < 5000)
+        usleep(1000);
+    ck_assert_msg(all_stopped(pid), "process %d did not stop within 5 s", (int)pid);
 }
 
 /* A port below the ephemeral range (32768 up), which the kernel never

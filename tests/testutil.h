@@ -62,6 +62,13 @@ unsigned tu_free_port(void);
  * (PR_SET_PDEATHSIG). The caller stops it (kill + waitpid). */
 pid_t tu_spawn(char *const argv[], const char *log);
 
+/* SIGSTOP to pid, returning once every one of its threads has stopped
+ * (fails the test after 5 s). kill() only queues the signal: the process
+ * stops when the thread it went to next runs, and until then its other
+ * threads go on serving (a node "hung" this way answered the test's
+ * lookups in time, about one run in ten on a loaded 2-core machine). */
+void tu_stop(pid_t pid);
+
 /* n shards of len bytes for dump/load round trips: blocks 0..n/2 (salt),
  * shard index i % 2, each shard two iovecs on the source side and two
  * differently cut on the destination side (the copy paths must handle
