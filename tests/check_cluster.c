@@ -609,18 +609,25 @@ START_TEST(hung_node_times_out)
 }
 END_TEST
 
-/* The client's kvengine_lookups_unsure_total: block ids its lookups
- * reported absent while an owner could not be asked. */
-static uint64_t lookups_unsure(kv_engine *e)
+/* A counter of the client's metrics (kvengine_NAME_total), by name. */
+static uint64_t client_counter(kv_engine *e, const char *name)
 {
-    char *text;
+    char *text, want[96];
     size_t len;
+    snprintf(want, sizeof want, "\nkvengine_%s_total ", name);
     ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
-    const char *p = strstr(text, "\nkvengine_lookups_unsure_total ");
-    ck_assert_msg(p, "no kvengine_lookups_unsure_total in the client's metrics");
-    uint64_t n = strtoull(p + strlen("\nkvengine_lookups_unsure_total "), NULL, 10);
+    const char *p = strstr(text, want);
+    ck_assert_msg(p, "no kvengine_%s_total in the client's metrics", name);
+    uint64_t n = strtoull(p + strlen(want), NULL, 10);
     free(text);
     return n;
+}
+
+/* block ids the client's lookups reported absent while an owner could not
+ * be asked */
+static uint64_t lookups_unsure(kv_engine *e)
+{
+    return client_counter(e, "lookups_unsure");
 }
 
 /* A lookup whose owner hangs (one replica) reports that owner's blocks
@@ -3005,18 +3012,11 @@ static uint64_t wall_ms(void)
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-/* The client's kvengine_removes_fenced_total: its removes that ran the
- * second round (net/cluster.c, the fence). */
+/* The client's removes that ran the second round (net/cluster.c, the
+ * fence). */
 static uint64_t removes_fenced(kv_engine *e)
 {
-    char *text;
-    size_t len;
-    ck_assert_int_eq(kv_metrics_render(e, &text, &len), KV_OK);
-    const char *p = strstr(text, "\nkvengine_removes_fenced_total ");
-    ck_assert_msg(p, "no kvengine_removes_fenced_total in the client's metrics");
-    uint64_t n = strtoull(p + strlen("\nkvengine_removes_fenced_total "), NULL, 10);
-    free(text);
-    return n;
+    return client_counter(e, "removes_fenced");
 }
 
 enum { RACE_REMOVE, RACE_PREFIX, RACE_ALL };
