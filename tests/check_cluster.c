@@ -135,6 +135,16 @@ static void wait_owners(int want)
         char cmd[600];
         snprintf(cmd, sizeof cmd, "tail -n 5 %s/kvnode*.log >&2", dir);
         if (system(cmd)) {}
+        /* and who holds their ports: a node once found its port "already in
+         * use" for 15 s in CI, and the holder was gone when looked for */
+        size_t at = (size_t)snprintf(cmd, sizeof cmd, "ss -tanp | grep -E ':(0");
+        for (int i = 0; i < nprocs && at < sizeof cmd - 64; i++) {
+            const char *port = strrchr(node_addr[i], ':');
+            if (port && port[1])
+                at += (size_t)snprintf(cmd + at, sizeof cmd - at, "|%s", port + 1);
+        }
+        snprintf(cmd + at, sizeof cmd - at, ")[[:space:]]' >&2");
+        if (system(cmd)) {}
     }
     ck_assert_msg(n == want, "view has %d owners, want %d", n, want);
 }
